@@ -1,0 +1,228 @@
+//! The decoder-only transformer (Llama / Qwen2 family) and its inference forward pass.
+//!
+//! Forward, per layer (HF `LlamaDecoderLayer`):
+//! `h = x + o_proj(attn(rope(q_proj(n1)), rope(k_proj(n1)), v_proj(n1)))` with `n1 = rms_norm(x)`,
+//! `x' = h + down_proj(silu(gate_proj(n2)) · up_proj(n2))` with `n2 = rms_norm(h)`;
+//! then `logits = lm_head(rms_norm(x_L))` (the embedding matrix when tied).
+
+pub mod config;
+mod kv_cache;
+mod weights;
+
+pub use config::{Architecture, ModelConfig};
+pub use kv_cache::KvCache;
+pub use weights::WeightFiles;
+
+use crate::error::Result;
+use kernels::{ops, Device, Tensor};
+use std::path::Path;
+
+/// Weights of one decoder layer (HF names under `model.layers.{i}.`). Linear weights are `[out, in]`.
+pub struct LayerWeights {
+    pub input_layernorm: Tensor,
+    pub q_proj: Tensor,
+    pub k_proj: Tensor,
+    pub v_proj: Tensor,
+    pub q_bias: Option<Tensor>,
+    pub k_bias: Option<Tensor>,
+    pub v_bias: Option<Tensor>,
+    pub o_proj: Tensor,
+    pub post_attention_layernorm: Tensor,
+    pub gate_proj: Tensor,
+    pub up_proj: Tensor,
+    pub down_proj: Tensor,
+}
+
+/// A loaded model: config, f32 weights and RoPE tables, on one device.
+pub struct Model {
+    pub config: ModelConfig,
+    pub embed_tokens: Tensor,
+    pub layers: Vec<LayerWeights>,
+    pub norm: Tensor,
+    /// `None` when tied to `embed_tokens`.
+    pub lm_head: Option<Tensor>,
+    rope_cos: Tensor,
+    rope_sin: Tensor,
+    device: Device,
+}
+
+impl Model {
+    /// Loads `config.json` and the safetensors weights of a HF model folder.
+    /// Errors name the file, the tensor and the expected shape.
+    pub fn load(dir: &Path, device: &Device) -> Result<Self> {
+        let config = ModelConfig::from_dir(dir)?;
+        let files = WeightFiles::open(dir)?;
+        Self::from_files(config, &files, device)
+    }
+
+    /// Builds the model from already opened weight files.
+    pub fn from_files(config: ModelConfig, files: &WeightFiles, device: &Device) -> Result<Self> {
+        let c = &config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (
+            c.num_attention_heads * c.head_dim,
+            c.num_key_value_heads * c.head_dim,
+        );
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            Ok(files.load(name, shape)?.to_device(device)?)
+        };
+        let bias = |name: String, n: usize| -> Result<Option<Tensor>> {
+            if c.qkv_bias {
+                get(&name, &[n]).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let mut layers = Vec::with_capacity(c.num_hidden_layers);
+        for l in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{l}.");
+            layers.push(LayerWeights {
+                input_layernorm: get(&format!("{p}input_layernorm.weight"), &[h])?,
+                q_proj: get(&format!("{p}self_attn.q_proj.weight"), &[q, h])?,
+                k_proj: get(&format!("{p}self_attn.k_proj.weight"), &[kv, h])?,
+                v_proj: get(&format!("{p}self_attn.v_proj.weight"), &[kv, h])?,
+                q_bias: bias(format!("{p}self_attn.q_proj.bias"), q)?,
+                k_bias: bias(format!("{p}self_attn.k_proj.bias"), kv)?,
+                v_bias: bias(format!("{p}self_attn.v_proj.bias"), kv)?,
+                o_proj: get(&format!("{p}self_attn.o_proj.weight"), &[h, q])?,
+                post_attention_layernorm: get(
+                    &format!("{p}post_attention_layernorm.weight"),
+                    &[h],
+                )?,
+                gate_proj: get(&format!("{p}mlp.gate_proj.weight"), &[i, h])?,
+                up_proj: get(&format!("{p}mlp.up_proj.weight"), &[i, h])?,
+                down_proj: get(&format!("{p}mlp.down_proj.weight"), &[h, i])?,
+            });
+        }
+        let embed_tokens = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        // Some tied checkpoints still ship lm_head.weight; the tie wins, as in HF.
+        let lm_head = if c.tie_word_embeddings {
+            None
+        } else {
+            Some(get("lm_head.weight", &[c.vocab_size, h])?)
+        };
+        let norm = get("model.norm.weight", &[h])?;
+        let (rope_cos, rope_sin) = rope_tables(c, device)?;
+        Ok(Model {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            rope_cos,
+            rope_sin,
+            device: device.clone(),
+        })
+    }
+
+    pub fn device(&self) -> &Device {
+        &self.device
+    }
+
+    /// A KV cache on this model's device for up to `capacity` tokens.
+    pub fn new_cache(&self, capacity: usize) -> KvCache {
+        KvCache::new(&self.config, capacity, &self.device)
+    }
+
+    /// Runs `tokens` (new tokens at positions `cache.len()..`) through the model, appending
+    /// their K/V to `cache`. Returns logits `[tokens.len(), vocab]` when `all_logits`, else the
+    /// last row only, `[1, vocab]`. Errors on an empty input, a token id ≥ vocab or a full cache.
+    pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
+        let c = &self.config;
+        let t = tokens.len();
+        let past = cache.len();
+        if t == 0 {
+            return Err(kernels::KernelError::Shape {
+                op: "forward",
+                detail: "no input tokens".into(),
+            }
+            .into());
+        }
+        if past + t > cache.capacity() || past + t > self.rope_cos.shape()[0] {
+            return Err(kernels::KernelError::Shape {
+                op: "forward",
+                detail: format!(
+                    "{past} cached + {t} new tokens exceed the context of {}",
+                    cache.capacity().min(self.rope_cos.shape()[0])
+                ),
+            }
+            .into());
+        }
+        let positions: Vec<usize> = (past..past + t).collect();
+        let mut x = ops::embedding(&self.embed_tokens, tokens)?;
+        for (l, w) in self.layers.iter().enumerate() {
+            let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
+            let mut q = ops::matmul_t(&n1, &w.q_proj, w.q_bias.as_ref())?;
+            let mut k = ops::matmul_t(&n1, &w.k_proj, w.k_bias.as_ref())?;
+            let v = ops::matmul_t(&n1, &w.v_proj, w.v_bias.as_ref())?;
+            ops::rope_inplace(
+                &mut q,
+                &positions,
+                &self.rope_cos,
+                &self.rope_sin,
+                c.head_dim,
+            )?;
+            ops::rope_inplace(
+                &mut k,
+                &positions,
+                &self.rope_cos,
+                &self.rope_sin,
+                c.head_dim,
+            )?;
+            let (kc, vc) = cache.layer_mut(l);
+            ops::write_rows(kc, past, &k)?;
+            ops::write_rows(vc, past, &v)?;
+            let a = ops::attention(
+                &q,
+                kc,
+                vc,
+                past,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+            )?;
+            ops::add_inplace(&mut x, &ops::matmul_t(&a, &w.o_proj, None)?)?;
+            let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
+            let g = ops::matmul_t(&n2, &w.gate_proj, None)?;
+            let u = ops::matmul_t(&n2, &w.up_proj, None)?;
+            ops::add_inplace(
+                &mut x,
+                &ops::matmul_t(&ops::silu_mul(&g, &u)?, &w.down_proj, None)?,
+            )?;
+        }
+        cache.advance(t);
+        let x = if all_logits {
+            x
+        } else {
+            Tensor::from_vec(x.row(t - 1)?, &[1, c.hidden_size])?
+        };
+        let x = ops::rms_norm(&x, &self.norm, c.rms_norm_eps)?;
+        Ok(ops::matmul_t(
+            &x,
+            self.lm_head.as_ref().unwrap_or(&self.embed_tokens),
+            None,
+        )?)
+    }
+}
+
+/// cos/sin tables `[max_position_embeddings, head_dim/2]`, computed in f64 then rounded.
+fn rope_tables(c: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
+    let inv = c.rope_inv_freq();
+    let n = c.max_position_embeddings;
+    let (mut cos, mut sin) = (
+        Vec::with_capacity(n * inv.len()),
+        Vec::with_capacity(n * inv.len()),
+    );
+    for p in 0..n {
+        for f in &inv {
+            let a = p as f64 * f;
+            cos.push(a.cos() as f32);
+            sin.push(a.sin() as f32);
+        }
+    }
+    let shape = [n, inv.len()];
+    Ok((
+        Tensor::from_vec(cos, &shape)?.to_device(device)?,
+        Tensor::from_vec(sin, &shape)?.to_device(device)?,
+    ))
+}

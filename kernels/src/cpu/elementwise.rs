@@ -1,0 +1,101 @@
+//! Row-wise and elementwise ops.
+
+use rayon::prelude::*;
+
+/// Rows per rayon task for cheap row-wise ops.
+const ROWS_PER_TASK: usize = 8;
+
+pub fn add_bias(y: &mut [f32], b: &[f32]) {
+    for row in y.chunks_mut(b.len()) {
+        for (v, bi) in row.iter_mut().zip(b) {
+            *v += bi;
+        }
+    }
+}
+
+pub fn add_inplace(a: &mut [f32], b: &[f32]) {
+    for (x, y) in a.iter_mut().zip(b) {
+        *x += y;
+    }
+}
+
+/// RMSNorm per row of width `d`; the mean of squares is accumulated in f64.
+pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], d: usize, eps: f32) {
+    y.par_chunks_mut(d * ROWS_PER_TASK)
+        .zip(x.par_chunks(d * ROWS_PER_TASK))
+        .for_each(|(ys, xs)| {
+            for (yr, xr) in ys.chunks_mut(d).zip(xs.chunks(d)) {
+                let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
+                let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+                for i in 0..d {
+                    yr[i] = xr[i] * inv * w[i];
+                }
+            }
+        });
+}
+
+/// Rotate-half RoPE on rows of width `c` (heads of `head_dim`).
+pub fn rope(
+    x: &mut [f32],
+    positions: &[usize],
+    cos: &[f32],
+    sin: &[f32],
+    c: usize,
+    head_dim: usize,
+) {
+    let half = head_dim / 2;
+    x.par_chunks_mut(c)
+        .zip(positions.par_iter())
+        .for_each(|(row, &p)| {
+            let (cr, sr) = (
+                &cos[p * half..(p + 1) * half],
+                &sin[p * half..(p + 1) * half],
+            );
+            for head in row.chunks_mut(head_dim) {
+                for i in 0..half {
+                    let (a, b) = (head[i], head[i + half]);
+                    head[i] = a * cr[i] - b * sr[i];
+                    head[i + half] = b * cr[i] + a * sr[i];
+                }
+            }
+        });
+}
+
+/// `silu(g) · u` with `silu(g) = g / (1 + exp(-g))`.
+pub fn silu_mul(g: &[f32], u: &[f32]) -> Vec<f32> {
+    g.iter()
+        .zip(u)
+        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
+        .collect()
+}
+
+/// In-place softmax of each row of width `n`.
+pub fn softmax_rows(x: &mut [f32], n: usize) {
+    x.par_chunks_mut(n).for_each(softmax_row);
+}
+
+/// In-place softmax of one row (max-subtracted; sum accumulated in f64).
+pub fn softmax_row(row: &mut [f32]) {
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+    let mut sum = 0.0f64;
+    for v in row.iter_mut() {
+        *v = (*v - max).exp();
+        sum += *v as f64;
+    }
+    let inv = (1.0 / sum) as f32;
+    for v in row.iter_mut() {
+        *v *= inv;
+    }
+}
+
+/// In-place log-softmax of each row of width `n`.
+pub fn log_softmax_rows(x: &mut [f32], n: usize) {
+    x.par_chunks_mut(n).for_each(|row| {
+        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
+        let sum: f64 = row.iter().map(|&v| ((v - max) as f64).exp()).sum();
+        let lse = max + sum.ln() as f32;
+        for v in row.iter_mut() {
+            *v -= lse;
+        }
+    });
+}

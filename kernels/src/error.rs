@@ -1,0 +1,22 @@
+use thiserror::Error;
+
+/// Errors raised by tensor ops: always a caller bug or an unavailable device.
+#[derive(Debug, Error)]
+pub enum KernelError {
+    /// Two tensors (or a tensor and a parameter) disagree on a dimension.
+    #[error("shape mismatch in {op}: {detail}")]
+    Shape { op: &'static str, detail: String },
+    /// The tensors of one op live on different devices.
+    #[error("device mismatch in {op}")]
+    DeviceMismatch { op: &'static str },
+    /// CUDA was requested but this binary has no CUDA backend.
+    #[error("CUDA requested but rlserve was built without the `cuda` feature")]
+    CudaUnavailable,
+}
+
+pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> KernelError {
+    KernelError::Shape {
+        op,
+        detail: detail.into(),
+    }
+}

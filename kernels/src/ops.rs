@@ -1,0 +1,217 @@
+//! The op set shared by every backend. Each function checks shapes, then dispatches
+//! on the storage. CPU implementations live in [`crate::cpu`].
+//!
+//! Conventions: activations are `[rows, features]`; linear weights use the Hugging
+//! Face layout `[out_features, in_features]`, so a linear layer is `x · Wᵀ`.
+
+use crate::cpu;
+use crate::error::shape_err;
+use crate::tensor::Storage;
+use crate::{Result, Tensor};
+
+fn cpu2<'a>(a: &'a Tensor, b: &'a Tensor, op: &'static str) -> Result<(&'a [f32], &'a [f32])> {
+    a.same_device(b, op)?;
+    match (&a.storage, &b.storage) {
+        (Storage::Cpu(x), Storage::Cpu(y)) => Ok((x, y)),
+        (Storage::Cuda(c), _) | (_, Storage::Cuda(c)) => match *c {},
+    }
+}
+
+fn cpu_mut<'a>(a: &'a mut Tensor) -> &'a mut Vec<f32> {
+    match &mut a.storage {
+        Storage::Cpu(x) => x,
+        Storage::Cuda(c) => match *c {},
+    }
+}
+
+/// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w [n, k]`, `bias [n]` → `y [m, n]`.
+///
+/// CPU: `m == 1` uses a row-parallel GEMV with AVX2/FMA dot products (decode is
+/// memory-bound on the weights); `m > 1` uses the `gemm` crate on the rayon pool.
+pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (m, k) = x.dims2("matmul_t")?;
+    let (n, k2) = w.dims2("matmul_t")?;
+    if k != k2 {
+        return Err(shape_err(
+            "matmul_t",
+            format!("x is [{m}, {k}] but w is [{n}, {k2}]"),
+        ));
+    }
+    let (xs, ws) = cpu2(x, w, "matmul_t")?;
+    let mut y = vec![0.0f32; m * n];
+    cpu::matmul::matmul_t(xs, ws, &mut y, m, n, k);
+    if let Some(b) = bias {
+        let (_, bs) = cpu2(x, b, "matmul_t")?;
+        if bs.len() != n {
+            return Err(shape_err(
+                "matmul_t",
+                format!("bias has {} values, expected {n}", bs.len()),
+            ));
+        }
+        cpu::elementwise::add_bias(&mut y, bs);
+    }
+    Tensor::from_vec(y, &[m, n])
+}
+
+/// RMSNorm `y = x / sqrt(mean(x²) + eps) · w` per row (Zhang & Sennrich 2019, eq. 4;
+/// HF `LlamaRMSNorm`): `x [m, d]`, `w [d]` → `[m, d]`.
+pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
+    let (m, d) = x.dims2("rms_norm")?;
+    let (xs, ws) = cpu2(x, w, "rms_norm")?;
+    if ws.len() != d {
+        return Err(shape_err(
+            "rms_norm",
+            format!("weight has {} values, rows have {d}", ws.len()),
+        ));
+    }
+    let mut y = vec![0.0f32; m * d];
+    cpu::elementwise::rms_norm(xs, ws, &mut y, d, eps);
+    Tensor::from_vec(y, &[m, d])
+}
+
+/// Rotary position embedding in place, HF `rotate_half` layout (Su et al. 2021, eq. 34):
+/// within each head, dims `i` and `i + head_dim/2` rotate by `positions[row] · inv_freq[i]`.
+/// `x [m, n_heads·head_dim]`, `cos`/`sin [max_pos, head_dim/2]`, `positions.len() == m`.
+pub fn rope_inplace(
+    x: &mut Tensor,
+    positions: &[usize],
+    cos: &Tensor,
+    sin: &Tensor,
+    head_dim: usize,
+) -> Result<()> {
+    let (m, c) = x.dims2("rope")?;
+    let (max_pos, half) = cos.dims2("rope")?;
+    if positions.len() != m
+        || half * 2 != head_dim
+        || c % head_dim != 0
+        || sin.shape() != cos.shape()
+    {
+        return Err(shape_err(
+            "rope",
+            format!(
+                "x [{m}, {c}], {} positions, tables [{max_pos}, {half}], head_dim {head_dim}",
+                positions.len()
+            ),
+        ));
+    }
+    if let Some(&p) = positions.iter().find(|&&p| p >= max_pos) {
+        return Err(shape_err(
+            "rope",
+            format!("position {p} beyond table of {max_pos}"),
+        ));
+    }
+    let (cs, ss) = cpu2(cos, sin, "rope")?;
+    cpu::elementwise::rope(cpu_mut(x), positions, cs, ss, c, head_dim);
+    Ok(())
+}
+
+/// SwiGLU gate `silu(gate) · up` (Shazeer 2020, eq. 5): `[m, i]`, `[m, i]` → `[m, i]`.
+pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
+    if gate.shape() != up.shape() {
+        return Err(shape_err(
+            "silu_mul",
+            format!("{:?} vs {:?}", gate.shape(), up.shape()),
+        ));
+    }
+    let (g, u) = cpu2(gate, up, "silu_mul")?;
+    let y = cpu::elementwise::silu_mul(g, u);
+    Tensor::from_vec(y, gate.shape())
+}
+
+/// `a += b` elementwise (residual connection); same shapes.
+pub fn add_inplace(a: &mut Tensor, b: &Tensor) -> Result<()> {
+    if a.shape() != b.shape() {
+        return Err(shape_err(
+            "add",
+            format!("{:?} vs {:?}", a.shape(), b.shape()),
+        ));
+    }
+    let bs = match &b.storage {
+        Storage::Cpu(v) => v,
+        Storage::Cuda(c) => match *c {},
+    };
+    cpu::elementwise::add_inplace(cpu_mut(a), bs);
+    Ok(())
+}
+
+/// Row-wise softmax `exp(x - max) / Σ exp(x - max)`: `[m, n]` → `[m, n]`.
+pub fn softmax(x: &Tensor) -> Result<Tensor> {
+    let (m, n) = x.dims2("softmax")?;
+    let mut y = x.as_slice()?.to_vec();
+    cpu::elementwise::softmax_rows(&mut y, n);
+    Tensor::from_vec(y, &[m, n])
+}
+
+/// Row-wise log-softmax `x - max - log Σ exp(x - max)`: `[m, n]` → `[m, n]`.
+pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
+    let (m, n) = x.dims2("log_softmax")?;
+    let mut y = x.as_slice()?.to_vec();
+    cpu::elementwise::log_softmax_rows(&mut y, n);
+    Tensor::from_vec(y, &[m, n])
+}
+
+/// Causal grouped-query attention `softmax(q kᵀ / sqrt(head_dim)) v` (Vaswani et al.
+/// 2017, eq. 1; GQA: Ainslie et al. 2023). `q [t, n_heads·head_dim]`; `k`, `v [L, n_kv_heads·head_dim]`
+/// hold the keys/values of positions `0..L`; query row `i` sits at position `past + i`
+/// and attends positions `0..=past + i`. Requires `past + t <= L`. Returns `[t, n_heads·head_dim]`.
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    past: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    let (t, qc) = q.dims2("attention")?;
+    let (l, kc) = k.dims2("attention")?;
+    if qc != n_heads * head_dim
+        || kc != n_kv_heads * head_dim
+        || k.shape() != v.shape()
+        || n_kv_heads == 0
+        || n_heads % n_kv_heads != 0
+        || past + t > l
+    {
+        return Err(shape_err("attention", format!("q [{t}, {qc}], k/v [{l}, {kc}], past {past}, heads {n_heads}/{n_kv_heads}, head_dim {head_dim}")));
+    }
+    let (qs, ks) = cpu2(q, k, "attention")?;
+    let (_, vs) = cpu2(q, v, "attention")?;
+    let mut out = vec![0.0f32; t * qc];
+    cpu::attention::causal_attention(qs, ks, vs, &mut out, t, past, n_heads, n_kv_heads, head_dim);
+    Tensor::from_vec(out, &[t, qc])
+}
+
+/// Embedding gather: rows `ids` of `table [vocab, d]` → `[ids.len(), d]`. Errors on an id ≥ vocab.
+pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+    let (vocab, d) = table.dims2("embedding")?;
+    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+        return Err(shape_err(
+            "embedding",
+            format!("token id {bad} >= vocab size {vocab}"),
+        ));
+    }
+    let ts = table.as_slice()?;
+    let mut y = Vec::with_capacity(ids.len() * d);
+    for &i in ids {
+        y.extend_from_slice(&ts[i as usize * d..(i as usize + 1) * d]);
+    }
+    Tensor::from_vec(y, &[ids.len(), d])
+}
+
+/// Copies `src [n, c]` into rows `start..start+n` of `dst [L, c]` (KV-cache append).
+pub fn write_rows(dst: &mut Tensor, start: usize, src: &Tensor) -> Result<()> {
+    let (l, c) = dst.dims2("write_rows")?;
+    let (n, c2) = src.dims2("write_rows")?;
+    if c != c2 || start + n > l {
+        return Err(shape_err(
+            "write_rows",
+            format!("rows {start}..{} of [{l}, {c}] from [{n}, {c2}]", start + n),
+        ));
+    }
+    let s = match &src.storage {
+        Storage::Cpu(v) => v,
+        Storage::Cuda(b) => match *b {},
+    };
+    cpu_mut(dst)[start * c..(start + n) * c].copy_from_slice(s);
+    Ok(())
+}

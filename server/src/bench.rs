@@ -1,0 +1,86 @@
+//! `rlserve bench`: prefill tokens/s on a fixed-length prompt and single-stream decode
+//! tokens/s, plus peak RSS, printed in a form comparable with `llama-bench` (pp/tg).
+
+use crate::cli::{load, ModelArgs};
+use anyhow::Result;
+use clap::Args;
+use engine::generate::generate;
+use engine::SamplingParams;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt length for the prefill measurement (llama-bench `-p`).
+    #[arg(long, default_value_t = 512)]
+    pub prompt_tokens: usize,
+    /// Tokens to decode for the decode measurement (llama-bench `-n`).
+    #[arg(long, default_value_t = 128)]
+    pub gen_tokens: usize,
+    /// Repetitions; the median is reported.
+    #[arg(long, default_value_t = 3)]
+    pub repetitions: usize,
+}
+
+/// Peak resident set size of this process in MiB (`VmHWM`, Linux only).
+pub fn peak_rss_mib() -> Option<f64> {
+    let s = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = s.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb / 1024.0)
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+pub fn run(a: BenchArgs) -> Result<()> {
+    anyhow::ensure!(
+        a.prompt_tokens >= 1 && a.gen_tokens >= 2 && a.repetitions >= 1,
+        "--prompt-tokens >= 1, --gen-tokens >= 2 and --repetitions >= 1 are required"
+    );
+    let dir = a.model.resolve()?;
+    let (_, model) = load(&dir)?;
+    let vocab = model.config.vocab_size as u32;
+    // Deterministic pseudo-random prompt (token ids in the ordinary-text range).
+    let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
+        .map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100)))
+        .collect();
+    let threads = rayon::current_num_threads();
+    let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    // Greedy, never stopping early: decode exactly gen_tokens.
+    let params = SamplingParams {
+        temperature: 0.0,
+        ..Default::default()
+    };
+    for _ in 0..a.repetitions {
+        let mut cache = model.new_cache(a.prompt_tokens);
+        let t = Instant::now();
+        model.forward(&prompt, &mut cache, false)?;
+        pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        let (_, stats) = generate(&model, &prompt[..1], &params, a.gen_tokens, &[], |_| {})?;
+        tg.push(stats.decode_tokens_per_s());
+    }
+    println!("| model | threads | test | t/s |");
+    println!("| --- | --- | --- | --- |");
+    let name = dir
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_default();
+    println!(
+        "| {name} f32 (rlserve) | {threads} | pp{} | {:.1} |",
+        a.prompt_tokens,
+        median(pp)
+    );
+    println!(
+        "| {name} f32 (rlserve) | {threads} | tg{} | {:.1} |",
+        a.gen_tokens,
+        median(tg)
+    );
+    if let Some(rss) = peak_rss_mib() {
+        println!("peak RSS: {rss:.0} MiB");
+    }
+    Ok(())
+}

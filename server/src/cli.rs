@@ -1,0 +1,151 @@
+//! Command-line interface and the `generate` command.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use engine::generate::generate as run_generation;
+use engine::{ChatMessage, Model, SamplingParams, Tokenizer};
+use kernels::Device;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+#[derive(Parser)]
+#[command(
+    name = "rlserve",
+    version,
+    about = "Serve an LLM and train it online, in one process"
+)]
+pub struct Cli {
+    /// Worker threads for model math (default: all cores).
+    #[arg(long, global = true)]
+    pub threads: Option<usize>,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Subcommand)]
+pub enum Command {
+    /// Download and convert the default model (SmolLM2-135M-Instruct) into $RLSERVE_MODELS_DIR (default ./models).
+    FetchModel,
+    /// Generate a completion for one prompt, streaming it to stdout.
+    Generate(GenerateArgs),
+    /// Measure prefill and decode throughput on one model.
+    Bench(crate::bench::BenchArgs),
+}
+
+/// Where the model comes from (shared by the commands that load one).
+#[derive(Args, Clone)]
+pub struct ModelArgs {
+    /// HF model folder (config.json, *.safetensors, tokenizer.json). Default: the default model, fetched if missing.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+}
+
+impl ModelArgs {
+    /// The model folder, fetching the default model when `--model` is absent.
+    pub fn resolve(&self) -> Result<PathBuf> {
+        match &self.model {
+            Some(p) => {
+                if !p.join("config.json").exists() {
+                    bail!("--model {}: no config.json in this folder", p.display());
+                }
+                Ok(p.clone())
+            }
+            None => Ok(engine::fetch::ensure_default_model(&|m| eprintln!("{m}"))?),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct GenerateArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Prompt text.
+    #[arg(long)]
+    pub prompt: String,
+    /// Wrap the prompt as a user message in the model's chat template.
+    #[arg(long)]
+    pub chat: bool,
+    /// Maximum tokens to generate.
+    #[arg(long, default_value_t = 128)]
+    pub max_tokens: usize,
+    /// Sampling temperature; 0 = greedy.
+    #[arg(long, default_value_t = 0.0)]
+    pub temperature: f32,
+    /// Nucleus sampling mass, in (0, 1].
+    #[arg(long, default_value_t = 1.0)]
+    pub top_p: f32,
+    /// Top-k cutoff; 0 = off.
+    #[arg(long, default_value_t = 0)]
+    pub top_k: usize,
+    /// RNG seed for reproducible sampling.
+    #[arg(long)]
+    pub seed: Option<u64>,
+}
+
+/// Loads tokenizer and model from `dir` onto the CPU.
+pub fn load(dir: &Path) -> Result<(Tokenizer, Model)> {
+    let tok = Tokenizer::from_dir(dir)?;
+    let model =
+        Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
+    Ok((tok, model))
+}
+
+/// Tokenizes `prompt`, through the chat template when `chat`.
+pub fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
+    let text = if chat {
+        tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)?
+    } else {
+        prompt.to_string()
+    };
+    let ids = tok.encode(&text, true)?;
+    if ids.is_empty() {
+        bail!("--prompt is empty after tokenization");
+    }
+    Ok(ids)
+}
+
+pub fn generate(a: GenerateArgs) -> Result<()> {
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        seed: a.seed,
+    };
+    params
+        .validate()
+        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    if a.max_tokens == 0 {
+        bail!("--max-tokens must be >= 1, got 0");
+    }
+    let dir = a.model.resolve()?;
+    let (tok, model) = load(&dir)?;
+    let prompt = encode_prompt(&tok, &a.prompt, a.chat)?;
+    let ctx = model.config.max_position_embeddings;
+    if prompt.len() + a.max_tokens > ctx {
+        bail!("the prompt ({} tokens) plus --max-tokens {} exceeds the model's context of {ctx} tokens", prompt.len(), a.max_tokens);
+    }
+    let mut stream = tok.decode_stream(true);
+    let mut stdout = std::io::stdout();
+    let (_, stats) = run_generation(
+        &model,
+        &prompt,
+        &params,
+        a.max_tokens,
+        &tok.eos_token_ids,
+        |id| {
+            if let Ok(Some(text)) = stream.step(id) {
+                let _ = stdout.write_all(text.as_bytes());
+                let _ = stdout.flush();
+            }
+        },
+    )?;
+    println!();
+    eprintln!(
+        "prompt: {} tokens ({:.1} tok/s), generation: {} tokens ({:.1} tok/s)",
+        stats.prompt_tokens,
+        stats.prefill_tokens_per_s(),
+        stats.generated_tokens,
+        stats.decode_tokens_per_s()
+    );
+    Ok(())
+}
