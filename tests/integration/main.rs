@@ -1,0 +1,6 @@
+//! The one integration-test binary of rlserve; one module per area.
+
+mod gguf;
+mod kernels;
+mod model;
+mod reference;

@@ -1,0 +1,174 @@
+//! Tiny random models: forward vs the independent f64 reference, cached vs full forward,
+//! loading formats and error messages, tokenizer and chat template.
+
+use engine::{ChatMessage, Model, ModelConfig, Tokenizer};
+use kernels::Device;
+use safetensors::Dtype;
+use tests::tiny::{TinySpec, VOCAB};
+use tests::{max_abs_diff, naive, temp_dir};
+
+const PROMPT: [u32; 9] = [5, 200, 17, 99, 3, 255, 42, 42, 7];
+
+/// Writes `spec`, loads it, and compares all-position logits with the f64 reference.
+fn check(name: &str, spec: TinySpec, tol: f32) {
+    let dir = temp_dir(&format!("tiny-{name}"));
+    let weights = spec.write(&dir);
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    let mut cache = model.new_cache(32);
+    let got = model.forward(&PROMPT, &mut cache, true).unwrap();
+    assert_eq!(got.shape(), &[PROMPT.len(), VOCAB]);
+    let want: Vec<f32> = naive::forward(&spec, &weights, &PROMPT).into_iter().flatten().map(|v| v as f32).collect();
+    let diff = max_abs_diff(got.as_slice().unwrap(), &want);
+    assert!(diff < tol, "{name}: max |logit diff| {diff} >= {tol}");
+}
+
+#[test]
+fn forward_matches_f64_reference() {
+    check("llama-gqa-tied", TinySpec::default(), 1e-4);
+    check("llama-untied", TinySpec { tied: false, seed: 8, ..Default::default() }, 1e-4);
+    check("llama-mha", TinySpec { kv_heads: 4, seed: 9, ..Default::default() }, 1e-4);
+    check("qwen2-bias", TinySpec { architecture: "Qwen2ForCausalLM", seed: 10, ..Default::default() }, 1e-4);
+    check("llama3-rope", TinySpec { llama3_rope: Some((8.0, 1.0, 4.0, 16.0)), seed: 11, ..Default::default() }, 1e-4);
+    check("bf16", TinySpec { dtype: Dtype::BF16, seed: 12, ..Default::default() }, 1e-4);
+    check("f16", TinySpec { dtype: Dtype::F16, seed: 13, ..Default::default() }, 1e-4);
+}
+
+#[test]
+fn cached_forward_equals_full_forward() {
+    let spec = TinySpec { architecture: "Qwen2ForCausalLM", seed: 21, ..Default::default() };
+    let dir = temp_dir("tiny-cached");
+    spec.write(&dir);
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    let full = model.forward(&PROMPT, &mut model.new_cache(16), true).unwrap();
+    // Chunks of 4, 1, 3, 1 tokens.
+    let mut cache = model.new_cache(16);
+    let mut start = 0;
+    for n in [4, 1, 3, 1] {
+        let part = model.forward(&PROMPT[start..start + n], &mut cache, true).unwrap();
+        let want = &full.as_slice().unwrap()[start * VOCAB..(start + n) * VOCAB];
+        assert!(max_abs_diff(part.as_slice().unwrap(), want) < 1e-5, "chunk at {start}");
+        start += n;
+    }
+    assert_eq!(cache.len(), PROMPT.len());
+    let err = model.forward(&[1; 8], &mut cache, false).unwrap_err();
+    assert!(err.to_string().contains("9 cached + 8 new tokens exceed the context of 16"), "{err}");
+}
+
+#[test]
+fn sharded_weights_load_like_a_single_file() {
+    let spec = TinySpec { seed: 31, ..Default::default() };
+    let single = temp_dir("tiny-single");
+    let weights = spec.write(&single);
+    let sharded = temp_dir("tiny-sharded");
+    spec.write(&sharded);
+    std::fs::remove_file(sharded.join("model.safetensors")).unwrap();
+    let (a, b): (Vec<_>, Vec<_>) = weights.into_iter().enumerate().partition(|(i, _)| i % 2 == 0);
+    let mut map = serde_json::Map::new();
+    for (file, part) in [("model-00001-of-00002.safetensors", a), ("model-00002-of-00002.safetensors", b)] {
+        let part: std::collections::BTreeMap<_, _> = part.into_iter().map(|(_, kv)| kv).collect();
+        for k in part.keys() {
+            map.insert(k.clone(), file.into());
+        }
+        tests::tiny::write_safetensors(&sharded.join(file), &part, Dtype::F32);
+    }
+    std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
+    let l1 = Model::load(&single, &Device::Cpu).unwrap().forward(&PROMPT, &mut Model::load(&single, &Device::Cpu).unwrap().new_cache(16), false).unwrap();
+    let m2 = Model::load(&sharded, &Device::Cpu).unwrap();
+    let l2 = m2.forward(&PROMPT, &mut m2.new_cache(16), false).unwrap();
+    assert_eq!(l1.as_slice().unwrap(), l2.as_slice().unwrap());
+}
+
+/// Writes a tiny model, applies `edit` to its folder, and checks the load error text.
+fn check_load_error(name: &str, edit: impl FnOnce(&std::path::Path), expected: &[&str]) {
+    let dir = temp_dir(&format!("bad-{name}"));
+    TinySpec::default().write(&dir);
+    edit(&dir);
+    let err = match Model::load(&dir, &Device::Cpu) {
+        Ok(_) => panic!("{name}: loaded"),
+        Err(e) => e.to_string(),
+    };
+    for e in expected {
+        assert!(err.contains(e), "{name}: {err:?} lacks {e:?}");
+    }
+}
+
+fn edit_config(dir: &std::path::Path, f: impl FnOnce(&mut serde_json::Value)) {
+    let p = dir.join("config.json");
+    let mut v: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&p).unwrap()).unwrap();
+    f(&mut v);
+    std::fs::write(p, v.to_string()).unwrap();
+}
+
+fn rewrite_weights(dir: &std::path::Path, f: impl FnOnce(&mut std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>)) {
+    let mut w = TinySpec::default().weights();
+    f(&mut w);
+    tests::tiny::write_safetensors(&dir.join("model.safetensors"), &w, Dtype::F32);
+}
+
+#[test]
+fn load_errors_name_file_tensor_and_shape() {
+    check_load_error("arch", |d| edit_config(d, |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])), &["config.json", "unsupported architecture \"GPT2LMHeadModel\"", "LlamaForCausalLM"]);
+    check_load_error("json", |d| std::fs::write(d.join("config.json"), "{\"hidden_size\": 32,").unwrap(), &["config.json", "invalid JSON"]);
+    check_load_error("heads", |d| edit_config(d, |c| c["num_key_value_heads"] = serde_json::json!(3)), &["num_attention_heads 4 must be a positive multiple of num_key_value_heads 3"]);
+    check_load_error(
+        "missing",
+        |d| rewrite_weights(d, |w| drop(w.remove("model.layers.1.mlp.up_proj.weight"))),
+        &["model.safetensors", "missing tensor `model.layers.1.mlp.up_proj.weight`", "[48, 32]"],
+    );
+    check_load_error(
+        "shape",
+        |d| rewrite_weights(d, |w| drop(w.insert("model.layers.0.self_attn.k_proj.weight".into(), (vec![8, 32], vec![0.0; 256])))),
+        &["model.safetensors", "`model.layers.0.self_attn.k_proj.weight` has shape [8, 32], expected [16, 32]"],
+    );
+    check_load_error("nofile", |d| std::fs::remove_file(d.join("model.safetensors")).unwrap(), &["model.safetensors", "No such file"]);
+}
+
+#[test]
+fn config_parses_llama3_rope_scaling() {
+    // Llama 3.1 8B values; inv_freq[i] = 500000^(−2i/128), then (HF _compute_llama3_parameters):
+    // wavelen < 8192/4 kept, wavelen > 8192/1 divided by 8, else smoothly interpolated.
+    let text = r#"{"architectures":["LlamaForCausalLM"],"hidden_size":4096,"intermediate_size":14336,"num_hidden_layers":32,
+      "num_attention_heads":32,"num_key_value_heads":8,"vocab_size":128256,"rope_theta":500000.0,"eos_token_id":[128001,128008,128009],
+      "rope_scaling":{"factor":8.0,"low_freq_factor":1.0,"high_freq_factor":4.0,"original_max_position_embeddings":8192,"rope_type":"llama3"}}"#;
+    let c = ModelConfig::from_json(text, "config.json".as_ref()).unwrap();
+    assert_eq!(c.head_dim, 128);
+    assert_eq!(c.eos_token_ids, vec![128001, 128008, 128009]);
+    let f = c.rope_inv_freq();
+    assert_eq!(f[0], 1.0);
+    // i = 63: wavelen = 2π·500000^(126/128) ≈ 2.5e6 > 8192 → divided by 8.
+    assert!((f[63] - 500000f64.powf(-126.0 / 128.0) / 8.0).abs() < 1e-15);
+    // i = 40: f = 500000^(-80/128) = 2.7384e-4, wavelen = 22944 > 8192 → f / 8.
+    assert!((f[40] - 500000f64.powf(-80.0 / 128.0) / 8.0).abs() < 1e-15);
+    // i = 30: f = 500000^(-60/128) = 2.13112e-3, wavelen = 2948.30 in (2048, 8192):
+    // smooth = (8192/2948.30 − 1)/3 = 0.59285; f·(1 − smooth)/8 + f·smooth.
+    let f30 = 500000f64.powf(-60.0 / 128.0);
+    let smooth = (8192.0 / (2.0 * std::f64::consts::PI / f30) - 1.0) / 3.0;
+    assert!((smooth - 0.592849).abs() < 1e-6);
+    assert!((f[30] - (f30 * (1.0 - smooth) / 8.0 + f30 * smooth)).abs() < 1e-15);
+    // A Qwen2 config always carries q/k/v biases.
+    let q = ModelConfig::from_json(&text.replace("LlamaForCausalLM", "Qwen2ForCausalLM"), "config.json".as_ref()).unwrap();
+    assert!(q.qkv_bias);
+    let e = ModelConfig::from_json(&text.replace("llama3", "yarn"), "x/config.json".as_ref()).unwrap_err();
+    assert!(e.to_string().contains("x/config.json: rope_scaling type \"yarn\" is not supported"), "{e}");
+}
+
+#[test]
+fn tokenizer_and_chat_template_of_a_model_folder() {
+    let dir = temp_dir("tiny-tok");
+    TinySpec::default().write(&dir);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    assert_eq!(tok.vocab_size(), VOCAB);
+    assert_eq!(tok.eos_token_ids, vec![258]);
+    let text = tok.apply_chat_template(&[ChatMessage::new("user", "hé")], true).unwrap();
+    assert_eq!(text, "<|im_start|>user\nhé<|im_end|>\n<|im_start|>assistant\n");
+    let ids = tok.encode(&text, true).unwrap();
+    // <|im_start|> "user" "\n" "h" "é"(2 bytes) <|im_end|> "\n" <|im_start|> "assistant" "\n"
+    assert_eq!(ids.len(), 1 + 4 + 1 + 1 + 2 + 1 + 1 + 1 + 9 + 1);
+    assert_eq!((ids[0], ids[9]), (257, 258));
+    assert_eq!(tok.decode(&ids, false).unwrap(), text);
+    // Streaming decode never emits half a character.
+    let mut stream = tok.decode_stream(false);
+    let pieces: Vec<String> = ids.iter().filter_map(|&i| stream.step(i).unwrap()).collect();
+    assert_eq!(pieces.concat(), text);
+    assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
+}
