@@ -15,10 +15,7 @@ pub struct ChatMessage {
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self {
-            role: role.into(),
-            content: content.into(),
-        }
+        Self { role: role.into(), content: content.into() }
     }
 }
 
@@ -36,28 +33,17 @@ impl ChatTemplate {
         env.set_trim_blocks(true);
         env.set_lstrip_blocks(true);
         env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
-        env.add_function(
-            "raise_exception",
-            |msg: String| -> std::result::Result<String, minijinja::Error> {
-                Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
-            },
-        );
-        env.add_template_owned("chat", source.to_string())
-            .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
-        Ok(Self {
-            env,
-            bos_token: bos_token.into(),
-            eos_token: eos_token.into(),
-        })
+        env.add_function("raise_exception", |msg: String| -> std::result::Result<String, minijinja::Error> {
+            Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
+        });
+        env.add_template_owned("chat", source.to_string()).map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        Ok(Self { env, bos_token: bos_token.into(), eos_token: eos_token.into() })
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
     /// reply starts.
     pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let tmpl = self
-            .env
-            .get_template("chat")
-            .map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
+        let tmpl = self.env.get_template("chat").map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
         tmpl.render(minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,

@@ -7,40 +7,19 @@ use thiserror::Error;
 #[derive(Debug, Error)]
 pub enum ModelError {
     #[error("{path}: {source}")]
-    Io {
-        path: PathBuf,
-        source: std::io::Error,
-    },
+    Io { path: PathBuf, source: std::io::Error },
     #[error("{path}: invalid JSON: {source}")]
-    Json {
-        path: PathBuf,
-        source: serde_json::Error,
-    },
+    Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: {msg}")]
     Config { path: PathBuf, msg: String },
-    #[error(
-        "{path}: unsupported architecture {arch:?} (supported: LlamaForCausalLM, Qwen2ForCausalLM)"
-    )]
+    #[error("{path}: unsupported architecture {arch:?} (supported: LlamaForCausalLM, Qwen2ForCausalLM)")]
     UnknownArchitecture { path: PathBuf, arch: String },
     #[error("{path}: missing tensor `{name}` (expected shape {expected:?})")]
-    MissingTensor {
-        path: PathBuf,
-        name: String,
-        expected: Vec<usize>,
-    },
+    MissingTensor { path: PathBuf, name: String, expected: Vec<usize> },
     #[error("{path}: tensor `{name}` has shape {actual:?}, expected {expected:?}")]
-    ShapeMismatch {
-        path: PathBuf,
-        name: String,
-        expected: Vec<usize>,
-        actual: Vec<usize>,
-    },
+    ShapeMismatch { path: PathBuf, name: String, expected: Vec<usize>, actual: Vec<usize> },
     #[error("{path}: tensor `{name}` has dtype {dtype}, supported: F32, BF16, F16")]
-    UnsupportedDtype {
-        path: PathBuf,
-        name: String,
-        dtype: String,
-    },
+    UnsupportedDtype { path: PathBuf, name: String, dtype: String },
     #[error("{path}: invalid safetensors file: {msg}")]
     Safetensors { path: PathBuf, msg: String },
     #[error("{path}: tokenizer: {msg}")]
@@ -57,10 +36,7 @@ pub enum ModelError {
 
 impl ModelError {
     pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        ModelError::Io {
-            path: path.into(),
-            source,
-        }
+        ModelError::Io { path: path.into(), source }
     }
 }
 

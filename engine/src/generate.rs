@@ -41,10 +41,7 @@ pub fn generate(
     let mut cache = model.new_cache(prompt.len() + max_tokens);
     let mut sampler = Sampler::new(params.clone());
     let mut out = Vec::with_capacity(max_tokens);
-    let mut stats = GenerationStats {
-        prompt_tokens: prompt.len(),
-        ..Default::default()
-    };
+    let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
     if max_tokens == 0 {
         return Ok((out, stats));
     }

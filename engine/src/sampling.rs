@@ -19,12 +19,7 @@ pub struct SamplingParams {
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self {
-            temperature: 1.0,
-            top_p: 1.0,
-            top_k: 0,
-            seed: None,
-        }
+        Self { temperature: 1.0, top_p: 1.0, top_k: 0, seed: None }
     }
 }
 
@@ -32,10 +27,7 @@ impl SamplingParams {
     /// Checks ranges; the message names the parameter, its value and the allowed range.
     pub fn validate(&self) -> Result<(), String> {
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!(
-                "temperature must be >= 0, got {}",
-                self.temperature
-            ));
+            return Err(format!("temperature must be >= 0, got {}", self.temperature));
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
             return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
@@ -82,10 +74,7 @@ impl Sampler {
             idx.truncate(p.top_k);
         }
         let max = logits[idx[0]];
-        let mut probs: Vec<f64> = idx
-            .iter()
-            .map(|&i| (((logits[i] - max) / p.temperature) as f64).exp())
-            .collect();
+        let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i] - max) / p.temperature) as f64).exp()).collect();
         let total: f64 = probs.iter().sum();
         if p.top_p < 1.0 {
             let mut cum = 0.0;

@@ -24,12 +24,7 @@ fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
         return Ok(None);
     }
     let text = std::fs::read_to_string(path).map_err(|e| ModelError::io(path, e))?;
-    serde_json::from_str(&text)
-        .map(Some)
-        .map_err(|source| ModelError::Json {
-            path: path.into(),
-            source,
-        })
+    serde_json::from_str(&text).map(Some).map_err(|source| ModelError::Json { path: path.into(), source })
 }
 
 /// A special-token field of `tokenizer_config.json`: a string or `{"content": ...}`.
@@ -42,13 +37,8 @@ fn token_str(v: Option<&serde_json::Value>) -> Option<String> {
 
 fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
     match v {
-        Some(serde_json::Value::Number(n)) => {
-            n.as_u64().map(|x| vec![x as u32]).unwrap_or_default()
-        }
-        Some(serde_json::Value::Array(a)) => a
-            .iter()
-            .filter_map(|x| x.as_u64().map(|x| x as u32))
-            .collect(),
+        Some(serde_json::Value::Number(n)) => n.as_u64().map(|x| vec![x as u32]).unwrap_or_default(),
+        Some(serde_json::Value::Array(a)) => a.iter().filter_map(|x| x.as_u64().map(|x| x as u32)).collect(),
         _ => vec![],
     }
 }
@@ -58,10 +48,8 @@ impl Tokenizer {
     /// `generation_config.json` and `config.json` of `dir`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
         let path = dir.join("tokenizer.json");
-        let inner = tokenizers::Tokenizer::from_file(&path).map_err(|e| ModelError::Tokenizer {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
+        let inner = tokenizers::Tokenizer::from_file(&path)
+            .map_err(|e| ModelError::Tokenizer { path: path.clone(), msg: e.to_string() })?;
         let cfg = read_json(&dir.join("tokenizer_config.json"))?.unwrap_or_default();
         let gen = read_json(&dir.join("generation_config.json"))?.unwrap_or_default();
         let model_cfg = read_json(&dir.join("config.json"))?.unwrap_or_default();
@@ -77,13 +65,7 @@ impl Tokenizer {
             _ => None,
         };
         let chat_template = template
-            .map(|t| {
-                ChatTemplate::new(
-                    &t,
-                    bos.as_deref().unwrap_or(""),
-                    eos.as_deref().unwrap_or(""),
-                )
-            })
+            .map(|t| ChatTemplate::new(&t, bos.as_deref().unwrap_or(""), eos.as_deref().unwrap_or("")))
             .transpose()?;
         let mut eos_token_ids = ids(gen.get("eos_token_id"));
         if eos_token_ids.is_empty() {
@@ -96,17 +78,8 @@ impl Tokenizer {
             .as_deref()
             .and_then(|b| inner.token_to_id(b))
             .or_else(|| ids(model_cfg.get("bos_token_id")).first().copied());
-        let add_bos_token = cfg
-            .get("add_bos_token")
-            .and_then(|v| v.as_bool())
-            .unwrap_or(false);
-        Ok(Self {
-            inner,
-            chat_template,
-            eos_token_ids,
-            add_bos_token,
-            bos_token_id,
-        })
+        let add_bos_token = cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
+        Ok(Self { inner, chat_template, eos_token_ids, add_bos_token, bos_token_id })
     }
 
     /// Encodes text; special tokens written inline (e.g. `<|im_start|>`) map to their ids.
@@ -115,10 +88,7 @@ impl Tokenizer {
         let enc = self
             .inner
             .encode(text, false)
-            .map_err(|e| ModelError::Tokenizer {
-                path: "tokenizer.json".into(),
-                msg: e.to_string(),
-            })?;
+            .map_err(|e| ModelError::Tokenizer { path: "tokenizer.json".into(), msg: e.to_string() })?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
         if add_special_tokens && self.add_bos_token {
             ids.extend(self.bos_token_id);
@@ -131,10 +101,7 @@ impl Tokenizer {
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
         self.inner
             .decode(ids, skip_special_tokens)
-            .map_err(|e| ModelError::Tokenizer {
-                path: "tokenizer.json".into(),
-                msg: e.to_string(),
-            })
+            .map_err(|e| ModelError::Tokenizer { path: "tokenizer.json".into(), msg: e.to_string() })
     }
 
     /// An incremental detokenizer that never splits a UTF-8 character.
@@ -161,16 +128,11 @@ impl Tokenizer {
     }
 
     /// Renders `messages` with the model's chat template. Errors when the model has none.
-    pub fn apply_chat_template(
-        &self,
-        messages: &[ChatMessage],
-        add_generation_prompt: bool,
-    ) -> Result<String> {
-        let t = self.chat_template.as_ref().ok_or_else(|| {
-            ModelError::ChatTemplate(
-                "the model's tokenizer_config.json has no chat_template".into(),
-            )
-        })?;
+    pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+        let t = self
+            .chat_template
+            .as_ref()
+            .ok_or_else(|| ModelError::ChatTemplate("the model's tokenizer_config.json has no chat_template".into()))?;
         t.render(messages, add_generation_prompt)
     }
 

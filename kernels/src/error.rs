@@ -15,8 +15,5 @@ pub enum KernelError {
 }
 
 pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> KernelError {
-    KernelError::Shape {
-        op,
-        detail: detail.into(),
-    }
+    KernelError::Shape { op, detail: detail.into() }
 }

@@ -32,10 +32,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     let (m, k) = x.dims2("matmul_t")?;
     let (n, k2) = w.dims2("matmul_t")?;
     if k != k2 {
-        return Err(shape_err(
-            "matmul_t",
-            format!("x is [{m}, {k}] but w is [{n}, {k2}]"),
-        ));
+        return Err(shape_err("matmul_t", format!("x is [{m}, {k}] but w is [{n}, {k2}]")));
     }
     let (xs, ws) = cpu2(x, w, "matmul_t")?;
     let mut y = vec![0.0f32; m * n];
@@ -43,10 +40,7 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
     if let Some(b) = bias {
         let (_, bs) = cpu2(x, b, "matmul_t")?;
         if bs.len() != n {
-            return Err(shape_err(
-                "matmul_t",
-                format!("bias has {} values, expected {n}", bs.len()),
-            ));
+            return Err(shape_err("matmul_t", format!("bias has {} values, expected {n}", bs.len())));
         }
         cpu::elementwise::add_bias(&mut y, bs);
     }
@@ -59,10 +53,7 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     let (m, d) = x.dims2("rms_norm")?;
     let (xs, ws) = cpu2(x, w, "rms_norm")?;
     if ws.len() != d {
-        return Err(shape_err(
-            "rms_norm",
-            format!("weight has {} values, rows have {d}", ws.len()),
-        ));
+        return Err(shape_err("rms_norm", format!("weight has {} values, rows have {d}", ws.len())));
     }
     let mut y = vec![0.0f32; m * d];
     cpu::elementwise::rms_norm(xs, ws, &mut y, d, eps);
@@ -72,59 +63,72 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
 /// Rotary position embedding in place, HF `rotate_half` layout (Su et al. 2021, eq. 34):
 /// within each head, dims `i` and `i + head_dim/2` rotate by `positions[row] · inv_freq[i]`.
 /// `x [m, n_heads·head_dim]`, `cos`/`sin [max_pos, head_dim/2]`, `positions.len() == m`.
-pub fn rope_inplace(
-    x: &mut Tensor,
-    positions: &[usize],
-    cos: &Tensor,
-    sin: &Tensor,
-    head_dim: usize,
-) -> Result<()> {
+pub fn rope_inplace(x: &mut Tensor, positions: &[usize], cos: &Tensor, sin: &Tensor, head_dim: usize) -> Result<()> {
     let (m, c) = x.dims2("rope")?;
     let (max_pos, half) = cos.dims2("rope")?;
-    if positions.len() != m
-        || half * 2 != head_dim
-        || c % head_dim != 0
-        || sin.shape() != cos.shape()
-    {
+    if positions.len() != m || half * 2 != head_dim || c % head_dim != 0 || sin.shape() != cos.shape() {
         return Err(shape_err(
             "rope",
-            format!(
-                "x [{m}, {c}], {} positions, tables [{max_pos}, {half}], head_dim {head_dim}",
-                positions.len()
-            ),
+            format!("x [{m}, {c}], {} positions, tables [{max_pos}, {half}], head_dim {head_dim}", positions.len()),
         ));
     }
     if let Some(&p) = positions.iter().find(|&&p| p >= max_pos) {
-        return Err(shape_err(
-            "rope",
-            format!("position {p} beyond table of {max_pos}"),
-        ));
+        return Err(shape_err("rope", format!("position {p} beyond table of {max_pos}")));
     }
     let (cs, ss) = cpu2(cos, sin, "rope")?;
     cpu::elementwise::rope(cpu_mut(x), positions, cs, ss, c, head_dim);
     Ok(())
 }
 
-/// SwiGLU gate `silu(gate) · up` (Shazeer 2020, eq. 5): `[m, i]`, `[m, i]` → `[m, i]`.
-pub fn silu_mul(gate: &Tensor, up: &Tensor) -> Result<Tensor> {
-    if gate.shape() != up.shape() {
-        return Err(shape_err(
-            "silu_mul",
-            format!("{:?} vs {:?}", gate.shape(), up.shape()),
-        ));
+/// SwiGLU `silu(gate) · up` (Shazeer 2020, eq. 5) on a fused projection:
+/// `gate_up [m, 2i]` holds `gate` in columns `0..i` and `up` in `i..2i` → `[m, i]`.
+pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
+    let (m, c) = gate_up.dims2("silu_mul")?;
+    if c % 2 != 0 {
+        return Err(shape_err("silu_mul", format!("gate_up has {c} columns, expected an even number")));
     }
-    let (g, u) = cpu2(gate, up, "silu_mul")?;
-    let y = cpu::elementwise::silu_mul(g, u);
-    Tensor::from_vec(y, gate.shape())
+    let y = cpu::elementwise::silu_mul(gate_up.as_slice()?, c / 2);
+    Tensor::from_vec(y, &[m, c / 2])
+}
+
+/// Splits the columns of `x [m, c]` into tensors of the given widths (which sum to `c`).
+pub fn split_cols(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
+    let (m, c) = x.dims2("split_cols")?;
+    if widths.iter().sum::<usize>() != c {
+        return Err(shape_err("split_cols", format!("widths {widths:?} do not sum to {c}")));
+    }
+    let xs = x.as_slice()?;
+    let mut start = 0;
+    widths
+        .iter()
+        .map(|&w| {
+            let data = xs.chunks(c).flat_map(|row| &row[start..start + w]).copied().collect();
+            start += w;
+            Tensor::from_vec(data, &[m, w])
+        })
+        .collect()
+}
+
+/// Stacks 2-D tensors with equal column counts along rows: `[r_i, c]` → `[Σ r_i, c]`.
+pub fn cat_rows(parts: &[&Tensor]) -> Result<Tensor> {
+    let c = parts.first().map(|t| t.dims2("cat_rows")).transpose()?.map_or(0, |d| d.1);
+    let mut data = Vec::new();
+    let mut rows = 0;
+    for t in parts {
+        let (r, c2) = t.dims2("cat_rows")?;
+        if c2 != c {
+            return Err(shape_err("cat_rows", format!("{c2} columns, expected {c}")));
+        }
+        data.extend_from_slice(t.as_slice()?);
+        rows += r;
+    }
+    Tensor::from_vec(data, &[rows, c])
 }
 
 /// `a += b` elementwise (residual connection); same shapes.
 pub fn add_inplace(a: &mut Tensor, b: &Tensor) -> Result<()> {
     if a.shape() != b.shape() {
-        return Err(shape_err(
-            "add",
-            format!("{:?} vs {:?}", a.shape(), b.shape()),
-        ));
+        return Err(shape_err("add", format!("{:?} vs {:?}", a.shape(), b.shape())));
     }
     let bs = match &b.storage {
         Storage::Cpu(v) => v,
@@ -172,7 +176,10 @@ pub fn attention(
         || n_heads % n_kv_heads != 0
         || past + t > l
     {
-        return Err(shape_err("attention", format!("q [{t}, {qc}], k/v [{l}, {kc}], past {past}, heads {n_heads}/{n_kv_heads}, head_dim {head_dim}")));
+        return Err(shape_err(
+            "attention",
+            format!("q [{t}, {qc}], k/v [{l}, {kc}], past {past}, heads {n_heads}/{n_kv_heads}, head_dim {head_dim}"),
+        ));
     }
     let (qs, ks) = cpu2(q, k, "attention")?;
     let (_, vs) = cpu2(q, v, "attention")?;
@@ -185,10 +192,7 @@ pub fn attention(
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let (vocab, d) = table.dims2("embedding")?;
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
-        return Err(shape_err(
-            "embedding",
-            format!("token id {bad} >= vocab size {vocab}"),
-        ));
+        return Err(shape_err("embedding", format!("token id {bad} >= vocab size {vocab}")));
     }
     let ts = table.as_slice()?;
     let mut y = Vec::with_capacity(ids.len() * d);
@@ -203,10 +207,7 @@ pub fn write_rows(dst: &mut Tensor, start: usize, src: &Tensor) -> Result<()> {
     let (l, c) = dst.dims2("write_rows")?;
     let (n, c2) = src.dims2("write_rows")?;
     if c != c2 || start + n > l {
-        return Err(shape_err(
-            "write_rows",
-            format!("rows {start}..{} of [{l}, {c}] from [{n}, {c2}]", start + n),
-        ));
+        return Err(shape_err("write_rows", format!("rows {start}..{} of [{l}, {c}] from [{n}, {c2}]", start + n)));
     }
     let s = match &src.storage {
         Storage::Cpu(v) => v,

@@ -37,25 +37,16 @@ impl Tensor {
     pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Self> {
         let n: usize = shape.iter().product();
         if n != data.len() {
-            return Err(shape_err(
-                "from_vec",
-                format!("{} values for shape {shape:?}", data.len()),
-            ));
+            return Err(shape_err("from_vec", format!("{} values for shape {shape:?}", data.len())));
         }
-        Ok(Self {
-            storage: Storage::Cpu(data),
-            shape: shape.to_vec(),
-        })
+        Ok(Self { storage: Storage::Cpu(data), shape: shape.to_vec() })
     }
 
     /// A zero-filled tensor on `device`.
     pub fn zeros(shape: &[usize], device: &Device) -> Self {
         let n = shape.iter().product();
         match device {
-            Device::Cpu => Self {
-                storage: Storage::Cpu(vec![0.0; n]),
-                shape: shape.to_vec(),
-            },
+            Device::Cpu => Self { storage: Storage::Cpu(vec![0.0; n]), shape: shape.to_vec() },
             Device::Cuda(d) => match *d {},
         }
     }
@@ -94,20 +85,14 @@ impl Tensor {
         match self.shape.as_slice() {
             [c] => Ok((1, *c)),
             [r, c] => Ok((*r, *c)),
-            s => Err(shape_err(
-                op,
-                format!("expected a 1-D or 2-D tensor, got {s:?}"),
-            )),
+            s => Err(shape_err(op, format!("expected a 1-D or 2-D tensor, got {s:?}"))),
         }
     }
 
     /// Reinterprets the shape (same number of elements).
     pub fn reshape(mut self, shape: &[usize]) -> Result<Self> {
         if shape.iter().product::<usize>() != self.len() {
-            return Err(shape_err(
-                "reshape",
-                format!("{:?} -> {shape:?}", self.shape),
-            ));
+            return Err(shape_err("reshape", format!("{:?} -> {shape:?}", self.shape)));
         }
         self.shape = shape.to_vec();
         Ok(self)

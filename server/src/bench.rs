@@ -45,16 +45,12 @@ pub fn run(a: BenchArgs) -> Result<()> {
     let (_, model) = load(&dir)?;
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random prompt (token ids in the ordinary-text range).
-    let prompt: Vec<u32> = (0..a.prompt_tokens as u32)
-        .map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100)))
-        .collect();
+    let prompt: Vec<u32> =
+        (0..a.prompt_tokens as u32).map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100))).collect();
     let threads = rayon::current_num_threads();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     // Greedy, never stopping early: decode exactly gen_tokens.
-    let params = SamplingParams {
-        temperature: 0.0,
-        ..Default::default()
-    };
+    let params = SamplingParams { temperature: 0.0, ..Default::default() };
     for _ in 0..a.repetitions {
         let mut cache = model.new_cache(a.prompt_tokens);
         let t = Instant::now();
@@ -65,20 +61,9 @@ pub fn run(a: BenchArgs) -> Result<()> {
     }
     println!("| model | threads | test | t/s |");
     println!("| --- | --- | --- | --- |");
-    let name = dir
-        .file_name()
-        .map(|n| n.to_string_lossy().into_owned())
-        .unwrap_or_default();
-    println!(
-        "| {name} f32 (rlserve) | {threads} | pp{} | {:.1} |",
-        a.prompt_tokens,
-        median(pp)
-    );
-    println!(
-        "| {name} f32 (rlserve) | {threads} | tg{} | {:.1} |",
-        a.gen_tokens,
-        median(tg)
-    );
+    let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    println!("| {name} f32 (rlserve) | {threads} | pp{} | {:.1} |", a.prompt_tokens, median(pp));
+    println!("| {name} f32 (rlserve) | {threads} | tg{} | {:.1} |", a.gen_tokens, median(tg));
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
     }

@@ -9,11 +9,7 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 
 #[derive(Parser)]
-#[command(
-    name = "rlserve",
-    version,
-    about = "Serve an LLM and train it online, in one process"
-)]
+#[command(name = "rlserve", version, about = "Serve an LLM and train it online, in one process")]
 pub struct Cli {
     /// Worker threads for model math (default: all cores).
     #[arg(long, global = true)]
@@ -85,18 +81,14 @@ pub struct GenerateArgs {
 /// Loads tokenizer and model from `dir` onto the CPU.
 pub fn load(dir: &Path) -> Result<(Tokenizer, Model)> {
     let tok = Tokenizer::from_dir(dir)?;
-    let model =
-        Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
+    let model = Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
     Ok((tok, model))
 }
 
 /// Tokenizes `prompt`, through the chat template when `chat`.
 pub fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
-    let text = if chat {
-        tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)?
-    } else {
-        prompt.to_string()
-    };
+    let text =
+        if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt.to_string() };
     let ids = tok.encode(&text, true)?;
     if ids.is_empty() {
         bail!("--prompt is empty after tokenization");
@@ -105,15 +97,8 @@ pub fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u3
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    let params = SamplingParams {
-        temperature: a.temperature,
-        top_p: a.top_p,
-        top_k: a.top_k,
-        seed: a.seed,
-    };
-    params
-        .validate()
-        .map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
+    let params = SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed };
+    params.validate().map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
     if a.max_tokens == 0 {
         bail!("--max-tokens must be >= 1, got 0");
     }
@@ -122,23 +107,20 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     let prompt = encode_prompt(&tok, &a.prompt, a.chat)?;
     let ctx = model.config.max_position_embeddings;
     if prompt.len() + a.max_tokens > ctx {
-        bail!("the prompt ({} tokens) plus --max-tokens {} exceeds the model's context of {ctx} tokens", prompt.len(), a.max_tokens);
+        bail!(
+            "the prompt ({} tokens) plus --max-tokens {} exceeds the model's context of {ctx} tokens",
+            prompt.len(),
+            a.max_tokens
+        );
     }
     let mut stream = tok.decode_stream(true);
     let mut stdout = std::io::stdout();
-    let (_, stats) = run_generation(
-        &model,
-        &prompt,
-        &params,
-        a.max_tokens,
-        &tok.eos_token_ids,
-        |id| {
-            if let Ok(Some(text)) = stream.step(id) {
-                let _ = stdout.write_all(text.as_bytes());
-                let _ = stdout.flush();
-            }
-        },
-    )?;
+    let (_, stats) = run_generation(&model, &prompt, &params, a.max_tokens, &tok.eos_token_ids, |id| {
+        if let Ok(Some(text)) = stream.step(id) {
+            let _ = stdout.write_all(text.as_bytes());
+            let _ = stdout.flush();
+        }
+    })?;
     println!();
     eprintln!(
         "prompt: {} tokens ({:.1} tok/s), generation: {} tokens ({:.1} tok/s)",

@@ -17,9 +17,7 @@ fn main() {
 
 fn run(args: cli::Cli) -> Result<()> {
     if let Some(n) = args.threads {
-        rayon::ThreadPoolBuilder::new()
-            .num_threads(n)
-            .build_global()?;
+        rayon::ThreadPoolBuilder::new().num_threads(n).build_global()?;
     }
     match args.command {
         cli::Command::FetchModel => {

@@ -1,6 +1,6 @@
 //! GGUF parsing and exact dequantization on hand-built files; the Q/K unpermutation.
 
-use engine::convert::gguf::{Gguf, GgmlType, Value};
+use engine::convert::gguf::{GgmlType, Gguf, Value};
 use engine::convert::unpermute_rows;
 use half::f16;
 
@@ -64,7 +64,12 @@ fn dequantizes_q4_1_q8_0_q4_0_and_f32_exactly() {
     let mut q40 = f16::from_f32(1.0).to_le_bytes().to_vec();
     q40.extend([0x33u8; 16]);
     let f32s: Vec<u8> = [1.5f32, -2.25, 3.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-    let bytes = gguf_file(&[("a", vec![32], 3, q41), ("b", vec![32, 2], 8, q80), ("c", vec![32], 2, q40), ("d", vec![3], 0, f32s)]);
+    let bytes = gguf_file(&[
+        ("a", vec![32], 3, q41),
+        ("b", vec![32, 2], 8, q80),
+        ("c", vec![32], 2, q40),
+        ("d", vec![3], 0, f32s),
+    ]);
     let path = tests::temp_dir("gguf").join("t.gguf");
     std::fs::write(&path, bytes).unwrap();
     let g = Gguf::open(&path).unwrap();
@@ -72,7 +77,8 @@ fn dequantizes_q4_1_q8_0_q4_0_and_f32_exactly() {
     assert_eq!(g.get("test.list"), Some(&Value::Array(vec![Value::Int(-7), Value::Int(9)])));
     let a = g.tensor("a").unwrap();
     assert_eq!(a.ty, GgmlType::Q4_1);
-    let want: Vec<f32> = (0..16).map(|j| 0.5 * j as f32 - 1.0).chain((0..16).map(|j| 0.5 * (15 - j) as f32 - 1.0)).collect();
+    let want: Vec<f32> =
+        (0..16).map(|j| 0.5 * j as f32 - 1.0).chain((0..16).map(|j| 0.5 * (15 - j) as f32 - 1.0)).collect();
     assert_eq!(g.dequantize(a).unwrap(), want);
     let b = g.tensor("b").unwrap();
     assert_eq!(b.shape(), vec![2, 32]);

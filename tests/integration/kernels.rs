@@ -8,7 +8,11 @@ fn t(v: &[f32], shape: &[usize]) -> Tensor {
 
 /// Deterministic values in [-1, 1).
 fn vals(n: usize, seed: u32) -> Vec<f32> {
-    (0..n as u32).map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 8) % 2001) as f32 / 1000.0 - 1.0).collect()
+    (0..n as u32)
+        .map(|i| {
+            ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 8) % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
 }
 
 fn assert_close(got: &[f32], want: &[f64], tol: f64, what: &str) {
@@ -23,7 +27,11 @@ fn matmul_matches_f64_loops() {
     // (m, n, k): GEMV path (m = 1), gemm path, and lengths that are not multiples of 8/32.
     let check = |m: usize, n: usize, k: usize| {
         let (x, w, b) = (vals(m * k, 1), vals(n * k, 2), vals(n, 3));
-        let want: Vec<f64> = (0..m * n).map(|idx| (0..k).map(|l| x[idx / n * k + l] as f64 * w[idx % n * k + l] as f64).sum::<f64>() + b[idx % n] as f64).collect();
+        let want: Vec<f64> = (0..m * n)
+            .map(|idx| {
+                (0..k).map(|l| x[idx / n * k + l] as f64 * w[idx % n * k + l] as f64).sum::<f64>() + b[idx % n] as f64
+            })
+            .collect();
         let y = ops::matmul_t(&t(&x, &[m, k]), &t(&w, &[n, k]), Some(&t(&b, &[n]))).unwrap();
         assert_eq!(y.shape(), &[m, n]);
         assert_close(y.as_slice().unwrap(), &want, 1e-5, &format!("matmul {m}x{n}x{k}"));
@@ -65,7 +73,7 @@ fn rope_rotates_half_pairs() {
 #[test]
 fn silu_mul_hand_values() {
     // silu(0) = 0, silu(1) = 1/(1+e⁻¹) = 0.7310585786, silu(−2) = −2/(1+e²) = −0.2384058440.
-    let y = ops::silu_mul(&t(&[0.0, 1.0, -2.0], &[1, 3]), &t(&[5.0, 2.0, 3.0], &[1, 3])).unwrap();
+    let y = ops::silu_mul(&t(&[0.0, 1.0, -2.0, 5.0, 2.0, 3.0], &[1, 6])).unwrap();
     assert_close(y.as_slice().unwrap(), &[0.0, 1.4621171572600098, -0.7152175321], 1e-6, "silu_mul");
 }
 
@@ -74,10 +82,20 @@ fn softmax_and_log_softmax_hand_values() {
     let x = t(&[1.0, 2.0, 3.0, 1000.0, 1000.0, 1000.0], &[2, 3]);
     let s = ops::softmax(&x).unwrap();
     let third = 1.0 / 3.0;
-    assert_close(s.as_slice().unwrap(), &[0.09003057317038046, 0.24472847105479767, 0.6652409557748219, third, third, third], 1e-6, "softmax");
+    assert_close(
+        s.as_slice().unwrap(),
+        &[0.09003057317038046, 0.24472847105479767, 0.6652409557748219, third, third, third],
+        1e-6,
+        "softmax",
+    );
     let l = ops::log_softmax(&x).unwrap();
     let lt = third.ln();
-    assert_close(l.as_slice().unwrap(), &[-2.40760596444438, -1.40760596444438, -0.40760596444438, lt, lt, lt], 1e-6, "log_softmax");
+    assert_close(
+        l.as_slice().unwrap(),
+        &[-2.40760596444438, -1.40760596444438, -0.40760596444438, lt, lt, lt],
+        1e-6,
+        "log_softmax",
+    );
 }
 
 #[test]
@@ -103,7 +121,12 @@ fn attention_gqa_matches_f64_loops() {
     for i in 0..t_q {
         for hh in 0..h {
             let g = hh / (h / kvh);
-            let s: Vec<f64> = (0..=past + i).map(|j| (0..d).map(|e| q[i * h * d + hh * d + e] as f64 * k[j * kvh * d + g * d + e] as f64).sum::<f64>() / (d as f64).sqrt()).collect();
+            let s: Vec<f64> = (0..=past + i)
+                .map(|j| {
+                    (0..d).map(|e| q[i * h * d + hh * d + e] as f64 * k[j * kvh * d + g * d + e] as f64).sum::<f64>()
+                        / (d as f64).sqrt()
+                })
+                .collect();
             let z: f64 = s.iter().map(|x| x.exp()).sum();
             for (j, sj) in s.iter().enumerate() {
                 for e in 0..d {
@@ -112,7 +135,8 @@ fn attention_gqa_matches_f64_loops() {
             }
         }
     }
-    let o = ops::attention(&t(&q, &[t_q, h * d]), &t(&k, &[l, kvh * d]), &t(&v, &[l, kvh * d]), past, h, kvh, d).unwrap();
+    let o =
+        ops::attention(&t(&q, &[t_q, h * d]), &t(&k, &[l, kvh * d]), &t(&v, &[l, kvh * d]), past, h, kvh, d).unwrap();
     assert_close(o.as_slice().unwrap(), &want, 1e-5, "gqa attention");
 }
 
@@ -129,4 +153,16 @@ fn embedding_gathers_rows_and_rejects_bad_ids() {
 fn cuda_is_reported_unavailable_without_the_feature() {
     let e = kernels::Device::cuda(0).unwrap_err();
     assert!(e.to_string().contains("without the `cuda` feature"), "{e}");
+}
+
+#[test]
+fn split_and_cat_are_inverse() {
+    let x = t(&[1.0, 2.0, 3.0, 4.0, 5.0, 6.0], &[2, 3]);
+    let parts = ops::split_cols(&x, &[1, 2]).unwrap();
+    assert_eq!(parts[0].as_slice().unwrap(), &[1.0, 4.0]);
+    assert_eq!(parts[1].as_slice().unwrap(), &[2.0, 3.0, 5.0, 6.0]);
+    assert!(ops::split_cols(&x, &[2, 2]).unwrap_err().to_string().contains("widths [2, 2] do not sum to 3"));
+    let y = ops::cat_rows(&[&x, &t(&[7.0, 8.0, 9.0], &[1, 3])]).unwrap();
+    assert_eq!(y.shape(), &[3, 3]);
+    assert_eq!(&y.as_slice().unwrap()[6..], &[7.0, 8.0, 9.0]);
 }

@@ -71,8 +71,15 @@ fn sharded_weights_load_like_a_single_file() {
         }
         tests::tiny::write_safetensors(&sharded.join(file), &part, Dtype::F32);
     }
-    std::fs::write(sharded.join("model.safetensors.index.json"), serde_json::json!({"metadata": {}, "weight_map": map}).to_string()).unwrap();
-    let l1 = Model::load(&single, &Device::Cpu).unwrap().forward(&PROMPT, &mut Model::load(&single, &Device::Cpu).unwrap().new_cache(16), false).unwrap();
+    std::fs::write(
+        sharded.join("model.safetensors.index.json"),
+        serde_json::json!({"metadata": {}, "weight_map": map}).to_string(),
+    )
+    .unwrap();
+    let l1 = Model::load(&single, &Device::Cpu)
+        .unwrap()
+        .forward(&PROMPT, &mut Model::load(&single, &Device::Cpu).unwrap().new_cache(16), false)
+        .unwrap();
     let m2 = Model::load(&sharded, &Device::Cpu).unwrap();
     let l2 = m2.forward(&PROMPT, &mut m2.new_cache(16), false).unwrap();
     assert_eq!(l1.as_slice().unwrap(), l2.as_slice().unwrap());
@@ -99,7 +106,10 @@ fn edit_config(dir: &std::path::Path, f: impl FnOnce(&mut serde_json::Value)) {
     std::fs::write(p, v.to_string()).unwrap();
 }
 
-fn rewrite_weights(dir: &std::path::Path, f: impl FnOnce(&mut std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>)) {
+fn rewrite_weights(
+    dir: &std::path::Path,
+    f: impl FnOnce(&mut std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>),
+) {
     let mut w = TinySpec::default().weights();
     f(&mut w);
     tests::tiny::write_safetensors(&dir.join("model.safetensors"), &w, Dtype::F32);
@@ -107,9 +117,21 @@ fn rewrite_weights(dir: &std::path::Path, f: impl FnOnce(&mut std::collections::
 
 #[test]
 fn load_errors_name_file_tensor_and_shape() {
-    check_load_error("arch", |d| edit_config(d, |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])), &["config.json", "unsupported architecture \"GPT2LMHeadModel\"", "LlamaForCausalLM"]);
-    check_load_error("json", |d| std::fs::write(d.join("config.json"), "{\"hidden_size\": 32,").unwrap(), &["config.json", "invalid JSON"]);
-    check_load_error("heads", |d| edit_config(d, |c| c["num_key_value_heads"] = serde_json::json!(3)), &["num_attention_heads 4 must be a positive multiple of num_key_value_heads 3"]);
+    check_load_error(
+        "arch",
+        |d| edit_config(d, |c| c["architectures"] = serde_json::json!(["GPT2LMHeadModel"])),
+        &["config.json", "unsupported architecture \"GPT2LMHeadModel\"", "LlamaForCausalLM"],
+    );
+    check_load_error(
+        "json",
+        |d| std::fs::write(d.join("config.json"), "{\"hidden_size\": 32,").unwrap(),
+        &["config.json", "invalid JSON"],
+    );
+    check_load_error(
+        "heads",
+        |d| edit_config(d, |c| c["num_key_value_heads"] = serde_json::json!(3)),
+        &["num_attention_heads 4 must be a positive multiple of num_key_value_heads 3"],
+    );
     check_load_error(
         "missing",
         |d| rewrite_weights(d, |w| drop(w.remove("model.layers.1.mlp.up_proj.weight"))),
@@ -117,10 +139,18 @@ fn load_errors_name_file_tensor_and_shape() {
     );
     check_load_error(
         "shape",
-        |d| rewrite_weights(d, |w| drop(w.insert("model.layers.0.self_attn.k_proj.weight".into(), (vec![8, 32], vec![0.0; 256])))),
+        |d| {
+            rewrite_weights(d, |w| {
+                drop(w.insert("model.layers.0.self_attn.k_proj.weight".into(), (vec![8, 32], vec![0.0; 256])))
+            })
+        },
         &["model.safetensors", "`model.layers.0.self_attn.k_proj.weight` has shape [8, 32], expected [16, 32]"],
     );
-    check_load_error("nofile", |d| std::fs::remove_file(d.join("model.safetensors")).unwrap(), &["model.safetensors", "No such file"]);
+    check_load_error(
+        "nofile",
+        |d| std::fs::remove_file(d.join("model.safetensors")).unwrap(),
+        &["model.safetensors", "No such file"],
+    );
 }
 
 #[test]
@@ -146,7 +176,8 @@ fn config_parses_llama3_rope_scaling() {
     assert!((smooth - 0.592849).abs() < 1e-6);
     assert!((f[30] - (f30 * (1.0 - smooth) / 8.0 + f30 * smooth)).abs() < 1e-15);
     // A Qwen2 config always carries q/k/v biases.
-    let q = ModelConfig::from_json(&text.replace("LlamaForCausalLM", "Qwen2ForCausalLM"), "config.json".as_ref()).unwrap();
+    let q =
+        ModelConfig::from_json(&text.replace("LlamaForCausalLM", "Qwen2ForCausalLM"), "config.json".as_ref()).unwrap();
     assert!(q.qkv_bias);
     let e = ModelConfig::from_json(&text.replace("llama3", "yarn"), "x/config.json".as_ref()).unwrap_err();
     assert!(e.to_string().contains("x/config.json: rope_scaling type \"yarn\" is not supported"), "{e}");

@@ -122,7 +122,12 @@ fn teacher_forced_logprobs_match_llama_cpp() {
         let logits = model.forward(&ids, &mut model.new_cache(ids.len()), true).unwrap();
         let lp = ops::log_softmax(&logits).unwrap();
         let v = model.config.vocab_size;
-        let got: Vec<f32> = tf.continuation_ids.iter().enumerate().map(|(i, &t)| lp.as_slice().unwrap()[(tf.prompt_ids.len() - 1 + i) * v + t as usize]).collect();
+        let got: Vec<f32> = tf
+            .continuation_ids
+            .iter()
+            .enumerate()
+            .map(|(i, &t)| lp.as_slice().unwrap()[(tf.prompt_ids.len() - 1 + i) * v + t as usize])
+            .collect();
         let diff = max_abs_diff(&got, &tf.logprobs);
         assert!(diff < TOL, "teacher-forced: max |Δ logprob| = {diff}");
     }

@@ -15,7 +15,9 @@ fn linear(x: &[Vec<f64>], wt: &[f32], b: Option<&[f32]>, n: usize) -> Vec<Vec<f6
     x.iter()
         .map(|row| {
             let k = row.len();
-            (0..n).map(|j| (0..k).map(|l| row[l] * wt[j * k + l] as f64).sum::<f64>() + b.map_or(0.0, |b| b[j] as f64)).collect()
+            (0..n)
+                .map(|j| (0..k).map(|l| row[l] * wt[j * k + l] as f64).sum::<f64>() + b.map_or(0.0, |b| b[j] as f64))
+                .collect()
         })
         .collect()
 }
@@ -66,7 +68,8 @@ fn rope(x: &mut [Vec<f64>], heads: usize, d: usize, freqs: &[f64]) {
 pub fn forward(spec: &TinySpec, ws: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
     let (h, d, nh, nkv) = (spec.hidden, spec.head_dim(), spec.heads, spec.kv_heads);
     let emb = w(ws, "model.embed_tokens.weight");
-    let mut x: Vec<Vec<f64>> = tokens.iter().map(|&t| emb[t as usize * h..(t as usize + 1) * h].iter().map(|&v| v as f64).collect()).collect();
+    let mut x: Vec<Vec<f64>> =
+        tokens.iter().map(|&t| emb[t as usize * h..(t as usize + 1) * h].iter().map(|&v| v as f64).collect()).collect();
     let freqs = inv_freq(spec);
     let t = tokens.len();
     for l in 0..spec.layers {
@@ -82,7 +85,9 @@ pub fn forward(spec: &TinySpec, ws: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
         for i in 0..t {
             for hh in 0..nh {
                 let g = hh / (nh / nkv);
-                let s: Vec<f64> = (0..=i).map(|j| (0..d).map(|e| q[i][hh * d + e] * k[j][g * d + e]).sum::<f64>() / (d as f64).sqrt()).collect();
+                let s: Vec<f64> = (0..=i)
+                    .map(|j| (0..d).map(|e| q[i][hh * d + e] * k[j][g * d + e]).sum::<f64>() / (d as f64).sqrt())
+                    .collect();
                 let m = s.iter().cloned().fold(f64::MIN, f64::max);
                 let z: f64 = s.iter().map(|v| (v - m).exp()).sum();
                 for (j, sj) in s.iter().enumerate() {
@@ -101,7 +106,11 @@ pub fn forward(spec: &TinySpec, ws: &Weights, tokens: &[u32]) -> Vec<Vec<f64>> {
         let n2 = rms(&x, w(ws, &format!("{p}post_attention_layernorm.weight")), 1e-5);
         let gt = linear(&n2, w(ws, &format!("{p}mlp.gate_proj.weight")), None, spec.intermediate);
         let up = linear(&n2, w(ws, &format!("{p}mlp.up_proj.weight")), None, spec.intermediate);
-        let act: Vec<Vec<f64>> = gt.iter().zip(&up).map(|(g, u)| g.iter().zip(u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect()).collect();
+        let act: Vec<Vec<f64>> = gt
+            .iter()
+            .zip(&up)
+            .map(|(g, u)| g.iter().zip(u).map(|(g, u)| g / (1.0 + (-g).exp()) * u).collect())
+            .collect();
         let dn = linear(&act, w(ws, &format!("{p}mlp.down_proj.weight")), None, h);
         for (xr, dr) in x.iter_mut().zip(&dn) {
             for (a, b) in xr.iter_mut().zip(dr) {

@@ -33,7 +33,18 @@ pub const CHAT_TEMPLATE: &str = "{% for message in messages %}{{'<|im_start|>' +
 
 impl Default for TinySpec {
     fn default() -> Self {
-        Self { architecture: "LlamaForCausalLM", hidden: 32, intermediate: 48, layers: 2, heads: 4, kv_heads: 2, tied: true, dtype: Dtype::F32, llama3_rope: None, seed: 7 }
+        Self {
+            architecture: "LlamaForCausalLM",
+            hidden: 32,
+            intermediate: 48,
+            layers: 2,
+            heads: 4,
+            kv_heads: 2,
+            tied: true,
+            dtype: Dtype::F32,
+            llama3_rope: None,
+            seed: 7,
+        }
     }
 }
 
@@ -130,7 +141,8 @@ pub fn write_safetensors(path: &Path, tensors: &BTreeMap<String, (Vec<usize>, Ve
             (n.clone(), s.clone(), b)
         })
         .collect();
-    let views: Vec<(String, TensorView)> = bytes.iter().map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
+    let views: Vec<(String, TensorView)> =
+        bytes.iter().map(|(n, s, b)| (n.clone(), TensorView::new(dtype, s.clone(), b).unwrap())).collect();
     safetensors::serialize_to_file(views, &None, path).unwrap();
 }
 
@@ -139,7 +151,8 @@ pub fn write_safetensors(path: &Path, tensors: &BTreeMap<String, (Vec<usize>, Ve
 pub fn write_tokenizer(dir: &Path) {
     let mut alphabet: Vec<char> = ByteLevel::alphabet().into_iter().collect();
     alphabet.sort();
-    let vocab: tokenizers::models::bpe::Vocab = alphabet.iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
+    let vocab: tokenizers::models::bpe::Vocab =
+        alphabet.iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
     let bpe = BPE::builder().vocab_and_merges(vocab, vec![]).build().unwrap();
     let mut tk = Tokenizer::new(bpe);
     tk.with_pre_tokenizer(Some(ByteLevel::new(false, true, true)));

@@ -170,10 +170,7 @@ impl<'a> Cursor<'a> {
 impl Gguf {
     /// Parses the header of a GGUF v2/v3 file.
     pub fn open(path: &Path) -> Result<Self> {
-        let err = |msg: String| ModelError::Gguf {
-            path: path.into(),
-            msg,
-        };
+        let err = |msg: String| ModelError::Gguf { path: path.into(), msg };
         let file = std::fs::File::open(path).map_err(|e| ModelError::io(path, e))?;
         // SAFETY: read-only mapping of a file nothing else writes while we convert it.
         let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(path, e))?;
@@ -183,9 +180,7 @@ impl Gguf {
         }
         let version = c.u32().map_err(err)?;
         if !(2..=3).contains(&version) {
-            return Err(err(format!(
-                "GGUF version {version} is not supported (2 or 3)"
-            )));
+            return Err(err(format!("GGUF version {version} is not supported (2 or 3)")));
         }
         let n_tensors = c.u64().map_err(err)? as usize;
         let n_kv = c.u64().map_err(err)? as usize;
@@ -193,9 +188,7 @@ impl Gguf {
         for _ in 0..n_kv {
             let key = c.string().map_err(err)?;
             let ty = c.u32().map_err(err)?;
-            let v = c
-                .value(ty)
-                .map_err(|m| err(format!("metadata `{key}`: {m}")))?;
+            let v = c.value(ty).map_err(|m| err(format!("metadata `{key}`: {m}")))?;
             metadata.insert(key, v);
         }
         let mut tensors = Vec::with_capacity(n_tensors);
@@ -207,27 +200,15 @@ impl Gguf {
                 .collect::<std::result::Result<Vec<_>, _>>()
                 .map_err(err)?;
             let tid = c.u32().map_err(err)?;
-            let ty = GgmlType::from_id(tid).ok_or_else(|| err(format!("tensor `{name}` has ggml type {tid}, supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0")))?;
+            let ty = GgmlType::from_id(tid).ok_or_else(|| {
+                err(format!("tensor `{name}` has ggml type {tid}, supported: F32, F16, BF16, Q4_0, Q4_1, Q8_0"))
+            })?;
             let offset = c.u64().map_err(err)? as usize;
-            tensors.push(TensorInfo {
-                name,
-                dims,
-                ty,
-                offset,
-            });
+            tensors.push(TensorInfo { name, dims, ty, offset });
         }
-        let align = metadata
-            .get("general.alignment")
-            .and_then(Value::as_u64)
-            .unwrap_or(32) as usize;
+        let align = metadata.get("general.alignment").and_then(Value::as_u64).unwrap_or(32) as usize;
         let data_start = c.pos.div_ceil(align) * align;
-        let g = Gguf {
-            path: path.into(),
-            metadata,
-            tensors,
-            data_start,
-            mmap,
-        };
+        let g = Gguf { path: path.into(), metadata, tensors, data_start, mmap };
         for t in &g.tensors {
             g.bytes(t)?;
         }
@@ -248,10 +229,7 @@ impl Gguf {
         if n % per != 0 {
             return Err(ModelError::Gguf {
                 path: self.path.clone(),
-                msg: format!(
-                    "tensor `{}`: {n} elements not a multiple of block size {per}",
-                    t.name
-                ),
+                msg: format!("tensor `{}`: {n} elements not a multiple of block size {per}", t.name),
             });
         }
         let start = self.data_start + t.offset;
@@ -275,15 +253,9 @@ fn h(b: &[u8]) -> f32 {
 /// Exact dequantization, following ggml's `dequantize_row_*` reference code.
 pub fn dequantize(ty: GgmlType, data: &[u8]) -> Vec<f32> {
     match ty {
-        GgmlType::F32 => data
-            .chunks_exact(4)
-            .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-            .collect(),
+        GgmlType::F32 => data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
         GgmlType::F16 => data.chunks_exact(2).map(h).collect(),
-        GgmlType::BF16 => data
-            .chunks_exact(2)
-            .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-            .collect(),
+        GgmlType::BF16 => data.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
         // Q8_0: d (f16), 32 × i8; x = q·d
         GgmlType::Q8_0 => data
             .chunks_exact(34)

@@ -38,37 +38,26 @@ pub fn unpermute_rows(w: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec
 }
 
 fn meta<'a>(g: &'a Gguf, path: &Path, key: &str) -> Result<&'a Value> {
-    g.get(key).ok_or_else(|| ModelError::Gguf {
-        path: path.into(),
-        msg: format!("missing metadata `{key}`"),
-    })
+    g.get(key).ok_or_else(|| ModelError::Gguf { path: path.into(), msg: format!("missing metadata `{key}`") })
 }
 
 fn meta_u(g: &Gguf, path: &Path, key: &str) -> Result<usize> {
     meta(g, path, key)?
         .as_u64()
         .map(|v| v as usize)
-        .ok_or_else(|| ModelError::Gguf {
-            path: path.into(),
-            msg: format!("metadata `{key}` is not an integer"),
-        })
+        .ok_or_else(|| ModelError::Gguf { path: path.into(), msg: format!("metadata `{key}` is not an integer") })
 }
 
 fn meta_strs(g: &Gguf, path: &Path, key: &str) -> Result<Vec<String>> {
     let a = meta(g, path, key)?
         .as_array()
-        .ok_or_else(|| ModelError::Gguf {
-            path: path.into(),
-            msg: format!("metadata `{key}` is not an array"),
-        })?;
+        .ok_or_else(|| ModelError::Gguf { path: path.into(), msg: format!("metadata `{key}` is not an array") })?;
     a.iter()
         .map(|v| {
-            v.as_str()
-                .map(String::from)
-                .ok_or_else(|| ModelError::Gguf {
-                    path: path.into(),
-                    msg: format!("metadata `{key}` holds a non-string"),
-                })
+            v.as_str().map(String::from).ok_or_else(|| ModelError::Gguf {
+                path: path.into(),
+                msg: format!("metadata `{key}` holds a non-string"),
+            })
         })
         .collect()
 }
@@ -79,16 +68,11 @@ fn meta_strs(g: &Gguf, path: &Path, key: &str) -> Result<Vec<String>> {
 pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Result<()> {
     let p = gguf_path;
     let g = Gguf::open(p)?;
-    let arch = meta(&g, p, "general.architecture")?
-        .as_str()
-        .unwrap_or_default()
-        .to_string();
+    let arch = meta(&g, p, "general.architecture")?.as_str().unwrap_or_default().to_string();
     if arch != "llama" {
         return Err(ModelError::Gguf {
             path: p.into(),
-            msg: format!(
-                "architecture {arch:?} is not supported by the converter (supported: llama)"
-            ),
+            msg: format!("architecture {arch:?} is not supported by the converter (supported: llama)"),
         });
     }
     let n_layer = meta_u(&g, p, "llama.block_count")?;
@@ -97,13 +81,8 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
     let n_head_kv = meta_u(&g, p, "llama.attention.head_count_kv")?;
     let ffn = meta_u(&g, p, "llama.feed_forward_length")?;
     let ctx = meta_u(&g, p, "llama.context_length")?;
-    let eps = meta(&g, p, "llama.attention.layer_norm_rms_epsilon")?
-        .as_f64()
-        .unwrap_or(1e-5);
-    let theta = g
-        .get("llama.rope.freq_base")
-        .and_then(Value::as_f64)
-        .unwrap_or(10000.0);
+    let eps = meta(&g, p, "llama.attention.layer_norm_rms_epsilon")?.as_f64().unwrap_or(1e-5);
+    let theta = g.get("llama.rope.freq_base").and_then(Value::as_f64).unwrap_or(10000.0);
     let tokens = meta_strs(&g, p, "tokenizer.ggml.tokens")?;
     let merges = meta_strs(&g, p, "tokenizer.ggml.merges")?;
     let token_types: Vec<u64> = meta(&g, p, "tokenizer.ggml.token_type")?
@@ -114,9 +93,7 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
         .collect();
     let bos = g.get("tokenizer.ggml.bos_token_id").and_then(Value::as_u64);
     let eos = g.get("tokenizer.ggml.eos_token_id").and_then(Value::as_u64);
-    let pad = g
-        .get("tokenizer.ggml.padding_token_id")
-        .and_then(Value::as_u64);
+    let pad = g.get("tokenizer.ggml.padding_token_id").and_then(Value::as_u64);
     let tied = g.tensor("output.weight").is_none();
 
     let tmp = out.with_extension("partial");
@@ -128,10 +105,8 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
     let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
     let head_dim = hidden / n_head;
     for t in &g.tensors {
-        let name = hf_name(&t.name).ok_or_else(|| ModelError::Gguf {
-            path: p.into(),
-            msg: format!("unexpected tensor `{}`", t.name),
-        })?;
+        let name = hf_name(&t.name)
+            .ok_or_else(|| ModelError::Gguf { path: p.into(), msg: format!("unexpected tensor `{}`", t.name) })?;
         let shape = t.shape();
         let mut data = g.dequantize(t)?;
         if t.name.ends_with("attn_q.weight") {
@@ -147,22 +122,16 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
         .map(|(n, s, b)| {
             Ok((
                 n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b).map_err(|e| ModelError::Gguf {
-                    path: p.into(),
-                    msg: e.to_string(),
-                })?,
+                TensorView::new(Dtype::F32, s.clone(), b)
+                    .map_err(|e| ModelError::Gguf { path: p.into(), msg: e.to_string() })?,
             ))
         })
         .collect::<Result<_>>()?;
     let st_path = tmp.join("model.safetensors");
     progress(&format!("writing {}", st_path.display()));
     let st_meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    safetensors::serialize_to_file(views, &Some(st_meta), &st_path).map_err(|e| {
-        ModelError::Safetensors {
-            path: st_path.clone(),
-            msg: e.to_string(),
-        }
-    })?;
+    safetensors::serialize_to_file(views, &Some(st_meta), &st_path)
+        .map_err(|e| ModelError::Safetensors { path: st_path.clone(), msg: e.to_string() })?;
 
     // config.json
     let config = json!({
@@ -192,15 +161,13 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
 
     // Tokenizer.
     progress("building tokenizer.json");
-    let pre = g
-        .get("tokenizer.ggml.pre")
-        .and_then(Value::as_str)
-        .unwrap_or("default");
-    let model = meta(&g, p, "tokenizer.ggml.model")?
-        .as_str()
-        .unwrap_or_default();
+    let pre = g.get("tokenizer.ggml.pre").and_then(Value::as_str).unwrap_or("default");
+    let model = meta(&g, p, "tokenizer.ggml.model")?.as_str().unwrap_or_default();
     if model != "gpt2" || pre != "smollm" {
-        return Err(ModelError::Gguf { path: p.into(), msg: format!("tokenizer {model:?} with pre-tokenizer {pre:?} is not supported (supported: gpt2 + smollm)") });
+        return Err(ModelError::Gguf {
+            path: p.into(),
+            msg: format!("tokenizer {model:?} with pre-tokenizer {pre:?} is not supported (supported: gpt2 + smollm)"),
+        });
     }
     let tok_path = tmp.join("tokenizer.json");
     build_tokenizer(&tokens, &merges, &token_types, &tok_path)?;
@@ -257,15 +224,8 @@ fn hf_name(n: &str) -> Option<String> {
 /// Byte-level BPE with the `smollm` pre-tokenizer (individual digits, then byte-level
 /// without prefix space); tokens of type CONTROL (3) become special added tokens.
 fn build_tokenizer(tokens: &[String], merges: &[String], types: &[u64], path: &Path) -> Result<()> {
-    let err = |msg: String| ModelError::Tokenizer {
-        path: path.into(),
-        msg,
-    };
-    let vocab: tokenizers::models::bpe::Vocab = tokens
-        .iter()
-        .enumerate()
-        .map(|(i, t)| (t.clone(), i as u32))
-        .collect();
+    let err = |msg: String| ModelError::Tokenizer { path: path.into(), msg };
+    let vocab: tokenizers::models::bpe::Vocab = tokens.iter().enumerate().map(|(i, t)| (t.clone(), i as u32)).collect();
     let merges: Vec<(String, String)> = merges
         .iter()
         .map(|m| {
@@ -274,22 +234,15 @@ fn build_tokenizer(tokens: &[String], merges: &[String], types: &[u64], path: &P
                 .ok_or_else(|| err(format!("bad merge {m:?}")))
         })
         .collect::<Result<_>>()?;
-    let bpe = BPE::builder()
-        .vocab_and_merges(vocab, merges)
-        .build()
-        .map_err(|e| err(e.to_string()))?;
+    let bpe = BPE::builder().vocab_and_merges(vocab, merges).build().map_err(|e| err(e.to_string()))?;
     let mut tk = Tokenizer::new(bpe);
     tk.with_pre_tokenizer(Some(Sequence::new(vec![
         Digits::new(true).into(),
         ByteLevel::new(false, true, true).into(),
     ])));
     tk.with_decoder(Some(ByteLevel::default()));
-    let special: Vec<AddedToken> = tokens
-        .iter()
-        .zip(types)
-        .filter(|(_, &t)| t == 3)
-        .map(|(s, _)| AddedToken::from(s.clone(), true))
-        .collect();
+    let special: Vec<AddedToken> =
+        tokens.iter().zip(types).filter(|(_, &t)| t == 3).map(|(s, _)| AddedToken::from(s.clone(), true)).collect();
     tk.add_special_tokens(&special);
     tk.save(path, true).map_err(|e| err(e.to_string()))
 }

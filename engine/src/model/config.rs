@@ -75,59 +75,35 @@ impl ModelConfig {
 
     /// Parses `config.json` text; `path` is only used in error messages.
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
-        let raw: RawConfig = serde_json::from_str(text).map_err(|source| ModelError::Json {
-            path: path.into(),
-            source,
-        })?;
-        let bad = |msg: String| ModelError::Config {
-            path: path.into(),
-            msg,
-        };
-        let arch_name = raw
-            .architectures
-            .as_ref()
-            .and_then(|a| a.first())
-            .cloned()
-            .unwrap_or_default();
+        let raw: RawConfig =
+            serde_json::from_str(text).map_err(|source| ModelError::Json { path: path.into(), source })?;
+        let bad = |msg: String| ModelError::Config { path: path.into(), msg };
+        let arch_name = raw.architectures.as_ref().and_then(|a| a.first()).cloned().unwrap_or_default();
         let architecture = match arch_name.as_str() {
             "LlamaForCausalLM" => Architecture::Llama,
             "Qwen2ForCausalLM" => Architecture::Qwen2,
-            _ => {
-                return Err(ModelError::UnknownArchitecture {
-                    path: path.into(),
-                    arch: arch_name,
-                })
-            }
+            _ => return Err(ModelError::UnknownArchitecture { path: path.into(), arch: arch_name }),
         };
         let heads = raw.num_attention_heads;
         let kv_heads = raw.num_key_value_heads.unwrap_or(heads);
         if heads == 0 || kv_heads == 0 || heads % kv_heads != 0 {
-            return Err(bad(format!("num_attention_heads {heads} must be a positive multiple of num_key_value_heads {kv_heads}")));
+            return Err(bad(format!(
+                "num_attention_heads {heads} must be a positive multiple of num_key_value_heads {kv_heads}"
+            )));
         }
         let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads);
         if head_dim == 0 || head_dim % 2 != 0 {
-            return Err(bad(format!(
-                "head_dim {head_dim} must be positive and even"
-            )));
+            return Err(bad(format!("head_dim {head_dim} must be positive and even")));
         }
-        if raw.hidden_size == 0
-            || raw.intermediate_size == 0
-            || raw.num_hidden_layers == 0
-            || raw.vocab_size == 0
-        {
-            return Err(bad(
-                "hidden_size, intermediate_size, num_hidden_layers and vocab_size must be positive"
-                    .into(),
-            ));
+        if raw.hidden_size == 0 || raw.intermediate_size == 0 || raw.num_hidden_layers == 0 || raw.vocab_size == 0 {
+            return Err(
+                bad("hidden_size, intermediate_size, num_hidden_layers and vocab_size must be positive".into()),
+            );
         }
         let rope_scaling = match &raw.rope_scaling {
             None | Some(serde_json::Value::Null) => None,
             Some(v) => {
-                let kind = v
-                    .get("rope_type")
-                    .or_else(|| v.get("type"))
-                    .and_then(|t| t.as_str())
-                    .unwrap_or("");
+                let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("");
                 let num = |k: &str| {
                     v.get(k)
                         .and_then(|x| x.as_f64())
@@ -142,32 +118,21 @@ impl ModelConfig {
                     }),
                     "default" => None,
                     other => {
-                        return Err(bad(format!(
-                            "rope_scaling type {other:?} is not supported (supported: llama3)"
-                        )))
+                        return Err(bad(format!("rope_scaling type {other:?} is not supported (supported: llama3)")))
                     }
                 }
             }
         };
         let eos_token_ids = match raw.eos_token_id {
             None | Some(serde_json::Value::Null) => vec![],
-            Some(serde_json::Value::Number(n)) => vec![n
-                .as_u64()
-                .ok_or_else(|| bad("eos_token_id must be a token id".into()))?
-                as u32],
+            Some(serde_json::Value::Number(n)) => {
+                vec![n.as_u64().ok_or_else(|| bad("eos_token_id must be a token id".into()))? as u32]
+            }
             Some(serde_json::Value::Array(a)) => a
                 .iter()
-                .map(|x| {
-                    x.as_u64()
-                        .map(|v| v as u32)
-                        .ok_or_else(|| bad("eos_token_id must hold token ids".into()))
-                })
+                .map(|x| x.as_u64().map(|v| v as u32).ok_or_else(|| bad("eos_token_id must hold token ids".into())))
                 .collect::<Result<_>>()?,
-            Some(other) => {
-                return Err(bad(format!(
-                    "eos_token_id {other} is not a token id or list"
-                )))
-            }
+            Some(other) => return Err(bad(format!("eos_token_id {other} is not a token id or list"))),
         };
         Ok(ModelConfig {
             architecture,
@@ -207,8 +172,7 @@ impl ModelConfig {
                         } else if wavelen > low_wavelen {
                             f / s.factor
                         } else {
-                            let smooth = (s.original_max_position_embeddings / wavelen
-                                - s.low_freq_factor)
+                            let smooth = (s.original_max_position_embeddings / wavelen - s.low_freq_factor)
                                 / (s.high_freq_factor - s.low_freq_factor);
                             (1.0 - smooth) * f / s.factor + smooth * f
                         }
@@ -221,10 +185,7 @@ impl ModelConfig {
     /// Total parameter count implied by the config (tied embeddings counted once).
     pub fn num_parameters(&self) -> usize {
         let (h, i, v) = (self.hidden_size, self.intermediate_size, self.vocab_size);
-        let (q, kv) = (
-            self.num_attention_heads * self.head_dim,
-            self.num_key_value_heads * self.head_dim,
-        );
+        let (q, kv) = (self.num_attention_heads * self.head_dim, self.num_key_value_heads * self.head_dim);
         let bias = if self.qkv_bias { q + 2 * kv } else { 0 };
         let layer = h * q + 2 * h * kv + q * h + bias + 3 * h * i + 2 * h;
         let head = if self.tie_word_embeddings { 0 } else { v * h };

@@ -14,18 +14,9 @@ impl KvCache {
     pub fn new(c: &ModelConfig, capacity: usize, device: &Device) -> Self {
         let kv = c.num_key_value_heads * c.head_dim;
         let layers = (0..c.num_hidden_layers)
-            .map(|_| {
-                (
-                    Tensor::zeros(&[capacity, kv], device),
-                    Tensor::zeros(&[capacity, kv], device),
-                )
-            })
+            .map(|_| (Tensor::zeros(&[capacity, kv], device), Tensor::zeros(&[capacity, kv], device)))
             .collect();
-        Self {
-            layers,
-            len: 0,
-            capacity,
-        }
+        Self { layers, len: 0, capacity }
     }
 
     /// Tokens cached so far.

@@ -17,19 +17,18 @@ use crate::error::Result;
 use kernels::{ops, Device, Tensor};
 use std::path::Path;
 
-/// Weights of one decoder layer (HF names under `model.layers.{i}.`). Linear weights are `[out, in]`.
+/// Weights of one decoder layer. Linear weights are `[out, in]`. As in vLLM, the HF
+/// projections are fused at load time: `qkv_proj` stacks the rows of `q_proj`, `k_proj`,
+/// `v_proj` (`[(H + 2·KVH)·D, hidden]`) and `gate_up_proj` those of `gate_proj`, `up_proj`
+/// (`[2·intermediate, hidden]`), so decode reads each layer's weights in 4 passes, not 7.
 pub struct LayerWeights {
     pub input_layernorm: Tensor,
-    pub q_proj: Tensor,
-    pub k_proj: Tensor,
-    pub v_proj: Tensor,
-    pub q_bias: Option<Tensor>,
-    pub k_bias: Option<Tensor>,
-    pub v_bias: Option<Tensor>,
+    pub qkv_proj: Tensor,
+    /// `[(H + 2·KVH)·D]` when the model has q/k/v biases (Qwen2).
+    pub qkv_bias: Option<Tensor>,
     pub o_proj: Tensor,
     pub post_attention_layernorm: Tensor,
-    pub gate_proj: Tensor,
-    pub up_proj: Tensor,
+    pub gate_up_proj: Tensor,
     pub down_proj: Tensor,
 }
 
@@ -59,60 +58,45 @@ impl Model {
     pub fn from_files(config: ModelConfig, files: &WeightFiles, device: &Device) -> Result<Self> {
         let c = &config;
         let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (
-            c.num_attention_heads * c.head_dim,
-            c.num_key_value_heads * c.head_dim,
-        );
-        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            Ok(files.load(name, shape)?.to_device(device)?)
-        };
-        let bias = |name: String, n: usize| -> Result<Option<Tensor>> {
-            if c.qkv_bias {
-                get(&name, &[n]).map(Some)
-            } else {
-                Ok(None)
-            }
-        };
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        // Loaded on the host, fused, then moved to the device.
+        let host = |name: &str, shape: &[usize]| files.load(name, shape);
+        let dev = |t: Tensor| -> Result<Tensor> { Ok(t.to_device(device)?) };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
             let p = format!("model.layers.{l}.");
+            let a = format!("{p}self_attn.");
+            let qkv = [("q", q), ("k", kv), ("v", kv)];
+            let qkv_w =
+                qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.weight"), &[*r, h])).collect::<Result<Vec<_>>>()?;
+            let qkv_bias = if c.qkv_bias {
+                let mut b = Vec::with_capacity(q + 2 * kv);
+                for (n, r) in qkv {
+                    b.extend_from_slice(host(&format!("{a}{n}_proj.bias"), &[r])?.as_slice()?);
+                }
+                Some(dev(Tensor::from_vec(b, &[q + 2 * kv])?)?)
+            } else {
+                None
+            };
+            let gate = host(&format!("{p}mlp.gate_proj.weight"), &[i, h])?;
+            let up = host(&format!("{p}mlp.up_proj.weight"), &[i, h])?;
             layers.push(LayerWeights {
-                input_layernorm: get(&format!("{p}input_layernorm.weight"), &[h])?,
-                q_proj: get(&format!("{p}self_attn.q_proj.weight"), &[q, h])?,
-                k_proj: get(&format!("{p}self_attn.k_proj.weight"), &[kv, h])?,
-                v_proj: get(&format!("{p}self_attn.v_proj.weight"), &[kv, h])?,
-                q_bias: bias(format!("{p}self_attn.q_proj.bias"), q)?,
-                k_bias: bias(format!("{p}self_attn.k_proj.bias"), kv)?,
-                v_bias: bias(format!("{p}self_attn.v_proj.bias"), kv)?,
-                o_proj: get(&format!("{p}self_attn.o_proj.weight"), &[h, q])?,
-                post_attention_layernorm: get(
-                    &format!("{p}post_attention_layernorm.weight"),
-                    &[h],
-                )?,
-                gate_proj: get(&format!("{p}mlp.gate_proj.weight"), &[i, h])?,
-                up_proj: get(&format!("{p}mlp.up_proj.weight"), &[i, h])?,
-                down_proj: get(&format!("{p}mlp.down_proj.weight"), &[h, i])?,
+                input_layernorm: dev(host(&format!("{p}input_layernorm.weight"), &[h])?)?,
+                qkv_proj: dev(ops::cat_rows(&qkv_w.iter().collect::<Vec<_>>())?)?,
+                qkv_bias,
+                o_proj: dev(host(&format!("{a}o_proj.weight"), &[h, q])?)?,
+                post_attention_layernorm: dev(host(&format!("{p}post_attention_layernorm.weight"), &[h])?)?,
+                gate_up_proj: dev(ops::cat_rows(&[&gate, &up])?)?,
+                down_proj: dev(host(&format!("{p}mlp.down_proj.weight"), &[h, i])?)?,
             });
         }
+        let get = |name: &str, shape: &[usize]| dev(host(name, shape)?);
         let embed_tokens = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
         // Some tied checkpoints still ship lm_head.weight; the tie wins, as in HF.
-        let lm_head = if c.tie_word_embeddings {
-            None
-        } else {
-            Some(get("lm_head.weight", &[c.vocab_size, h])?)
-        };
+        let lm_head = if c.tie_word_embeddings { None } else { Some(get("lm_head.weight", &[c.vocab_size, h])?) };
         let norm = get("model.norm.weight", &[h])?;
         let (rope_cos, rope_sin) = rope_tables(c, device)?;
-        Ok(Model {
-            config,
-            embed_tokens,
-            layers,
-            norm,
-            lm_head,
-            rope_cos,
-            rope_sin,
-            device: device.clone(),
-        })
+        Ok(Model { config, embed_tokens, layers, norm, lm_head, rope_cos, rope_sin, device: device.clone() })
     }
 
     pub fn device(&self) -> &Device {
@@ -128,15 +112,9 @@ impl Model {
     /// their K/V to `cache`. Returns logits `[tokens.len(), vocab]` when `all_logits`, else the
     /// last row only, `[1, vocab]`. Errors on an empty input, a token id ≥ vocab or a full cache.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
-        let c = &self.config;
-        let t = tokens.len();
-        let past = cache.len();
+        let (t, past) = (tokens.len(), cache.len());
         if t == 0 {
-            return Err(kernels::KernelError::Shape {
-                op: "forward",
-                detail: "no input tokens".into(),
-            }
-            .into());
+            return Err(kernels::KernelError::Shape { op: "forward", detail: "no input tokens".into() }.into());
         }
         if past + t > cache.capacity() || past + t > self.rope_cos.shape()[0] {
             return Err(kernels::KernelError::Shape {
@@ -148,60 +126,36 @@ impl Model {
             }
             .into());
         }
+        // Run on a rayon worker so each op's parallel loop starts without a cross-thread handoff.
+        rayon::scope(|_| self.forward_inner(tokens, cache, all_logits))
+    }
+
+    fn forward_inner(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
+        let c = &self.config;
+        let (t, past) = (tokens.len(), cache.len());
+        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         let positions: Vec<usize> = (past..past + t).collect();
         let mut x = ops::embedding(&self.embed_tokens, tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
-            let mut q = ops::matmul_t(&n1, &w.q_proj, w.q_bias.as_ref())?;
-            let mut k = ops::matmul_t(&n1, &w.k_proj, w.k_bias.as_ref())?;
-            let v = ops::matmul_t(&n1, &w.v_proj, w.v_bias.as_ref())?;
-            ops::rope_inplace(
-                &mut q,
-                &positions,
-                &self.rope_cos,
-                &self.rope_sin,
-                c.head_dim,
-            )?;
-            ops::rope_inplace(
-                &mut k,
-                &positions,
-                &self.rope_cos,
-                &self.rope_sin,
-                c.head_dim,
-            )?;
+            let qkv = ops::matmul_t(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
+            let [mut q, mut k, v]: [Tensor; 3] =
+                ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+            ops::rope_inplace(&mut q, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            ops::rope_inplace(&mut k, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             let (kc, vc) = cache.layer_mut(l);
             ops::write_rows(kc, past, &k)?;
             ops::write_rows(vc, past, &v)?;
-            let a = ops::attention(
-                &q,
-                kc,
-                vc,
-                past,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-            )?;
+            let a = ops::attention(&q, kc, vc, past, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
             ops::add_inplace(&mut x, &ops::matmul_t(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
-            let g = ops::matmul_t(&n2, &w.gate_proj, None)?;
-            let u = ops::matmul_t(&n2, &w.up_proj, None)?;
-            ops::add_inplace(
-                &mut x,
-                &ops::matmul_t(&ops::silu_mul(&g, &u)?, &w.down_proj, None)?,
-            )?;
+            let gu = ops::matmul_t(&n2, &w.gate_up_proj, None)?;
+            ops::add_inplace(&mut x, &ops::matmul_t(&ops::silu_mul(&gu)?, &w.down_proj, None)?)?;
         }
         cache.advance(t);
-        let x = if all_logits {
-            x
-        } else {
-            Tensor::from_vec(x.row(t - 1)?, &[1, c.hidden_size])?
-        };
+        let x = if all_logits { x } else { Tensor::from_vec(x.row(t - 1)?, &[1, c.hidden_size])? };
         let x = ops::rms_norm(&x, &self.norm, c.rms_norm_eps)?;
-        Ok(ops::matmul_t(
-            &x,
-            self.lm_head.as_ref().unwrap_or(&self.embed_tokens),
-            None,
-        )?)
+        Ok(ops::matmul_t(&x, self.lm_head.as_ref().unwrap_or(&self.embed_tokens), None)?)
     }
 }
 
@@ -209,10 +163,7 @@ impl Model {
 fn rope_tables(c: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
     let inv = c.rope_inv_freq();
     let n = c.max_position_embeddings;
-    let (mut cos, mut sin) = (
-        Vec::with_capacity(n * inv.len()),
-        Vec::with_capacity(n * inv.len()),
-    );
+    let (mut cos, mut sin) = (Vec::with_capacity(n * inv.len()), Vec::with_capacity(n * inv.len()));
     for p in 0..n {
         for f in &inv {
             let a = p as f64 * f;
@@ -221,8 +172,5 @@ fn rope_tables(c: &ModelConfig, device: &Device) -> Result<(Tensor, Tensor)> {
         }
     }
     let shape = [n, inv.len()];
-    Ok((
-        Tensor::from_vec(cos, &shape)?.to_device(device)?,
-        Tensor::from_vec(sin, &shape)?.to_device(device)?,
-    ))
+    Ok((Tensor::from_vec(cos, &shape)?.to_device(device)?, Tensor::from_vec(sin, &shape)?.to_device(device)?))
 }

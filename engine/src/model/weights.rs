@@ -20,25 +20,14 @@ impl WeightFiles {
     pub fn open(dir: &Path) -> Result<Self> {
         let index_path = dir.join("model.safetensors.index.json");
         let names: Vec<PathBuf> = if index_path.exists() {
-            let text =
-                std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
+            let text = std::fs::read_to_string(&index_path).map_err(|e| ModelError::io(&index_path, e))?;
             let v: serde_json::Value =
-                serde_json::from_str(&text).map_err(|source| ModelError::Json {
-                    path: index_path.clone(),
-                    source,
-                })?;
-            let map = v
-                .get("weight_map")
-                .and_then(|m| m.as_object())
-                .ok_or_else(|| ModelError::Config {
-                    path: index_path.clone(),
-                    msg: "missing object `weight_map`".into(),
-                })?;
-            let mut shards: Vec<PathBuf> = map
-                .values()
-                .filter_map(|f| f.as_str())
-                .map(|f| dir.join(f))
-                .collect();
+                serde_json::from_str(&text).map_err(|source| ModelError::Json { path: index_path.clone(), source })?;
+            let map = v.get("weight_map").and_then(|m| m.as_object()).ok_or_else(|| ModelError::Config {
+                path: index_path.clone(),
+                msg: "missing object `weight_map`".into(),
+            })?;
+            let mut shards: Vec<PathBuf> = map.values().filter_map(|f| f.as_str()).map(|f| dir.join(f)).collect();
             shards.sort();
             shards.dedup();
             shards
@@ -52,10 +41,8 @@ impl WeightFiles {
             // SAFETY: the file is opened read-only; rlserve never writes a model file it is serving
             // (checkpoints are written to a temp file and renamed).
             let mmap = unsafe { Mmap::map(&file) }.map_err(|e| ModelError::io(&path, e))?;
-            let st = SafeTensors::deserialize(&mmap).map_err(|e| ModelError::Safetensors {
-                path: path.clone(),
-                msg: e.to_string(),
-            })?;
+            let st = SafeTensors::deserialize(&mmap)
+                .map_err(|e| ModelError::Safetensors { path: path.clone(), msg: e.to_string() })?;
             for name in st.names() {
                 index.insert(name.to_string(), files.len());
             }
@@ -73,21 +60,12 @@ impl WeightFiles {
     pub fn load(&self, name: &str, expected: &[usize]) -> Result<Tensor> {
         let Some(&fi) = self.index.get(name) else {
             let path = self.files.first().map(|f| f.0.clone()).unwrap_or_default();
-            return Err(ModelError::MissingTensor {
-                path,
-                name: name.into(),
-                expected: expected.to_vec(),
-            });
+            return Err(ModelError::MissingTensor { path, name: name.into(), expected: expected.to_vec() });
         };
         let (path, mmap) = &self.files[fi];
-        let st = SafeTensors::deserialize(mmap).map_err(|e| ModelError::Safetensors {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
-        let view = st.tensor(name).map_err(|e| ModelError::Safetensors {
-            path: path.clone(),
-            msg: e.to_string(),
-        })?;
+        let st = SafeTensors::deserialize(mmap)
+            .map_err(|e| ModelError::Safetensors { path: path.clone(), msg: e.to_string() })?;
+        let view = st.tensor(name).map_err(|e| ModelError::Safetensors { path: path.clone(), msg: e.to_string() })?;
         if view.shape() != expected {
             return Err(ModelError::ShapeMismatch {
                 path: path.clone(),
@@ -98,18 +76,9 @@ impl WeightFiles {
         }
         let bytes = view.data();
         let data: Vec<f32> = match view.dtype() {
-            Dtype::F32 => bytes
-                .chunks_exact(4)
-                .map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))
-                .collect(),
-            Dtype::BF16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
-            Dtype::F16 => bytes
-                .chunks_exact(2)
-                .map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32())
-                .collect(),
+            Dtype::F32 => bytes.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect(),
+            Dtype::BF16 => bytes.chunks_exact(2).map(|b| half::bf16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
+            Dtype::F16 => bytes.chunks_exact(2).map(|b| half::f16::from_le_bytes([b[0], b[1]]).to_f32()).collect(),
             other => {
                 return Err(ModelError::UnsupportedDtype {
                     path: path.clone(),

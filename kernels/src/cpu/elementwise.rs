@@ -21,52 +21,40 @@ pub fn add_inplace(a: &mut [f32], b: &[f32]) {
 
 /// RMSNorm per row of width `d`; the mean of squares is accumulated in f64.
 pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], d: usize, eps: f32) {
-    y.par_chunks_mut(d * ROWS_PER_TASK)
-        .zip(x.par_chunks(d * ROWS_PER_TASK))
-        .for_each(|(ys, xs)| {
-            for (yr, xr) in ys.chunks_mut(d).zip(xs.chunks(d)) {
-                let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
-                let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
-                for i in 0..d {
-                    yr[i] = xr[i] * inv * w[i];
-                }
+    y.par_chunks_mut(d * ROWS_PER_TASK).zip(x.par_chunks(d * ROWS_PER_TASK)).for_each(|(ys, xs)| {
+        for (yr, xr) in ys.chunks_mut(d).zip(xs.chunks(d)) {
+            let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
+            let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
+            for i in 0..d {
+                yr[i] = xr[i] * inv * w[i];
             }
-        });
+        }
+    });
 }
 
 /// Rotate-half RoPE on rows of width `c` (heads of `head_dim`).
-pub fn rope(
-    x: &mut [f32],
-    positions: &[usize],
-    cos: &[f32],
-    sin: &[f32],
-    c: usize,
-    head_dim: usize,
-) {
+pub fn rope(x: &mut [f32], positions: &[usize], cos: &[f32], sin: &[f32], c: usize, head_dim: usize) {
     let half = head_dim / 2;
-    x.par_chunks_mut(c)
-        .zip(positions.par_iter())
-        .for_each(|(row, &p)| {
-            let (cr, sr) = (
-                &cos[p * half..(p + 1) * half],
-                &sin[p * half..(p + 1) * half],
-            );
-            for head in row.chunks_mut(head_dim) {
-                for i in 0..half {
-                    let (a, b) = (head[i], head[i + half]);
-                    head[i] = a * cr[i] - b * sr[i];
-                    head[i + half] = b * cr[i] + a * sr[i];
-                }
+    x.par_chunks_mut(c).zip(positions.par_iter()).for_each(|(row, &p)| {
+        let (cr, sr) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
+        for head in row.chunks_mut(head_dim) {
+            for i in 0..half {
+                let (a, b) = (head[i], head[i + half]);
+                head[i] = a * cr[i] - b * sr[i];
+                head[i + half] = b * cr[i] + a * sr[i];
             }
-        });
+        }
+    });
 }
 
-/// `silu(g) · u` with `silu(g) = g / (1 + exp(-g))`.
-pub fn silu_mul(g: &[f32], u: &[f32]) -> Vec<f32> {
-    g.iter()
-        .zip(u)
-        .map(|(&g, &u)| g / (1.0 + (-g).exp()) * u)
-        .collect()
+/// `silu(g) · u` with `silu(g) = g / (1 + exp(-g))`, for rows `[g (i) | u (i)]`.
+pub fn silu_mul(gate_up: &[f32], i: usize) -> Vec<f32> {
+    let mut y = Vec::with_capacity(gate_up.len() / 2);
+    for row in gate_up.chunks(2 * i) {
+        let (g, u) = row.split_at(i);
+        y.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+    }
+    y
 }
 
 /// In-place softmax of each row of width `n`.

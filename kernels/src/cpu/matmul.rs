@@ -4,8 +4,9 @@ use super::simd::dot;
 use gemm::Parallelism;
 use rayon::prelude::*;
 
-/// Rows of `w` per rayon task in the GEMV path (keeps tasks ≥ ~64 KiB of weights).
-const GEMV_ROWS_PER_TASK: usize = 32;
+/// GEMV work split: about this many tasks per thread, each at least `GEMV_MIN_ROWS` rows.
+const GEMV_TASKS_PER_THREAD: usize = 2;
+const GEMV_MIN_ROWS: usize = 16;
 
 /// Computes `y = x · wᵀ` with `x [m, k]`, `w [n, k]`, `y [m, n]` (all row-major).
 pub fn matmul_t(x: &[f32], w: &[f32], y: &mut [f32], m: usize, n: usize, k: usize) {
@@ -14,15 +15,14 @@ pub fn matmul_t(x: &[f32], w: &[f32], y: &mut [f32], m: usize, n: usize, k: usiz
         return;
     }
     if m == 1 {
-        y.par_chunks_mut(GEMV_ROWS_PER_TASK)
-            .enumerate()
-            .for_each(|(c, ys)| {
-                let base = c * GEMV_ROWS_PER_TASK;
-                for (j, yj) in ys.iter_mut().enumerate() {
-                    let r = base + j;
-                    *yj = dot(x, &w[r * k..(r + 1) * k]);
-                }
-            });
+        // Few, contiguous tasks: each thread streams long runs of weight rows.
+        let rows = n.div_ceil(rayon::current_num_threads() * GEMV_TASKS_PER_THREAD).max(GEMV_MIN_ROWS);
+        y.par_chunks_mut(rows).enumerate().for_each(|(c, ys)| {
+            for (j, yj) in ys.iter_mut().enumerate() {
+                let r = c * rows + j;
+                *yj = dot(x, &w[r * k..(r + 1) * k]);
+            }
+        });
         return;
     }
     if k == 0 {
