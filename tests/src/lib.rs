@@ -30,9 +30,10 @@ pub fn fixture(name: &str) -> PathBuf {
     workspace_root().join("tests/fixtures").join(name)
 }
 
-/// A fresh empty temp directory under the target dir.
+/// A fresh empty directory under the system temp dir (`$TMPDIR/rlserve-tests/<name>`),
+/// emptied again by the next run that uses the same name.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let d = workspace_root().join("target/test-tmp").join(format!("{name}-{}", std::process::id()));
+    let d = std::env::temp_dir().join("rlserve-tests").join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

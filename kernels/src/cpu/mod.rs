@@ -1,4 +1,4 @@
-//! CPU backend: rayon for parallelism, the `gemm` crate for matrix products, and
+//! CPU backend: rayon for parallelism, a batch-invariant register-tiled matmul, and
 //! runtime-detected AVX2/FMA for dot products.
 
 pub mod attention;
