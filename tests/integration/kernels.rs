@@ -166,3 +166,18 @@ fn split_and_cat_are_inverse() {
     assert_eq!(y.shape(), &[3, 3]);
     assert_eq!(&y.as_slice().unwrap()[6..], &[7.0, 8.0, 9.0]);
 }
+
+#[test]
+fn matmul_is_batch_invariant() {
+    // Each row of a batched product is bitwise equal to the same row computed alone,
+    // for batch sizes that hit every tile shape and k with 32-, 8- and scalar tails.
+    for (m, n, k) in [(2, 5, 576), (3, 7, 45), (7, 33, 77), (64, 20, 1536)] {
+        let (x, w) = (vals(m * k, 7), vals(n * k, 8));
+        let wt = t(&w, &[n, k]);
+        let batched = ops::matmul_t(&t(&x, &[m, k]), &wt, None).unwrap();
+        for i in 0..m {
+            let alone = ops::matmul_t(&t(&x[i * k..(i + 1) * k], &[1, k]), &wt, None).unwrap();
+            assert_eq!(alone.as_slice().unwrap(), &batched.as_slice().unwrap()[i * n..(i + 1) * n], "row {i} of {m}x{n}x{k}");
+        }
+    }
+}
