@@ -154,38 +154,56 @@ pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     Tensor::from_vec(y, &[m, n])
 }
 
-/// Causal grouped-query attention `softmax(q kᵀ / sqrt(head_dim)) v` (Vaswani et al.
-/// 2017, eq. 1; GQA: Ainslie et al. 2023). `q [t, n_heads·head_dim]`; `k`, `v [L, n_kv_heads·head_dim]`
-/// hold the keys/values of positions `0..L`; query row `i` sits at position `past + i`
-/// and attends positions `0..=past + i`. Requires `past + t <= L`. Returns `[t, n_heads·head_dim]`.
-pub fn attention(
-    q: &Tensor,
-    k: &Tensor,
-    v: &Tensor,
-    past: usize,
-    n_heads: usize,
-    n_kv_heads: usize,
-    head_dim: usize,
-) -> Result<Tensor> {
+/// One sequence of a [`paged_attention`] batch.
+#[derive(Debug, Clone)]
+pub struct AttnSeq<'a> {
+    /// The rows of `q` that belong to this sequence (its new tokens).
+    pub rows: std::ops::Range<usize>,
+    /// Position of the first of those rows; row `rows.start + i` sits at `start_pos + i`.
+    pub start_pos: usize,
+    /// KV-cache slot of every position `0..start_pos + rows.len()` (block table expanded).
+    pub slots: &'a [u32],
+}
+
+/// Causal grouped-query attention over a paged KV cache (PagedAttention, Kwon et al. 2023):
+/// `softmax(q kᵀ / sqrt(head_dim)) v` (Vaswani et al. 2017, eq. 1; GQA: Ainslie et al. 2023).
+/// `q [t, n_heads·head_dim]`; `k`, `v [num_slots, n_kv_heads·head_dim]`; a query at position
+/// `p` attends the keys at `slots[0..=p]` of its sequence. Returns `[t, n_heads·head_dim]`.
+/// Each (row, head) is computed by the same code in the same order whatever the batch, so
+/// results are batch-invariant and equal to dense attention.
+pub fn paged_attention(q: &Tensor, k: &Tensor, v: &Tensor, seqs: &[AttnSeq], n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Result<Tensor> {
     let (t, qc) = q.dims2("attention")?;
     let (l, kc) = k.dims2("attention")?;
-    if qc != n_heads * head_dim
-        || kc != n_kv_heads * head_dim
-        || k.shape() != v.shape()
-        || n_kv_heads == 0
-        || n_heads % n_kv_heads != 0
-        || past + t > l
-    {
-        return Err(shape_err(
-            "attention",
-            format!("q [{t}, {qc}], k/v [{l}, {kc}], past {past}, heads {n_heads}/{n_kv_heads}, head_dim {head_dim}"),
-        ));
+    let bad = |d: String| Err(shape_err("attention", d));
+    if qc != n_heads * head_dim || kc != n_kv_heads * head_dim || k.shape() != v.shape() || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+        return bad(format!("q [{t}, {qc}], k/v [{l}, {kc}], heads {n_heads}/{n_kv_heads}, head_dim {head_dim}"));
+    }
+    let mut row_seq = vec![usize::MAX; t];
+    for (si, s) in seqs.iter().enumerate() {
+        if s.rows.end > t || s.slots.len() < s.start_pos + s.rows.len() {
+            return bad(format!("sequence {si}: rows {:?} of {t}, {} slots for {} positions", s.rows, s.slots.len(), s.start_pos + s.rows.len()));
+        }
+        if let Some(&bad_slot) = s.slots.iter().find(|&&x| x as usize >= l) {
+            return bad(format!("sequence {si}: slot {bad_slot} >= {l} cache slots"));
+        }
+        row_seq[s.rows.clone()].fill(si);
+    }
+    if row_seq.contains(&usize::MAX) {
+        return bad("a row of q belongs to no sequence".into());
     }
     let (qs, ks) = cpu2(q, k, "attention")?;
     let (_, vs) = cpu2(q, v, "attention")?;
     let mut out = vec![0.0f32; t * qc];
-    cpu::attention::causal_attention(qs, ks, vs, &mut out, t, past, n_heads, n_kv_heads, head_dim);
+    cpu::attention::paged_attention(qs, ks, vs, &mut out, seqs, &row_seq, n_heads, n_kv_heads, head_dim);
     Tensor::from_vec(out, &[t, qc])
+}
+
+/// Causal attention over a contiguous cache: [`paged_attention`] for one sequence whose
+/// positions `0..L` sit in slots `0..L`. Query row `i` sits at position `past + i`.
+pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Result<Tensor> {
+    let t = q.dims2("attention")?.0;
+    let slots: Vec<u32> = (0..(past + t) as u32).collect();
+    paged_attention(q, k, v, &[AttnSeq { rows: 0..t, start_pos: past, slots: &slots }], n_heads, n_kv_heads, head_dim)
 }
 
 /// Embedding gather: rows `ids` of `table [vocab, d]` → `[ids.len(), d]`. Errors on an id ≥ vocab.
@@ -202,17 +220,20 @@ pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     Tensor::from_vec(y, &[ids.len(), d])
 }
 
-/// Copies `src [n, c]` into rows `start..start+n` of `dst [L, c]` (KV-cache append).
-pub fn write_rows(dst: &mut Tensor, start: usize, src: &Tensor) -> Result<()> {
-    let (l, c) = dst.dims2("write_rows")?;
-    let (n, c2) = src.dims2("write_rows")?;
-    if c != c2 || start + n > l {
-        return Err(shape_err("write_rows", format!("rows {start}..{} of [{l}, {c}] from [{n}, {c2}]", start + n)));
+/// Writes row `i` of `src [n, c]` into row `slots[i]` of `dst [L, c]` (KV-cache append).
+pub fn scatter_rows(dst: &mut Tensor, slots: &[u32], src: &Tensor) -> Result<()> {
+    let (l, c) = dst.dims2("scatter_rows")?;
+    let (n, c2) = src.dims2("scatter_rows")?;
+    if c != c2 || slots.len() != n || slots.iter().any(|&s| s as usize >= l) {
+        return Err(shape_err("scatter_rows", format!("{} slots (max {:?}) of [{l}, {c}] from [{n}, {c2}]", slots.len(), slots.iter().max())));
     }
     let s = match &src.storage {
         Storage::Cpu(v) => v,
         Storage::Cuda(b) => match *b {},
     };
-    cpu_mut(dst)[start * c..(start + n) * c].copy_from_slice(s);
+    let d = cpu_mut(dst);
+    for (i, &slot) in slots.iter().enumerate() {
+        d[slot as usize * c..(slot as usize + 1) * c].copy_from_slice(&s[i * c..(i + 1) * c]);
+    }
     Ok(())
 }

@@ -1,5 +1,6 @@
-//! A dense per-sequence KV cache: one `[capacity, n_kv_heads·head_dim]` K and V tensor per layer.
-//! (The paged block pool of the engine issue replaces it for serving.)
+//! K/V storage: one `[num_slots, n_kv_heads·head_dim]` K and V tensor per layer, addressed
+//! by slot (`block · block_size + offset` for the paged pool). The single-sequence
+//! [`super::Model::forward`] uses it as a contiguous cache and tracks `len`.
 
 use super::ModelConfig;
 use kernels::{Device, Tensor};
@@ -11,15 +12,19 @@ pub struct KvCache {
 }
 
 impl KvCache {
+    /// Storage for `capacity` token slots on `device`.
     pub fn new(c: &ModelConfig, capacity: usize, device: &Device) -> Self {
         let kv = c.num_key_value_heads * c.head_dim;
-        let layers = (0..c.num_hidden_layers)
-            .map(|_| (Tensor::zeros(&[capacity, kv], device), Tensor::zeros(&[capacity, kv], device)))
-            .collect();
+        let layers = (0..c.num_hidden_layers).map(|_| (Tensor::zeros(&[capacity, kv], device), Tensor::zeros(&[capacity, kv], device))).collect();
         Self { layers, len: 0, capacity }
     }
 
-    /// Tokens cached so far.
+    /// Bytes of K/V storage per token slot: `2 · layers · kv_heads · head_dim · 4`.
+    pub fn bytes_per_slot(c: &ModelConfig) -> usize {
+        2 * c.num_hidden_layers * c.num_key_value_heads * c.head_dim * std::mem::size_of::<f32>()
+    }
+
+    /// Tokens cached so far by the single-sequence forward.
     pub fn len(&self) -> usize {
         self.len
     }
@@ -28,6 +33,7 @@ impl KvCache {
         self.len == 0
     }
 
+    /// Number of token slots.
     pub fn capacity(&self) -> usize {
         self.capacity
     }

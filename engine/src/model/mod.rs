@@ -14,6 +14,7 @@ pub use kv_cache::KvCache;
 pub use weights::WeightFiles;
 
 use crate::error::Result;
+use kernels::ops::AttnSeq;
 use kernels::{ops, Device, Tensor};
 use std::path::Path;
 
@@ -108,55 +109,97 @@ impl Model {
         KvCache::new(&self.config, capacity, &self.device)
     }
 
-    /// Runs `tokens` (new tokens at positions `cache.len()..`) through the model, appending
-    /// their K/V to `cache`. Returns logits `[tokens.len(), vocab]` when `all_logits`, else the
-    /// last row only, `[1, vocab]`. Errors on an empty input, a token id ≥ vocab or a full cache.
+    /// Single-sequence forward over a contiguous cache: runs `tokens` (new tokens at
+    /// positions `cache.len()..`), appending their K/V to `cache`. Returns logits
+    /// `[tokens.len(), vocab]` when `all_logits`, else the last row only, `[1, vocab]`.
+    /// Errors on an empty input, a token id ≥ vocab or a full cache.
     pub fn forward(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
         let (t, past) = (tokens.len(), cache.len());
         if t == 0 {
             return Err(kernels::KernelError::Shape { op: "forward", detail: "no input tokens".into() }.into());
         }
-        if past + t > cache.capacity() || past + t > self.rope_cos.shape()[0] {
-            return Err(kernels::KernelError::Shape {
-                op: "forward",
-                detail: format!(
-                    "{past} cached + {t} new tokens exceed the context of {}",
-                    cache.capacity().min(self.rope_cos.shape()[0])
-                ),
-            }
-            .into());
+        let context = cache.capacity().min(self.max_positions());
+        if past + t > context {
+            let detail = format!("{past} cached + {t} new tokens exceed the context of {context}");
+            return Err(kernels::KernelError::Shape { op: "forward", detail }.into());
         }
-        // Run on a rayon worker so each op's parallel loop starts without a cross-thread handoff.
-        rayon::scope(|_| self.forward_inner(tokens, cache, all_logits))
+        let slots: Vec<u32> = (0..(past + t) as u32).collect();
+        let batch = ForwardBatch {
+            tokens: tokens.to_vec(),
+            positions: (past..past + t).collect(),
+            slot_mapping: slots[past..].to_vec(),
+            seqs: vec![BatchSeq { rows: 0..t, start_pos: past, slots }],
+            logit_rows: if all_logits { (0..t).collect() } else { vec![t - 1] },
+        };
+        let logits = self.forward_batch(&batch, cache)?;
+        cache.advance(t);
+        Ok(logits)
     }
 
-    fn forward_inner(&self, tokens: &[u32], cache: &mut KvCache, all_logits: bool) -> Result<Tensor> {
+    /// Positions the RoPE tables cover (`max_position_embeddings`).
+    pub fn max_positions(&self) -> usize {
+        self.rope_cos.shape()[0]
+    }
+
+    /// Forward pass of a batch of sequences' new tokens over a slot-addressed KV cache:
+    /// writes each token's K/V to `slot_mapping`, attends through each sequence's slots, and
+    /// returns the logits of `logit_rows`, `[logit_rows.len(), vocab]`. Every row's result is
+    /// independent of the rest of the batch (batch-invariant kernels).
+    pub fn forward_batch(&self, batch: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
+        // Run on a rayon worker so each op's parallel loop starts without a cross-thread handoff.
+        rayon::scope(|_| self.forward_inner(batch, cache))
+    }
+
+    fn forward_inner(&self, b: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
-        let (t, past) = (tokens.len(), cache.len());
         let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let positions: Vec<usize> = (past..past + t).collect();
-        let mut x = ops::embedding(&self.embed_tokens, tokens)?;
+        let seqs: Vec<AttnSeq> = b.seqs.iter().map(|s| AttnSeq { rows: s.rows.clone(), start_pos: s.start_pos, slots: &s.slots }).collect();
+        let mut x = ops::embedding(&self.embed_tokens, &b.tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
             let qkv = ops::matmul_t(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-            let [mut q, mut k, v]: [Tensor; 3] =
-                ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
-            ops::rope_inplace(&mut q, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            ops::rope_inplace(&mut k, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            let [mut q, mut k, v]: [Tensor; 3] = ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+            ops::rope_inplace(&mut q, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            ops::rope_inplace(&mut k, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             let (kc, vc) = cache.layer_mut(l);
-            ops::write_rows(kc, past, &k)?;
-            ops::write_rows(vc, past, &v)?;
-            let a = ops::attention(&q, kc, vc, past, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+            ops::scatter_rows(kc, &b.slot_mapping, &k)?;
+            ops::scatter_rows(vc, &b.slot_mapping, &v)?;
+            let a = ops::paged_attention(&q, kc, vc, &seqs, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
             ops::add_inplace(&mut x, &ops::matmul_t(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
             let gu = ops::matmul_t(&n2, &w.gate_up_proj, None)?;
             ops::add_inplace(&mut x, &ops::matmul_t(&ops::silu_mul(&gu)?, &w.down_proj, None)?)?;
         }
-        cache.advance(t);
-        let x = if all_logits { x } else { Tensor::from_vec(x.row(t - 1)?, &[1, c.hidden_size])? };
+        // Only the requested rows go through the final norm and LM head (a row gather).
+        let rows: Vec<u32> = b.logit_rows.iter().map(|&r| r as u32).collect();
+        let x = ops::embedding(&x, &rows)?;
         let x = ops::rms_norm(&x, &self.norm, c.rms_norm_eps)?;
         Ok(ops::matmul_t(&x, self.lm_head.as_ref().unwrap_or(&self.embed_tokens), None)?)
     }
+}
+
+/// One sequence of a [`ForwardBatch`].
+#[derive(Debug, Clone)]
+pub struct BatchSeq {
+    /// Rows of the batch holding this sequence's new tokens.
+    pub rows: std::ops::Range<usize>,
+    /// Position of the first new token.
+    pub start_pos: usize,
+    /// KV slot of every position `0..start_pos + rows.len()`.
+    pub slots: Vec<u32>,
+}
+
+/// The new tokens of several sequences, flattened, for [`Model::forward_batch`].
+#[derive(Debug, Clone, Default)]
+pub struct ForwardBatch {
+    pub tokens: Vec<u32>,
+    /// Position of each token (for RoPE).
+    pub positions: Vec<usize>,
+    /// KV slot each token's K/V is written to.
+    pub slot_mapping: Vec<u32>,
+    pub seqs: Vec<BatchSeq>,
+    /// Rows whose logits are returned, in this order.
+    pub logit_rows: Vec<usize>,
 }
 
 /// cos/sin tables `[max_position_embeddings, head_dim/2]`, computed in f64 then rounded.
