@@ -4,7 +4,7 @@
 
 use crate::error::Result;
 use crate::model::Model;
-use crate::sampling::{Sampler, SamplingParams};
+use crate::sampling::{sample, SampleContext, SamplingParams};
 use std::time::{Duration, Instant};
 
 /// Timings and counts of one generation.
@@ -39,15 +39,19 @@ pub fn generate(
     mut on_token: impl FnMut(u32),
 ) -> Result<(Vec<u32>, GenerationStats)> {
     let mut cache = model.new_cache(prompt.len() + max_tokens);
-    let mut sampler = Sampler::new(params.clone());
+    let seed = params.seed.unwrap_or_else(rand::random);
     let mut out = Vec::with_capacity(max_tokens);
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
     if max_tokens == 0 {
         return Ok((out, stats));
     }
     let t0 = Instant::now();
+    let next_token = |logits: &kernels::Tensor, out: &[u32]| -> Result<u32> {
+        let ctx = SampleContext { prompt_ids: prompt, output_ids: out, eos_token_ids: stop_ids, seed };
+        Ok(sample(logits.as_slice()?, params, &ctx).token)
+    };
     let logits = model.forward(prompt, &mut cache, false)?;
-    let mut next = sampler.sample(logits.as_slice()?);
+    let mut next = next_token(&logits, &out)?;
     stats.prefill = t0.elapsed();
     let t1 = Instant::now();
     loop {
@@ -57,7 +61,7 @@ pub fn generate(
             break;
         }
         let logits = model.forward(&[next], &mut cache, false)?;
-        next = sampler.sample(logits.as_slice()?);
+        next = next_token(&logits, &out)?;
     }
     stats.decode = t1.elapsed();
     stats.generated_tokens = out.len();

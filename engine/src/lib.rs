@@ -1,17 +1,29 @@
 //! rlserve engine: model config and weights, the forward pass, tokenizer and chat template,
 //! sampling, and the default-model fetcher. No HTTP and no async runtime in here.
 
+pub mod block_manager;
 pub mod chat_template;
 pub mod convert;
+pub mod detokenizer;
+pub mod engine;
 pub mod error;
 pub mod fetch;
 pub mod generate;
+pub mod handle;
 pub mod model;
+pub mod outputs;
 pub mod sampling;
+pub mod scheduler;
+pub mod sequence;
 pub mod tokenizer;
+pub mod validation;
 
 pub use chat_template::ChatMessage;
+pub use engine::{EngineConfig, EngineStats, LLMEngine};
 pub use error::{ModelError, Result};
-pub use model::{KvCache, Model, ModelConfig};
-pub use sampling::{Sampler, SamplingParams};
+pub use handle::{EngineHandle, RequestStream};
+pub use model::{BatchSeq, ForwardBatch, KvCache, Model, ModelConfig};
+pub use outputs::{FinishReason, SeqOutput, StopReason, TokenOutput};
+pub use sampling::SamplingParams;
 pub use tokenizer::Tokenizer;
+pub use validation::ValidationError;

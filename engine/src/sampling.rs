@@ -1,101 +1,304 @@
-//! Next-token sampling from a logits row: greedy, temperature, top-k, top-p (nucleus).
-//! (The engine issue extends this with penalties, min-p and logprobs.)
+//! Sampling parameters (vLLM names, semantics and validation) and the sampler.
+//!
+//! Per token, in this order (vLLM `Sampler`): repetition / frequency / presence penalties,
+//! `min_tokens` masking of EOS and `stop_token_ids`, temperature, then top-k, top-p
+//! (nucleus, Holtzman et al. 2020) and min-p (Nguyen et al. 2024) truncation,
+//! renormalisation, and one draw from a counter-based RNG stream.
+//!
+//! Two log-probabilities are returned for every sampled token (DESIGN-NOTES §3):
+//! - `raw_logprob`: `log_softmax(logits)[token]` of the unprocessed model logits (T = 1);
+//! - `behavior_logprob` (μ): the log-probability with which the token was actually drawn,
+//!   after penalties, temperature and truncation. Greedy sampling (temperature 0) has
+//!   μ = 0 by definition: never feed greedy samples to the learner as on-policy.
 
+use crate::validation::ValidationError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
-/// Sampling parameters (vLLM names and semantics).
+/// Temperatures below this are treated as greedy (vLLM `_SAMPLING_EPS`).
+pub const GREEDY_EPS: f32 = 1e-5;
+
+/// Sampling parameters of one request (vLLM `SamplingParams`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
+    /// Number of samples to draw for the prompt.
+    pub n: usize,
     /// 0 = greedy; otherwise logits are divided by it.
     pub temperature: f32,
-    /// Keep the smallest set of tokens whose probability mass reaches `top_p` (Holtzman et al. 2020). In (0, 1].
+    /// Nucleus mass in (0, 1]; 1 = off.
     pub top_p: f32,
-    /// Keep the `top_k` most likely tokens; 0 = off.
-    pub top_k: usize,
-    /// RNG seed; `None` = from OS entropy.
+    /// Keep the `top_k` most likely tokens; 0 or -1 = off.
+    pub top_k: i32,
+    /// Drop tokens with probability below `min_p · p_max`; 0 = off.
+    pub min_p: f32,
+    /// > 1 discourages tokens already in the prompt or output (CTRL, Keskar et al. 2019): positive logits divided, negative multiplied.
+    pub repetition_penalty: f32,
+    /// Subtracted once from the logit of every token already generated, in [-2, 2].
+    pub presence_penalty: f32,
+    /// Subtracted per occurrence from the logit of generated tokens, in [-2, 2].
+    pub frequency_penalty: f32,
+    /// RNG seed; with a seed, outputs are reproducible regardless of batching or preemption.
     pub seed: Option<u64>,
+    /// Maximum tokens to generate; `None` = up to the context length.
+    pub max_tokens: Option<usize>,
+    /// EOS and `stop_token_ids` are masked until this many tokens are generated.
+    pub min_tokens: usize,
+    /// Stop strings; the output text never contains any part of a matched one.
+    pub stop: Vec<String>,
+    /// Token ids that end generation (the token is kept in the output ids).
+    pub stop_token_ids: Vec<u32>,
+    /// Keep generating past EOS.
+    pub ignore_eos: bool,
+    /// Return this many top raw log-probabilities per token (the sampled token's always).
+    pub logprobs: Option<usize>,
+    /// Return the raw log-probability of every prompt token (plus this many top entries).
+    pub prompt_logprobs: Option<usize>,
+    /// Leave special tokens out of the output text.
+    pub skip_special_tokens: bool,
 }
 
 impl Default for SamplingParams {
     fn default() -> Self {
-        Self { temperature: 1.0, top_p: 1.0, top_k: 0, seed: None }
+        Self {
+            n: 1,
+            temperature: 1.0,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            repetition_penalty: 1.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            seed: None,
+            max_tokens: None,
+            min_tokens: 0,
+            stop: vec![],
+            stop_token_ids: vec![],
+            ignore_eos: false,
+            logprobs: None,
+            prompt_logprobs: None,
+            skip_special_tokens: true,
+        }
     }
 }
 
+/// Most top log-probabilities a request may ask for (vLLM `max_logprobs`).
+pub const MAX_LOGPROBS: usize = 20;
+
 impl SamplingParams {
-    /// Checks ranges; the message names the parameter, its value and the allowed range.
-    pub fn validate(&self) -> Result<(), String> {
+    /// Greedy parameters (temperature 0).
+    pub fn greedy() -> Self {
+        Self { temperature: 0.0, ..Default::default() }
+    }
+
+    pub fn is_greedy(&self) -> bool {
+        self.temperature < GREEDY_EPS
+    }
+
+    /// Range checks that need no model; messages name the parameter, value and range.
+    pub fn validate(&self) -> Result<(), ValidationError> {
+        let p = |param: &'static str, value: String, expected: &'static str| {
+            Err(ValidationError::Param { param, value, expected })
+        };
+        if self.n == 0 {
+            return p("n", "0".into(), "at least 1");
+        }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
-            return Err(format!("temperature must be >= 0, got {}", self.temperature));
+            return p("temperature", self.temperature.to_string(), "a finite number >= 0");
         }
         if !(self.top_p > 0.0 && self.top_p <= 1.0) {
-            return Err(format!("top_p must be in (0, 1], got {}", self.top_p));
+            return p("top_p", self.top_p.to_string(), "in (0, 1]");
+        }
+        if self.top_k < -1 {
+            return p("top_k", self.top_k.to_string(), "-1 (off), 0 (off) or a positive integer");
+        }
+        if !(0.0..=1.0).contains(&self.min_p) {
+            return p("min_p", self.min_p.to_string(), "in [0, 1]");
+        }
+        if !(self.repetition_penalty > 0.0 && self.repetition_penalty.is_finite()) {
+            return p("repetition_penalty", self.repetition_penalty.to_string(), "a finite number > 0");
+        }
+        if !(-2.0..=2.0).contains(&self.presence_penalty) {
+            return p("presence_penalty", self.presence_penalty.to_string(), "in [-2, 2]");
+        }
+        if !(-2.0..=2.0).contains(&self.frequency_penalty) {
+            return p("frequency_penalty", self.frequency_penalty.to_string(), "in [-2, 2]");
+        }
+        if self.max_tokens == Some(0) {
+            return p("max_tokens", "0".into(), "at least 1");
+        }
+        if let Some(m) = self.max_tokens {
+            if self.min_tokens > m {
+                return p("min_tokens", self.min_tokens.to_string(), "at most max_tokens");
+            }
+        }
+        if let Some(k) = self.logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return p("logprobs", k.to_string(), "at most 20");
+        }
+        if let Some(k) = self.prompt_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+            return p("prompt_logprobs", k.to_string(), "at most 20");
+        }
+        if self.stop.iter().any(|s| s.is_empty()) {
+            return p("stop", "\"\"".into(), "non-empty strings");
         }
         Ok(())
     }
 }
 
-/// Draws tokens with one RNG stream.
-pub struct Sampler {
-    params: SamplingParams,
-    rng: StdRng,
+/// One sampled token with its log-probabilities.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SampledToken {
+    pub token: u32,
+    /// μ: log-probability under the distribution actually sampled from (0 for greedy).
+    pub behavior_logprob: f32,
+    /// `log_softmax(raw logits)[token]`.
+    pub raw_logprob: f32,
+    /// The `logprobs` most likely tokens under the raw distribution, most likely first.
+    pub top_logprobs: Vec<(u32, f32)>,
 }
 
-/// Index of the largest value (first on ties).
+/// What the sampler needs to know about the sequence.
+pub struct SampleContext<'a> {
+    pub prompt_ids: &'a [u32],
+    pub output_ids: &'a [u32],
+    pub eos_token_ids: &'a [u32],
+    /// The sequence's RNG stream id (from the request seed and the sample index).
+    pub seed: u64,
+}
+
+/// SplitMix64 finaliser: a well-mixed 64-bit hash of `x`.
+pub fn splitmix64(x: u64) -> u64 {
+    let mut z = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    z ^ (z >> 31)
+}
+
+/// Index of the largest value (first on ties); NaN never wins.
 pub fn argmax(x: &[f32]) -> usize {
     let mut best = 0;
     for (i, &v) in x.iter().enumerate() {
-        if v > x[best] {
+        if v > x[best] || x[best].is_nan() {
             best = i;
         }
     }
     best
 }
 
-impl Sampler {
-    pub fn new(params: SamplingParams) -> Self {
-        let rng = match params.seed {
-            Some(s) => StdRng::seed_from_u64(s),
-            None => StdRng::from_entropy(),
-        };
-        Self { params, rng }
+/// `ln Σ exp(x)` in f64 (max-subtracted); `-inf` when every entry is `-inf`.
+fn logsumexp(x: &[f32]) -> f64 {
+    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    if max == f64::NEG_INFINITY {
+        return max;
     }
+    max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
+}
 
-    /// Samples a token id from one row of logits `[vocab]`.
-    pub fn sample(&mut self, logits: &[f32]) -> u32 {
-        let p = &self.params;
-        if p.temperature == 0.0 {
-            return argmax(logits) as u32;
+/// The `k` largest entries of `x` as `(index, value)`, largest first (ties: lower index first).
+pub fn top_k_of(x: &[f32], k: usize) -> Vec<(u32, f32)> {
+    let k = k.min(x.len());
+    if k == 0 {
+        return vec![];
+    }
+    let cmp = |a: &usize, b: &usize| x[*b].total_cmp(&x[*a]).then(a.cmp(b));
+    let mut idx: Vec<usize> = (0..x.len()).collect();
+    if k < idx.len() {
+        idx.select_nth_unstable_by(k - 1, cmp);
+        idx.truncate(k);
+    }
+    idx.sort_unstable_by(cmp);
+    idx.into_iter().map(|i| (i as u32, x[i])).collect()
+}
+
+/// Samples the next token of one sequence from its logits row `[vocab]`.
+pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> SampledToken {
+    let raw_lse = logsumexp(logits);
+    let raw_lp = |t: usize| (logits[t] as f64 - raw_lse) as f32;
+    let mut l = logits.to_vec();
+    apply_penalties(&mut l, p, ctx);
+    if ctx.output_ids.len() < p.min_tokens {
+        for &t in ctx.eos_token_ids.iter().chain(&p.stop_token_ids) {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v = f32::NEG_INFINITY;
+            }
         }
-        let mut idx: Vec<usize> = (0..logits.len()).collect();
-        idx.sort_unstable_by(|&a, &b| logits[b].total_cmp(&logits[a]).then(a.cmp(&b)));
-        if p.top_k > 0 {
-            idx.truncate(p.top_k);
+    }
+    let (token, behavior_logprob) =
+        if p.is_greedy() { (argmax(&l), 0.0) } else { draw(&l, p, ctx.seed, ctx.output_ids.len()) };
+    let top_logprobs = match p.logprobs {
+        Some(k) if k > 0 => top_k_of(logits, k).into_iter().map(|(i, _)| (i, raw_lp(i as usize))).collect(),
+        _ => vec![],
+    };
+    SampledToken { token: token as u32, behavior_logprob, raw_logprob: raw_lp(token), top_logprobs }
+}
+
+fn apply_penalties(l: &mut [f32], p: &SamplingParams, ctx: &SampleContext) {
+    if p.repetition_penalty != 1.0 {
+        let mut seen = vec![false; l.len()];
+        for &t in ctx.prompt_ids.iter().chain(ctx.output_ids) {
+            let t = t as usize;
+            if t < l.len() && !seen[t] {
+                seen[t] = true;
+                l[t] = if l[t] > 0.0 { l[t] / p.repetition_penalty } else { l[t] * p.repetition_penalty };
+            }
         }
-        let max = logits[idx[0]];
-        let mut probs: Vec<f64> = idx.iter().map(|&i| (((logits[i] - max) / p.temperature) as f64).exp()).collect();
-        let total: f64 = probs.iter().sum();
+    }
+    if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        let mut counts = std::collections::HashMap::<u32, u32>::new();
+        for &t in ctx.output_ids {
+            *counts.entry(t).or_default() += 1;
+        }
+        for (t, c) in counts {
+            if let Some(v) = l.get_mut(t as usize) {
+                *v -= p.frequency_penalty * c as f32 + p.presence_penalty;
+            }
+        }
+    }
+}
+
+/// Temperature, truncation, renormalisation and one draw. Returns `(token, ln p(token))`.
+/// Probabilities are `exp((l - max) / T)` in f64, so the most likely token has weight 1:
+/// no overflow, no NaN, and a sampled token always has p > 0, even for a tiny T.
+fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize) -> (usize, f32) {
+    let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let t = p.temperature as f64;
+    let weight = |i: usize| ((l[i] as f64 - max) / t).exp();
+    let truncated = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
+    // Candidates in a fixed order: index order without truncation, else most likely first.
+    let cand: Vec<(usize, f64)> = if !truncated {
+        (0..l.len()).map(|i| (i, weight(i))).collect()
+    } else {
+        let k = if p.top_k > 0 { p.top_k as usize } else { l.len() };
+        let mut c: Vec<(usize, f64)> =
+            top_k_of(l, k).into_iter().map(|(i, _)| (i as usize, weight(i as usize))).collect();
         if p.top_p < 1.0 {
-            let mut cum = 0.0;
-            let mut keep = probs.len();
-            for (k, q) in probs.iter().enumerate() {
-                cum += q / total;
-                if cum >= p.top_p as f64 {
-                    keep = k + 1;
+            let total: f64 = c.iter().map(|x| x.1).sum();
+            let (mut cum, mut keep) = (0.0, c.len());
+            for (j, x) in c.iter().enumerate() {
+                cum += x.1;
+                if cum >= p.top_p as f64 * total {
+                    keep = j + 1;
                     break;
                 }
             }
-            probs.truncate(keep);
+            c.truncate(keep);
         }
-        let total: f64 = probs.iter().sum();
-        let mut u = self.rng.gen::<f64>() * total;
-        for (k, q) in probs.iter().enumerate() {
-            if u < *q {
-                return idx[k] as u32;
-            }
-            u -= q;
+        if p.min_p > 0.0 {
+            // c[0] is the most likely token (weight 1).
+            let floor = p.min_p as f64 * c[0].1;
+            c.retain(|x| x.1 >= floor);
         }
-        idx[probs.len() - 1] as u32
+        c
+    };
+    let total: f64 = cand.iter().map(|x| x.1).sum();
+    let mut rng = StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(step as u64)));
+    let mut u = rng.gen::<f64>() * total;
+    let mut chosen = cand.iter().rev().find(|x| x.1 > 0.0).copied().unwrap_or((argmax(l), 1.0));
+    for &(i, w) in &cand {
+        if w > 0.0 && u < w {
+            chosen = (i, w);
+            break;
+        }
+        u -= w;
     }
+    (chosen.0, (chosen.1 / total).ln() as f32)
 }

@@ -171,17 +171,35 @@ pub struct AttnSeq<'a> {
 /// `p` attends the keys at `slots[0..=p]` of its sequence. Returns `[t, n_heads·head_dim]`.
 /// Each (row, head) is computed by the same code in the same order whatever the batch, so
 /// results are batch-invariant and equal to dense attention.
-pub fn paged_attention(q: &Tensor, k: &Tensor, v: &Tensor, seqs: &[AttnSeq], n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Result<Tensor> {
+pub fn paged_attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    seqs: &[AttnSeq],
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
     let (t, qc) = q.dims2("attention")?;
     let (l, kc) = k.dims2("attention")?;
     let bad = |d: String| Err(shape_err("attention", d));
-    if qc != n_heads * head_dim || kc != n_kv_heads * head_dim || k.shape() != v.shape() || n_kv_heads == 0 || n_heads % n_kv_heads != 0 {
+    if qc != n_heads * head_dim
+        || kc != n_kv_heads * head_dim
+        || k.shape() != v.shape()
+        || n_kv_heads == 0
+        || n_heads % n_kv_heads != 0
+    {
         return bad(format!("q [{t}, {qc}], k/v [{l}, {kc}], heads {n_heads}/{n_kv_heads}, head_dim {head_dim}"));
     }
     let mut row_seq = vec![usize::MAX; t];
     for (si, s) in seqs.iter().enumerate() {
         if s.rows.end > t || s.slots.len() < s.start_pos + s.rows.len() {
-            return bad(format!("sequence {si}: rows {:?} of {t}, {} slots for {} positions", s.rows, s.slots.len(), s.start_pos + s.rows.len()));
+            return bad(format!(
+                "sequence {si}: rows {:?} of {t}, {} slots for {} positions",
+                s.rows,
+                s.slots.len(),
+                s.start_pos + s.rows.len()
+            ));
         }
         if let Some(&bad_slot) = s.slots.iter().find(|&&x| x as usize >= l) {
             return bad(format!("sequence {si}: slot {bad_slot} >= {l} cache slots"));
@@ -200,7 +218,15 @@ pub fn paged_attention(q: &Tensor, k: &Tensor, v: &Tensor, seqs: &[AttnSeq], n_h
 
 /// Causal attention over a contiguous cache: [`paged_attention`] for one sequence whose
 /// positions `0..L` sit in slots `0..L`. Query row `i` sits at position `past + i`.
-pub fn attention(q: &Tensor, k: &Tensor, v: &Tensor, past: usize, n_heads: usize, n_kv_heads: usize, head_dim: usize) -> Result<Tensor> {
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    past: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
     let t = q.dims2("attention")?.0;
     let slots: Vec<u32> = (0..(past + t) as u32).collect();
     paged_attention(q, k, v, &[AttnSeq { rows: 0..t, start_pos: past, slots: &slots }], n_heads, n_kv_heads, head_dim)
@@ -225,7 +251,10 @@ pub fn scatter_rows(dst: &mut Tensor, slots: &[u32], src: &Tensor) -> Result<()>
     let (l, c) = dst.dims2("scatter_rows")?;
     let (n, c2) = src.dims2("scatter_rows")?;
     if c != c2 || slots.len() != n || slots.iter().any(|&s| s as usize >= l) {
-        return Err(shape_err("scatter_rows", format!("{} slots (max {:?}) of [{l}, {c}] from [{n}, {c2}]", slots.len(), slots.iter().max())));
+        return Err(shape_err(
+            "scatter_rows",
+            format!("{} slots (max {:?}) of [{l}, {c}] from [{n}, {c2}]", slots.len(), slots.iter().max()),
+        ));
     }
     let s = match &src.storage {
         Storage::Cpu(v) => v,

@@ -70,9 +70,9 @@ pub struct GenerateArgs {
     /// Nucleus sampling mass, in (0, 1].
     #[arg(long, default_value_t = 1.0)]
     pub top_p: f32,
-    /// Top-k cutoff; 0 = off.
-    #[arg(long, default_value_t = 0)]
-    pub top_k: usize,
+    /// Top-k cutoff; 0 or -1 = off.
+    #[arg(long, default_value_t = 0, allow_negative_numbers = true)]
+    pub top_k: i32,
     /// RNG seed for reproducible sampling.
     #[arg(long)]
     pub seed: Option<u64>,
@@ -97,11 +97,15 @@ pub fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u3
 }
 
 pub fn generate(a: GenerateArgs) -> Result<()> {
-    let params = SamplingParams { temperature: a.temperature, top_p: a.top_p, top_k: a.top_k, seed: a.seed };
-    params.validate().map_err(|e| anyhow::anyhow!("--{}", e.replace('_', "-")))?;
-    if a.max_tokens == 0 {
-        bail!("--max-tokens must be >= 1, got 0");
-    }
+    let params = SamplingParams {
+        temperature: a.temperature,
+        top_p: a.top_p,
+        top_k: a.top_k,
+        seed: a.seed,
+        max_tokens: Some(a.max_tokens),
+        ..Default::default()
+    };
+    params.validate().map_err(|e| anyhow::anyhow!("{}", e.to_string().replacen('`', "`--", 1).replace('_', "-")))?;
     let dir = a.model.resolve()?;
     let (tok, model) = load(&dir)?;
     let prompt = encode_prompt(&tok, &a.prompt, a.chat)?;

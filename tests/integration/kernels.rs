@@ -177,7 +177,11 @@ fn matmul_is_batch_invariant() {
         let batched = ops::matmul_t(&t(&x, &[m, k]), &wt, None).unwrap();
         for i in 0..m {
             let alone = ops::matmul_t(&t(&x[i * k..(i + 1) * k], &[1, k]), &wt, None).unwrap();
-            assert_eq!(alone.as_slice().unwrap(), &batched.as_slice().unwrap()[i * n..(i + 1) * n], "row {i} of {m}x{n}x{k}");
+            assert_eq!(
+                alone.as_slice().unwrap(),
+                &batched.as_slice().unwrap()[i * n..(i + 1) * n],
+                "row {i} of {m}x{n}x{k}"
+            );
         }
     }
 }

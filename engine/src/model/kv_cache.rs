@@ -15,7 +15,9 @@ impl KvCache {
     /// Storage for `capacity` token slots on `device`.
     pub fn new(c: &ModelConfig, capacity: usize, device: &Device) -> Self {
         let kv = c.num_key_value_heads * c.head_dim;
-        let layers = (0..c.num_hidden_layers).map(|_| (Tensor::zeros(&[capacity, kv], device), Tensor::zeros(&[capacity, kv], device))).collect();
+        let layers = (0..c.num_hidden_layers)
+            .map(|_| (Tensor::zeros(&[capacity, kv], device), Tensor::zeros(&[capacity, kv], device)))
+            .collect();
         Self { layers, len: 0, capacity }
     }
 

@@ -153,12 +153,14 @@ impl Model {
     fn forward_inner(&self, b: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
         let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let seqs: Vec<AttnSeq> = b.seqs.iter().map(|s| AttnSeq { rows: s.rows.clone(), start_pos: s.start_pos, slots: &s.slots }).collect();
+        let seqs: Vec<AttnSeq> =
+            b.seqs.iter().map(|s| AttnSeq { rows: s.rows.clone(), start_pos: s.start_pos, slots: &s.slots }).collect();
         let mut x = ops::embedding(&self.embed_tokens, &b.tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
             let qkv = ops::matmul_t(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-            let [mut q, mut k, v]: [Tensor; 3] = ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+            let [mut q, mut k, v]: [Tensor; 3] =
+                ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
             ops::rope_inplace(&mut q, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             ops::rope_inplace(&mut k, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             let (kc, vc) = cache.layer_mut(l);

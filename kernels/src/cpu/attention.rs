@@ -8,7 +8,17 @@ use rayon::prelude::*;
 /// `out [t, H·D]` for queries `q [t, H·D]`; row `r` belongs to `seqs[row_seq[r]]`.
 /// Work is split over (row, head) pairs; each is computed in a fixed order: scores over
 /// positions `0..=p` with [`dot`], a max-subtracted softmax, then `Σ_j p_j v_j` in position order.
-pub fn paged_attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], seqs: &[AttnSeq], row_seq: &[usize], n_heads: usize, n_kv_heads: usize, head_dim: usize) {
+pub fn paged_attention(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    out: &mut [f32],
+    seqs: &[AttnSeq],
+    row_seq: &[usize],
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) {
     let group = n_heads / n_kv_heads;
     let (qc, kc) = (n_heads * head_dim, n_kv_heads * head_dim);
     let scale = 1.0 / (head_dim as f32).sqrt();
@@ -19,7 +29,10 @@ pub fn paged_attention(q: &[f32], k: &[f32], v: &[f32], out: &mut [f32], seqs: &
         let off = (h / group) * head_dim;
         let qv = &q[row * qc + h * head_dim..row * qc + (h + 1) * head_dim];
         let slots = &seq.slots[..=pos];
-        let mut scores: Vec<f32> = slots.iter().map(|&s| dot(qv, &k[s as usize * kc + off..s as usize * kc + off + head_dim]) * scale).collect();
+        let mut scores: Vec<f32> = slots
+            .iter()
+            .map(|&s| dot(qv, &k[s as usize * kc + off..s as usize * kc + off + head_dim]) * scale)
+            .collect();
         softmax_row(&mut scores);
         o.fill(0.0);
         for (&s, &p) in slots.iter().zip(&scores) {

@@ -1,0 +1,417 @@
+//! The engine core, readable top to bottom (nano-vllm style): `step()` = scheduler →
+//! model runner (one batched forward) → sampler → outputs. Single-threaded; the
+//! [`crate::handle`] runs it on its own thread behind a channel.
+
+use crate::block_manager::BlockManager;
+use crate::model::{BatchSeq, ForwardBatch, KvCache, Model};
+use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
+use crate::sampling::{sample, splitmix64, top_k_of, SampleContext, SamplingParams};
+use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
+use crate::sequence::Sequence;
+use crate::tokenizer::Tokenizer;
+use crate::validation::ValidationError;
+use crate::Result;
+use serde::Serialize;
+use std::collections::HashMap;
+use std::sync::Arc;
+
+/// Engine settings (vLLM names).
+#[derive(Debug, Clone)]
+pub struct EngineConfig {
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV blocks in the pool; when `None`, derived from `kv_cache_memory`.
+    pub num_blocks: Option<usize>,
+    /// Bytes for the KV pool when `num_blocks` is not set.
+    pub kv_cache_memory: usize,
+    pub max_num_seqs: usize,
+    pub max_num_batched_tokens: usize,
+    /// Context limit (prompt + output); default the model's `max_position_embeddings`.
+    pub max_model_len: Option<usize>,
+    pub enable_prefix_caching: bool,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            block_size: 16,
+            num_blocks: None,
+            kv_cache_memory: 2 << 30,
+            max_num_seqs: 64,
+            max_num_batched_tokens: 1024,
+            max_model_len: None,
+            enable_prefix_caching: true,
+        }
+    }
+}
+
+/// Counters and gauges of the engine.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct EngineStats {
+    pub num_running: usize,
+    pub num_waiting: usize,
+    pub num_blocks: usize,
+    pub num_free_blocks: usize,
+    pub block_size: usize,
+    /// Prompt tokens looked up in the prefix cache, and how many were found.
+    pub prefix_cache_queries: u64,
+    pub prefix_cache_hits: u64,
+    /// Tokens run through the model in prefill (prompt chunks and recomputation).
+    pub prefill_tokens: u64,
+    pub generation_tokens: u64,
+    pub num_preemptions: u64,
+    pub steps: u64,
+    pub version: u64,
+}
+
+struct RequestState {
+    n: usize,
+    finished: usize,
+    /// Sample 0 has computed its prompt: the siblings may start and hit the prefix cache.
+    prompt_ready: bool,
+}
+
+pub struct LLMEngine {
+    model: Arc<Model>,
+    tokenizer: Arc<Tokenizer>,
+    kv: KvCache,
+    blocks: BlockManager,
+    sched: Scheduler,
+    cfg: SchedulerConfig,
+    max_model_len: usize,
+    requests: HashMap<String, RequestState>,
+    next_seq_id: u64,
+    version: u64,
+    prefill_tokens: u64,
+    generation_tokens: u64,
+    steps: u64,
+}
+
+impl LLMEngine {
+    pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
+        let c = &model.config;
+        let per_block = KvCache::bytes_per_slot(c) * config.block_size;
+        let num_blocks = config.num_blocks.unwrap_or(config.kv_cache_memory / per_block).max(1);
+        let kv = KvCache::new(c, num_blocks * config.block_size, model.device());
+        let max_model_len = config.max_model_len.unwrap_or(c.max_position_embeddings).min(model.max_positions());
+        let cfg = SchedulerConfig {
+            max_num_seqs: config.max_num_seqs.max(1),
+            max_num_batched_tokens: config.max_num_batched_tokens.max(1),
+            enable_prefix_caching: config.enable_prefix_caching,
+        };
+        LLMEngine {
+            model,
+            tokenizer,
+            kv,
+            blocks: BlockManager::new(num_blocks, config.block_size),
+            sched: Scheduler::default(),
+            cfg,
+            max_model_len,
+            requests: HashMap::new(),
+            next_seq_id: 0,
+            version: 0,
+            prefill_tokens: 0,
+            generation_tokens: 0,
+            steps: 0,
+        }
+    }
+
+    /// Token capacity of the KV pool.
+    pub fn kv_capacity_tokens(&self) -> usize {
+        self.blocks.num_blocks() * self.blocks.block_size()
+    }
+
+    pub fn max_model_len(&self) -> usize {
+        self.max_model_len
+    }
+
+    pub fn tokenizer(&self) -> &Arc<Tokenizer> {
+        &self.tokenizer
+    }
+
+    /// The policy version of the weights; every output token records it.
+    pub fn version(&self) -> u64 {
+        self.version
+    }
+
+    /// Marks new weights: later admissions use a new prefix-cache salt, so no request
+    /// reuses KV computed by older weights. (The online-RL issue calls this after each update.)
+    pub fn bump_version(&mut self) -> u64 {
+        self.version += 1;
+        self.version
+    }
+
+    pub fn has_unfinished(&self) -> bool {
+        !self.sched.running.is_empty() || !self.sched.waiting.is_empty()
+    }
+
+    pub fn stats(&self) -> EngineStats {
+        EngineStats {
+            num_running: self.sched.running.len(),
+            num_waiting: self.sched.waiting.len(),
+            num_blocks: self.blocks.num_blocks(),
+            num_free_blocks: self.blocks.num_free(),
+            block_size: self.blocks.block_size(),
+            prefix_cache_queries: self.sched.prefix_queries,
+            prefix_cache_hits: self.sched.prefix_hits,
+            prefill_tokens: self.prefill_tokens,
+            generation_tokens: self.generation_tokens,
+            num_preemptions: self.sched.num_preemptions,
+            steps: self.steps,
+            version: self.version,
+        }
+    }
+
+    /// Checks a request against the parameter ranges, the vocabulary, the context length
+    /// and the KV pool; returns the maximum output length.
+    pub fn validate(&self, prompt: &[u32], params: &SamplingParams) -> std::result::Result<usize, ValidationError> {
+        params.validate()?;
+        if prompt.is_empty() {
+            return Err(ValidationError::EmptyPrompt);
+        }
+        let vocab = self.model.config.vocab_size;
+        if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
+            return Err(ValidationError::TokenId { id, vocab });
+        }
+        let max = self.max_model_len;
+        let completion = params.max_tokens.unwrap_or(max.saturating_sub(prompt.len())).max(1);
+        if prompt.len() + completion > max {
+            return Err(ValidationError::ContextLength {
+                max,
+                requested: prompt.len() + completion,
+                prompt: prompt.len(),
+                completion,
+            });
+        }
+        let needed = (prompt.len() + completion).div_ceil(self.blocks.block_size());
+        if needed > self.blocks.num_blocks() {
+            return Err(ValidationError::TooLongForCache { needed, total: self.blocks.num_blocks() });
+        }
+        Ok(completion)
+    }
+
+    /// Queues a request: `params.n` samples of `prompt` (token ids).
+    pub fn add_request(
+        &mut self,
+        request_id: &str,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> std::result::Result<(), ValidationError> {
+        let completion = self.validate(&prompt, &params)?;
+        if self.requests.contains_key(request_id) {
+            return Err(ValidationError::DuplicateRequestId(request_id.into()));
+        }
+        let base_seed = params.seed.unwrap_or_else(rand::random);
+        let params = Arc::new(params);
+        for index in 0..params.n {
+            self.next_seq_id += 1;
+            self.sched.waiting.push_back(Sequence {
+                seq_id: self.next_seq_id,
+                request_id: request_id.into(),
+                index,
+                prompt_len: prompt.len(),
+                tokens: prompt.clone(),
+                params: params.clone(),
+                seed: splitmix64(base_seed ^ splitmix64(index as u64)),
+                blocks: vec![],
+                num_computed: 0,
+                block_hashes: vec![],
+                cache_salt: self.version,
+                max_len: prompt.len() + completion,
+                detok: Default::default(),
+                prompt_logprobs: vec![],
+                finish: None,
+            });
+        }
+        self.requests.insert(request_id.into(), RequestState { n: params.n, finished: 0, prompt_ready: false });
+        Ok(())
+    }
+
+    /// Drops every sample of a request at once (its KV blocks are freed). Returns whether it existed.
+    pub fn abort(&mut self, request_id: &str) -> bool {
+        self.sched.waiting.retain(|s| s.request_id != request_id);
+        self.sched.running.retain(|s| s.request_id != request_id);
+        self.requests.remove(request_id).is_some()
+    }
+
+    /// One engine step: schedule, run the model once on the whole batch, sample, and
+    /// return what each sequence produced.
+    pub fn step(&mut self) -> Result<Vec<SeqOutput>> {
+        let prefix = self.cfg.enable_prefix_caching;
+        let requests = &self.requests;
+        let scheduled = self.sched.schedule(&self.cfg, &self.blocks, self.version, |s| {
+            s.index == 0 || !prefix || requests.get(&s.request_id).is_some_and(|r| r.prompt_ready)
+        });
+        if scheduled.is_empty() {
+            return Ok(vec![]);
+        }
+        self.steps += 1;
+        let (batch, plan) = self.build_batch(&scheduled);
+        let logits = self.model.forward_batch(&batch, &mut self.kv)?;
+        let logits = logits.as_slice()?;
+        let vocab = self.model.config.vocab_size;
+        let mut outputs = Vec::new();
+        for (sch, p) in scheduled.iter().zip(plan) {
+            let seq = &mut self.sched.running[sch.seq];
+            let start = seq.num_computed;
+            seq.num_computed += sch.num_tokens;
+            if start < seq.prompt_len {
+                self.prefill_tokens += sch.num_tokens.min(seq.tokens.len() - start) as u64;
+            }
+            Scheduler::cache_full_blocks(seq, &self.blocks);
+            for (k, pos) in p.prompt_positions.clone().enumerate() {
+                let row = &logits[(p.prompt_row + k) * vocab..(p.prompt_row + k + 1) * vocab];
+                seq.prompt_logprobs.push(prompt_logprob(
+                    row,
+                    seq.tokens[pos + 1],
+                    seq.params.prompt_logprobs.unwrap_or(0),
+                ));
+            }
+            if seq.index == 0 && seq.num_computed >= seq.prompt_len {
+                if let Some(r) = self.requests.get_mut(&seq.request_id) {
+                    r.prompt_ready = true;
+                }
+            }
+            if let Some(row) = p.sample_row {
+                let out = Self::sample_and_check(
+                    seq,
+                    &logits[row * vocab..(row + 1) * vocab],
+                    &self.tokenizer,
+                    self.version,
+                    self.max_model_len,
+                );
+                self.generation_tokens += 1;
+                outputs.push(out);
+            }
+        }
+        // Retire finished sequences (dropping them frees their blocks).
+        let mut i = 0;
+        while i < self.sched.running.len() {
+            if self.sched.running[i].finish.is_some() {
+                let seq = self.sched.running.remove(i);
+                let r = self.requests.get_mut(&seq.request_id).expect("running sequences have a request");
+                r.finished += 1;
+                if r.finished == r.n {
+                    self.requests.remove(&seq.request_id);
+                    if let Some(o) = outputs.iter_mut().find(|o| o.request_id == seq.request_id && o.index == seq.index)
+                    {
+                        o.request_finished = true;
+                    }
+                }
+            } else {
+                i += 1;
+            }
+        }
+        Ok(outputs)
+    }
+
+    /// Flattens the scheduled work into one forward batch and notes, per sequence, which
+    /// logit rows hold prompt log-probabilities and which one is sampled.
+    fn build_batch(&self, scheduled: &[Scheduled]) -> (ForwardBatch, Vec<RowPlan>) {
+        let bs = self.blocks.block_size();
+        let mut b = ForwardBatch::default();
+        let mut plan = Vec::with_capacity(scheduled.len());
+        for sch in scheduled {
+            let seq = &self.sched.running[sch.seq];
+            let (start, end) = (seq.num_computed, seq.num_computed + sch.num_tokens);
+            let slots: Vec<u32> = (0..end).map(|p| seq.blocks[p / bs].id() * bs as u32 + (p % bs) as u32).collect();
+            let row0 = b.tokens.len();
+            b.tokens.extend_from_slice(&seq.tokens[start..end]);
+            b.positions.extend(start..end);
+            b.slot_mapping.extend_from_slice(&slots[start..end]);
+            // Logits at position p give the log-probability of prompt token p + 1.
+            let prompt_positions =
+                if seq.wants_prompt_logprobs() { start..end.min(seq.prompt_len - 1).max(start) } else { start..start };
+            let prompt_row = b.logit_rows.len();
+            b.logit_rows.extend(prompt_positions.clone().map(|p| row0 + p - start));
+            let sample_row = (end == seq.tokens.len()).then(|| {
+                b.logit_rows.push(row0 + end - 1 - start);
+                b.logit_rows.len() - 1
+            });
+            b.seqs.push(BatchSeq { rows: row0..row0 + (end - start), start_pos: start, slots });
+            plan.push(RowPlan { prompt_positions, prompt_row, sample_row });
+        }
+        (b, plan)
+    }
+
+    /// Samples the next token of `seq`, appends it, and applies the stop conditions.
+    fn sample_and_check(
+        seq: &mut Sequence,
+        row: &[f32],
+        tok: &Tokenizer,
+        version: u64,
+        max_model_len: usize,
+    ) -> SeqOutput {
+        let params = seq.params.clone();
+        let ctx = SampleContext {
+            prompt_ids: &seq.tokens[..seq.prompt_len],
+            output_ids: seq.output_ids(),
+            eos_token_ids: &tok.eos_token_ids,
+            seed: seq.seed,
+        };
+        let s = sample(row, &params, &ctx);
+        seq.tokens.push(s.token);
+        let n_out = seq.num_output();
+        let mut finish = None;
+        if params.stop_token_ids.contains(&s.token) {
+            finish = Some((FinishReason::Stop, Some(StopReason::Token(s.token))));
+        } else if !params.ignore_eos && tok.eos_token_ids.contains(&s.token) {
+            finish = Some((FinishReason::Stop, None));
+        }
+        let from = seq.detok.push(tok, &seq.tokens[seq.prompt_len..], params.skip_special_tokens);
+        if finish.is_none() && n_out >= params.min_tokens && !params.stop.is_empty() {
+            if let Some(stop) = seq.detok.find_stop(from, &params.stop) {
+                finish = Some((FinishReason::Stop, Some(StopReason::Text(stop))));
+            }
+        }
+        if finish.is_none() && (seq.tokens.len() >= seq.max_len || seq.tokens.len() >= max_model_len) {
+            finish = Some((FinishReason::Length, None));
+        }
+        let text = seq.detok.take_delta(&params.stop, finish.is_some());
+        let prompt_logprobs = (seq.wants_prompt_logprobs() && n_out == 1).then(|| {
+            let mut v = vec![PromptLogprob { token_id: seq.tokens[0], logprob: None, top_logprobs: vec![] }];
+            v.append(&mut seq.prompt_logprobs);
+            v
+        });
+        seq.finish = finish.clone();
+        let token = TokenOutput {
+            token_id: s.token,
+            behavior_logprob: s.behavior_logprob,
+            raw_logprob: s.raw_logprob,
+            top_logprobs: s.top_logprobs,
+            version,
+        };
+        SeqOutput {
+            request_id: seq.request_id.clone(),
+            index: seq.index,
+            tokens: vec![token],
+            text,
+            finish_reason: finish.as_ref().map(|f| f.0),
+            stop_reason: finish.and_then(|f| f.1),
+            prompt_logprobs,
+            request_finished: false,
+        }
+    }
+
+    /// Free blocks and cached blocks, for leak checks: with nothing running, every block is free.
+    pub fn num_free_blocks(&self) -> usize {
+        self.blocks.num_free()
+    }
+}
+
+struct RowPlan {
+    prompt_positions: std::ops::Range<usize>,
+    prompt_row: usize,
+    sample_row: Option<usize>,
+}
+
+fn prompt_logprob(row: &[f32], next: u32, top: usize) -> PromptLogprob {
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    let lp = |t: usize| (row[t] as f64 - lse) as f32;
+    PromptLogprob {
+        token_id: next,
+        logprob: Some(lp(next as usize)),
+        top_logprobs: top_k_of(row, top).into_iter().map(|(i, _)| (i, lp(i as usize))).collect(),
+    }
+}
