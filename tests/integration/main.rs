@@ -1,6 +1,8 @@
 //! The one integration-test binary of rlserve; one module per area.
 
+mod engine;
 mod gguf;
 mod kernels;
 mod model;
 mod reference;
+mod sampling;

@@ -1,0 +1,357 @@
+//! The serving engine: paged attention vs dense, batch invariance, preemption, prefix
+//! caching, stop strings, n > 1, logprobs vs the llama.cpp fixture, validation, leaks.
+
+use engine::generate::generate;
+use engine::outputs::{FinishReason, SeqOutput, StopReason};
+use engine::{ChatMessage, EngineConfig, EngineHandle, LLMEngine, Model, SamplingParams, Tokenizer, ValidationError};
+use kernels::{ops, Device};
+use std::collections::BTreeMap;
+use std::sync::{Arc, OnceLock};
+use tests::tiny::TinySpec;
+use tests::{default_model, temp_dir};
+
+/// Everything one sample produced.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Sample {
+    tokens: Vec<u32>,
+    text: String,
+    raw: Vec<f32>,
+    behavior: Vec<f32>,
+    finish: Option<FinishReason>,
+    stop_reason: Option<StopReason>,
+}
+
+fn collect(outputs: impl IntoIterator<Item = SeqOutput>, into: &mut BTreeMap<(String, usize), Sample>) {
+    for o in outputs {
+        let s = into.entry((o.request_id.clone(), o.index)).or_default();
+        for t in &o.tokens {
+            s.tokens.push(t.token_id);
+            s.raw.push(t.raw_logprob);
+            s.behavior.push(t.behavior_logprob);
+        }
+        s.text.push_str(&o.text);
+        s.finish = o.finish_reason.or(s.finish);
+        s.stop_reason = o.stop_reason.or(s.stop_reason.take());
+    }
+}
+
+/// Runs `requests` to completion on one engine; asserts no KV block leaked.
+fn run(engine: &mut LLMEngine, requests: &[(Vec<u32>, SamplingParams)]) -> Vec<Vec<Sample>> {
+    for (i, (p, params)) in requests.iter().enumerate() {
+        engine.add_request(&format!("r{i}"), p.clone(), params.clone()).unwrap();
+    }
+    let mut got = BTreeMap::new();
+    while engine.has_unfinished() {
+        collect(engine.step().unwrap(), &mut got);
+    }
+    assert_eq!(engine.num_free_blocks(), engine.stats().num_blocks, "KV blocks leaked");
+    requests
+        .iter()
+        .enumerate()
+        .map(|(i, (_, params))| (0..params.n).map(|j| got.remove(&(format!("r{i}"), j)).unwrap_or_default()).collect())
+        .collect()
+}
+
+fn tiny(seed: u64) -> (Arc<Model>, Arc<Tokenizer>) {
+    let dir = temp_dir(&format!("engine-tiny-{seed}"));
+    TinySpec { architecture: "Qwen2ForCausalLM", seed, ..Default::default() }.write(&dir);
+    (Arc::new(Model::load(&dir, &Device::Cpu).unwrap()), Arc::new(Tokenizer::from_dir(&dir).unwrap()))
+}
+
+fn real() -> &'static (Arc<Model>, Arc<Tokenizer>) {
+    static M: OnceLock<(Arc<Model>, Arc<Tokenizer>)> = OnceLock::new();
+    M.get_or_init(|| {
+        let dir = default_model();
+        (Arc::new(Model::load(&dir, &Device::Cpu).unwrap()), Arc::new(Tokenizer::from_dir(&dir).unwrap()))
+    })
+}
+
+fn engine(m: &(Arc<Model>, Arc<Tokenizer>), cfg: EngineConfig) -> LLMEngine {
+    LLMEngine::new(m.0.clone(), m.1.clone(), cfg)
+}
+
+fn greedy(max_tokens: usize) -> SamplingParams {
+    SamplingParams { temperature: 0.0, max_tokens: Some(max_tokens), ignore_eos: true, ..Default::default() }
+}
+
+#[test]
+fn paged_attention_with_odd_chunks_equals_dense() {
+    let m = tiny(41);
+    let prompts: Vec<Vec<u32>> = vec![
+        (0..37).map(|i| (i * 7 % 250) as u32).collect(),
+        (0..23).map(|i| (i * 13 % 250) as u32).collect(),
+        vec![3, 1, 4],
+    ];
+    // block_size 4 and 7-token steps: prompts cross many blocks and are prefilled in odd chunks.
+    let mut e = engine(
+        &m,
+        EngineConfig { block_size: 4, num_blocks: Some(64), max_num_batched_tokens: 7, ..Default::default() },
+    );
+    let got = run(&mut e, &prompts.iter().map(|p| (p.clone(), greedy(9))).collect::<Vec<_>>());
+    for (p, g) in prompts.iter().zip(&got) {
+        let (dense, _) = generate(&m.0, p, &SamplingParams::greedy(), 9, &[], |_| {}).unwrap();
+        assert_eq!(g[0].tokens, dense);
+        let all: Vec<u32> = p.iter().chain(&dense).cloned().collect();
+        let lp = ops::log_softmax(&m.0.forward(&all, &mut m.0.new_cache(all.len()), true).unwrap()).unwrap();
+        let v = m.0.config.vocab_size;
+        for (i, &t) in dense.iter().enumerate() {
+            let want = lp.as_slice().unwrap()[(p.len() - 1 + i) * v + t as usize];
+            assert!((g[0].raw[i] - want).abs() < 1e-5, "step {i}: {} vs dense {want}", g[0].raw[i]);
+        }
+    }
+}
+
+/// 32 mixed-length requests: the first 8 are checked, greedy and seeded alternating.
+fn mixed_requests() -> Vec<(Vec<u32>, SamplingParams)> {
+    (0..32u32)
+        .map(|i| {
+            let prompt: Vec<u32> = (0..(5 + (i * 11) % 40)).map(|j| 200 + (i * 97 + j * 31) % 20000).collect();
+            let params = if i % 2 == 0 {
+                greedy(6 + (i as usize % 5))
+            } else {
+                SamplingParams {
+                    temperature: 0.9,
+                    top_p: 0.95,
+                    seed: Some(i as u64),
+                    max_tokens: Some(8),
+                    ignore_eos: true,
+                    ..Default::default()
+                }
+            };
+            (prompt, params)
+        })
+        .collect()
+}
+
+#[test]
+fn outputs_are_identical_alone_batched_and_after_preemption() {
+    let m = real();
+    let reqs = mixed_requests();
+    let alone: Vec<Vec<Sample>> = reqs[..8]
+        .iter()
+        .map(|r| {
+            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), &[r.clone()]).remove(0)
+        })
+        .collect();
+    let batched = run(&mut engine(m, EngineConfig { num_blocks: Some(256), ..Default::default() }), &reqs);
+    // A tiny pool (15 blocks of 16 tokens) forces preemption by recompute.
+    let mut small = engine(m, EngineConfig { num_blocks: Some(15), ..Default::default() });
+    let preempted = run(&mut small, &reqs);
+    assert!(small.stats().num_preemptions > 0, "the small pool must preempt");
+    for i in 0..8 {
+        assert_eq!(alone[i][0].tokens, batched[i][0].tokens, "request {i}: alone vs batch of 32");
+        assert_eq!(alone[i][0].raw, batched[i][0].raw, "request {i}: logprobs alone vs batch of 32");
+        assert_eq!(alone[i][0].tokens, preempted[i][0].tokens, "request {i}: alone vs preempted");
+        assert_eq!(alone[i][0].behavior, preempted[i][0].behavior, "request {i}: μ alone vs preempted");
+    }
+}
+
+#[test]
+fn prefix_cache_hits_match_a_cold_run_and_are_salted_by_version() {
+    let m = tiny(42);
+    let prompt: Vec<u32> = (0..30).map(|i| (i * 5 % 250) as u32).collect();
+    let mut e = engine(&m, EngineConfig { block_size: 4, num_blocks: Some(64), ..Default::default() });
+    let params = SamplingParams { logprobs: Some(3), ..greedy(5) };
+    let cold = run(&mut e, &[(prompt.clone(), params.clone())]);
+    let hits0 = e.stats().prefix_cache_hits;
+    let warm = run(&mut e, &[(prompt.clone(), params.clone())]);
+    let s = e.stats();
+    // (30 − 1) / 4 = 7 full blocks reused.
+    assert_eq!(s.prefix_cache_hits - hits0, 28);
+    assert_eq!(cold, warm);
+    e.bump_version();
+    let after = run(&mut e, &[(prompt, params)]);
+    assert_eq!(e.stats().prefix_cache_hits, s.prefix_cache_hits, "no reuse across versions");
+    assert_eq!(after, cold);
+}
+
+#[test]
+fn a_group_of_n_pays_for_one_prefill() {
+    let m = tiny(43);
+    let prompt: Vec<u32> = (0..100).map(|i| (i * 3 % 250) as u32).collect();
+    let mut e = engine(&m, EngineConfig { block_size: 4, num_blocks: Some(256), ..Default::default() });
+    let params = SamplingParams { n: 8, seed: Some(5), max_tokens: Some(4), ignore_eos: true, ..Default::default() };
+    let out = run(&mut e, &[(prompt, params)]);
+    // Sample 0 prefills 100 tokens; each sibling reuses (100 − 1)/4 = 24 blocks and computes 4.
+    assert_eq!(e.stats().prefill_tokens, 100 + 7 * 4);
+    let distinct: std::collections::HashSet<_> = out[0].iter().map(|s| s.tokens.clone()).collect();
+    assert!(distinct.len() > 1, "samples of one request differ");
+}
+
+#[test]
+fn n_samples_are_reproducible_with_a_seed() {
+    let m = tiny(44);
+    let p = vec![1u32, 2, 3, 4, 5];
+    let params = SamplingParams { n: 4, seed: Some(9), max_tokens: Some(12), ignore_eos: true, ..Default::default() };
+    let a = run(&mut engine(&m, EngineConfig::default()), &[(p.clone(), params.clone())]);
+    let b = run(&mut engine(&m, EngineConfig::default()), &[(p.clone(), params.clone())]);
+    assert_eq!(a, b);
+    assert_eq!(a[0].iter().map(|s| s.tokens.clone()).collect::<std::collections::HashSet<_>>().len(), 4);
+    // Sample 0 of n = 4 is the n = 1 sample with the same seed.
+    let one = run(&mut engine(&m, EngineConfig::default()), &[(p, SamplingParams { n: 1, ..params })]);
+    assert_eq!(one[0][0], a[0][0]);
+}
+
+#[test]
+fn stop_strings_cut_text_across_and_inside_tokens() {
+    let m = real();
+    let prompt = m.1.encode("The history of the Roman Empire", false).unwrap();
+    let free = run(&mut engine(m, EngineConfig::default()), &[(prompt.clone(), greedy(24))]).remove(0).remove(0);
+    let text = free.text.clone();
+    // A stop string starting one char into token 2 and ending one char into token 4.
+    let piece = |i: usize| m.1.decode(&free.tokens[..i], true).unwrap().chars().count();
+    let (a, b) = (piece(2) + 1, piece(4) + 1);
+    let chars: Vec<char> = text.chars().collect();
+    let stop: String = chars[a..b].iter().collect();
+    let cut = text.find(&stop).unwrap();
+    for s in [stop.clone(), "zzz-never".into()] {
+        let params = SamplingParams { stop: vec!["zzz-never".into(), s.clone()], ..greedy(24) };
+        let got = run(&mut engine(m, EngineConfig::default()), &[(prompt.clone(), params)]).remove(0).remove(0);
+        if s == stop {
+            assert_eq!(got.text, text[..cut], "stop {stop:?}");
+            assert_eq!((got.finish, got.stop_reason), (Some(FinishReason::Stop), Some(StopReason::Text(stop.clone()))));
+        } else {
+            assert_eq!((got.text.as_str(), got.finish), (text.as_str(), Some(FinishReason::Length)));
+        }
+    }
+}
+
+#[test]
+fn eos_min_tokens_and_stop_token_ids() {
+    let m = real();
+    let chat = m.1.apply_chat_template(&[ChatMessage::new("user", "What is the capital of France?")], true).unwrap();
+    let prompt = m.1.encode(&chat, true).unwrap();
+    let base = SamplingParams { temperature: 0.0, max_tokens: Some(40), ..Default::default() };
+    let plain = run(&mut engine(m, EngineConfig::default()), &[(prompt.clone(), base.clone())]).remove(0).remove(0);
+    assert_eq!(plain.finish, Some(FinishReason::Stop));
+    assert_eq!(*plain.tokens.last().unwrap(), 2, "ends with <|im_end|>");
+    let n = plain.tokens.len();
+    let longer = run(
+        &mut engine(m, EngineConfig::default()),
+        &[(prompt.clone(), SamplingParams { min_tokens: n + 3, ..base.clone() })],
+    )
+    .remove(0)
+    .remove(0);
+    assert!(longer.tokens.len() >= n + 3 && !longer.tokens[..n + 2].contains(&2), "{:?}", longer.tokens);
+    let stop_tok = plain.tokens[1];
+    let cut = run(
+        &mut engine(m, EngineConfig::default()),
+        &[(prompt, SamplingParams { stop_token_ids: vec![stop_tok], ..base })],
+    )
+    .remove(0)
+    .remove(0);
+    assert_eq!(cut.tokens, plain.tokens[..2]);
+    assert_eq!(cut.stop_reason, Some(StopReason::Token(stop_tok)));
+}
+
+#[test]
+fn logprobs_match_the_llama_cpp_fixture() {
+    #[derive(serde::Deserialize)]
+    struct P {
+        name: String,
+        ids: Vec<u32>,
+        greedy: Vec<u32>,
+    }
+    #[derive(serde::Deserialize)]
+    struct R {
+        prompts: Vec<P>,
+        vocab: usize,
+        steps: usize,
+    }
+    let r: R = serde_json::from_str(&std::fs::read_to_string(tests::fixture("reference.json")).unwrap()).unwrap();
+    let all = {
+        use std::io::Read;
+        let mut b = Vec::new();
+        flate2::read::GzDecoder::new(std::fs::File::open(tests::fixture("reference_logprobs.f32.gz")).unwrap())
+            .read_to_end(&mut b)
+            .unwrap();
+        b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect::<Vec<_>>()
+    };
+    let m = real();
+    let reqs: Vec<_> =
+        r.prompts.iter().map(|p| (p.ids.clone(), SamplingParams { logprobs: Some(5), ..greedy(r.steps) })).collect();
+    let got = run(&mut engine(m, EngineConfig::default()), &reqs);
+    for (pi, (p, g)) in r.prompts.iter().zip(&got).enumerate() {
+        assert_eq!(g[0].tokens, p.greedy, "{}", p.name);
+        for (s, &t) in p.greedy.iter().enumerate() {
+            let want = all[(pi * r.steps + s) * r.vocab + t as usize];
+            assert!((g[0].raw[s] - want).abs() < 1e-3, "{} step {s}: raw {} vs llama.cpp {want}", p.name, g[0].raw[s]);
+            assert_eq!(g[0].behavior[s], 0.0, "greedy μ is 0");
+        }
+    }
+    // Temperature 1 without truncation or penalties: μ equals the raw logprob.
+    let s = run(
+        &mut engine(m, EngineConfig::default()),
+        &[(r.prompts[0].ids.clone(), SamplingParams { seed: Some(1), max_tokens: Some(8), ..Default::default() })],
+    )
+    .remove(0)
+    .remove(0);
+    for (b, raw) in s.behavior.iter().zip(&s.raw) {
+        assert!((b - raw).abs() < 1e-5, "μ {b} vs raw {raw}");
+    }
+}
+
+#[test]
+fn invalid_requests_are_rejected_and_the_engine_keeps_serving() {
+    let m = tiny(45);
+    let mut e = engine(&m, EngineConfig { num_blocks: Some(4), block_size: 16, ..Default::default() });
+    let d = SamplingParams::default;
+    let check = |e: &mut LLMEngine, prompt: Vec<u32>, p: SamplingParams, want: &str| {
+        let err = e.add_request("x", prompt, p).unwrap_err();
+        assert!(err.to_string().contains(want), "{err} lacks {want}");
+    };
+    check(&mut e, vec![], d(), "the prompt is empty");
+    check(&mut e, vec![1, 999], d(), "prompt token id 999 is out of range: the vocabulary has 259 tokens");
+    check(&mut e, vec![1; 100], SamplingParams { max_tokens: Some(40), ..d() }, "maximum context length is 128 tokens. However, you requested 140 tokens (100 in the prompt, 40 for the completion)");
+    check(
+        &mut e,
+        vec![1; 60],
+        SamplingParams { max_tokens: Some(10), ..d() },
+        "needs 5 KV-cache blocks but the pool has only 4",
+    );
+    check(
+        &mut e,
+        vec![1],
+        SamplingParams { temperature: -0.5, ..d() },
+        "`temperature` must be a finite number >= 0, got -0.5",
+    );
+    e.add_request("dup", vec![1], greedy(2)).unwrap();
+    assert_eq!(
+        e.add_request("dup", vec![1], greedy(2)).unwrap_err(),
+        ValidationError::DuplicateRequestId("dup".into())
+    );
+    let ok = run(&mut e, &[(vec![1, 2, 3], greedy(3))]);
+    assert_eq!(ok[0][0].tokens.len(), 3);
+}
+
+#[test]
+fn dropping_a_stream_aborts_and_frees_blocks() {
+    let m = tiny(46);
+    let h = EngineHandle::spawn(engine(&m, EngineConfig { block_size: 4, num_blocks: Some(64), ..Default::default() }));
+    let mut s = h
+        .add_request(
+            vec![1, 2, 3, 4, 5, 6, 7],
+            SamplingParams { max_tokens: Some(100), ignore_eos: true, ..Default::default() },
+        )
+        .unwrap();
+    assert!(s.recv().is_some());
+    assert!(h.stats().unwrap().num_free_blocks < 64);
+    drop(s);
+    let mut free = 0;
+    for _ in 0..100 {
+        free = h.stats().unwrap().num_free_blocks;
+        if free == 64 {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    assert_eq!(free, 64);
+    // The engine still serves, and a finished stream ends.
+    let out = h.add_request(vec![9, 8, 7], greedy(3)).unwrap().collect();
+    assert_eq!(out.iter().map(|o| o.tokens.len()).sum::<usize>(), 3);
+    assert!(out.last().unwrap().request_finished);
+    assert!(matches!(
+        h.add_request(vec![], greedy(1)),
+        Err(engine::handle::AddError::Invalid(ValidationError::EmptyPrompt))
+    ));
+}

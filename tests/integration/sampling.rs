@@ -1,0 +1,112 @@
+//! The sampler against hand-derived distributions.
+
+use engine::sampling::{sample, SampleContext, SamplingParams};
+
+/// Samples `logits` with `params` for seeds 0..200; returns, per token, (count, behaviour logprob).
+fn draws(logits: &[f32], params: &SamplingParams, output: &[u32]) -> Vec<(usize, Option<f32>)> {
+    let mut seen = vec![(0usize, None); logits.len()];
+    for seed in 0..200 {
+        let ctx = SampleContext { prompt_ids: &[], output_ids: output, eos_token_ids: &[], seed };
+        let s = sample(logits, params, &ctx);
+        assert!(s.behavior_logprob.is_finite() && s.raw_logprob.is_finite(), "{s:?}");
+        let e = &mut seen[s.token as usize];
+        e.0 += 1;
+        e.1 = Some(s.behavior_logprob);
+    }
+    seen
+}
+
+/// `check(logits, params, expected behaviour probabilities (0 = never drawn))`.
+fn check(logits: &[f32], params: SamplingParams, output: &[u32], expected: &[f64]) {
+    let got = draws(logits, &params, output);
+    for (t, (&want, (count, lp))) in expected.iter().zip(&got).enumerate() {
+        if want == 0.0 {
+            assert_eq!(*count, 0, "token {t} must never be drawn with {params:?}");
+        } else if let Some(lp) = lp {
+            assert!((*lp as f64 - want.ln()).abs() < 1e-5, "token {t}: μ = {lp}, want ln {want} with {params:?}");
+        }
+    }
+    // The most likely token is drawn at least once in 200 tries.
+    let best = expected.iter().cloned().enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0;
+    assert!(got[best].0 > 0);
+}
+
+#[test]
+fn truncation_and_temperature_renormalise() {
+    let p = [0.5f64, 0.3, 0.2];
+    let l: Vec<f32> = p.iter().map(|x| x.ln() as f32).collect();
+    let base = SamplingParams::default;
+    check(&l, base(), &[], &p);
+    // top_p 0.6: 0.5 < 0.6 ≤ 0.8 → keep {0, 1}, renormalised by 0.8.
+    check(&l, SamplingParams { top_p: 0.6, ..base() }, &[], &[0.5 / 0.8, 0.3 / 0.8, 0.0]);
+    // top_k 2 → the same set.
+    check(&l, SamplingParams { top_k: 2, ..base() }, &[], &[0.5 / 0.8, 0.3 / 0.8, 0.0]);
+    // min_p 0.5: floor 0.25 → {0, 1}.
+    check(&l, SamplingParams { min_p: 0.5, ..base() }, &[], &[0.5 / 0.8, 0.3 / 0.8, 0.0]);
+    // top_k 1 → always token 0 with μ = ln 1 = 0.
+    check(&l, SamplingParams { top_k: 1, ..base() }, &[], &[1.0, 0.0, 0.0]);
+    // T = 0.5: p ∝ p² = (0.25, 0.09, 0.04) / 0.38.
+    check(&l, SamplingParams { temperature: 0.5, ..base() }, &[], &[0.25 / 0.38, 0.09 / 0.38, 0.04 / 0.38]);
+}
+
+#[test]
+fn penalties_follow_vllm() {
+    // repetition_penalty 2 on seen tokens {0, 1}: 2 → 1, −1 → −2; 0.5 unseen.
+    let l = [2.0f32, -1.0, 0.5];
+    let z = 1f64.exp() + (-2f64).exp() + 0.5f64.exp();
+    check(
+        &l,
+        SamplingParams { repetition_penalty: 2.0, ..Default::default() },
+        &[0, 1],
+        &[1f64.exp() / z, (-2f64).exp() / z, 0.5f64.exp() / z],
+    );
+    // frequency 0.5, presence 0.1 with outputs [0, 0, 1]: 1 − 1.1, 1 − 0.6, 1.
+    let l = [1.0f32, 1.0, 1.0];
+    let z = (-0.1f64).exp() + 0.4f64.exp() + 1f64.exp();
+    check(
+        &l,
+        SamplingParams { frequency_penalty: 0.5, presence_penalty: 0.1, ..Default::default() },
+        &[0, 0, 1],
+        &[(-0.1f64).exp() / z, 0.4f64.exp() / z, 1f64.exp() / z],
+    );
+}
+
+#[test]
+fn greedy_tiny_temperature_and_min_tokens_never_give_nan() {
+    let l = [3.0f32, 3.0 - 1e-3, -50.0, f32::NEG_INFINITY];
+    for t in [0.0f32, 1e-6, 1e-4, 1e-2] {
+        let params = SamplingParams { temperature: t, ..Default::default() };
+        let s = sample(&l, &params, &SampleContext { prompt_ids: &[], output_ids: &[], eos_token_ids: &[], seed: 1 });
+        assert_eq!(s.token, 0, "T = {t}");
+        assert!(s.behavior_logprob.is_finite() && s.behavior_logprob <= 0.0 && s.raw_logprob.is_finite());
+        if t == 0.0 {
+            assert_eq!(s.behavior_logprob, 0.0, "greedy μ is 0 by definition");
+        }
+    }
+    // min_tokens masks EOS (id 0) while the output is shorter.
+    let params = SamplingParams { min_tokens: 2, temperature: 0.0, ..Default::default() };
+    let s = sample(&l, &params, &SampleContext { prompt_ids: &[], output_ids: &[5], eos_token_ids: &[0], seed: 1 });
+    assert_eq!(s.token, 1);
+    // Raw logprob ignores processing: ln softmax(l)[1].
+    let z = (3f64).exp() + (3.0f64 - 1e-3).exp() + (-50f64).exp();
+    assert!((s.raw_logprob as f64 - ((3.0f64 - 1e-3).exp() / z).ln()).abs() < 1e-6);
+}
+
+#[test]
+fn validation_messages_name_parameter_value_and_range() {
+    let check = |p: SamplingParams, msg: &str| {
+        let e = p.validate().unwrap_err().to_string();
+        assert_eq!(e, msg);
+    };
+    let d = SamplingParams::default;
+    check(SamplingParams { temperature: -1.0, ..d() }, "`temperature` must be a finite number >= 0, got -1");
+    check(SamplingParams { top_p: 0.0, ..d() }, "`top_p` must be in (0, 1], got 0");
+    check(SamplingParams { top_p: 1.5, ..d() }, "`top_p` must be in (0, 1], got 1.5");
+    check(SamplingParams { n: 0, ..d() }, "`n` must be at least 1, got 0");
+    check(SamplingParams { max_tokens: Some(0), ..d() }, "`max_tokens` must be at least 1, got 0");
+    check(SamplingParams { top_k: -2, ..d() }, "`top_k` must be -1 (off), 0 (off) or a positive integer, got -2");
+    check(SamplingParams { min_p: 1.5, ..d() }, "`min_p` must be in [0, 1], got 1.5");
+    check(SamplingParams { presence_penalty: 3.0, ..d() }, "`presence_penalty` must be in [-2, 2], got 3");
+    check(SamplingParams { logprobs: Some(21), ..d() }, "`logprobs` must be at most 20, got 21");
+    assert!(d().validate().is_ok());
+}
