@@ -24,27 +24,58 @@ fn cpu_mut<'a>(a: &'a mut Tensor) -> &'a mut Vec<f32> {
     }
 }
 
-/// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w [n, k]`, `bias [n]` → `y [m, n]`.
-///
-/// CPU: `m == 1` uses a row-parallel GEMV with AVX2/FMA dot products (decode is
-/// memory-bound on the weights); `m > 1` uses the `gemm` crate on the rayon pool.
+/// A linear layer's weight `[n, k]` packed for [`linear`] (see `cpu::matmul` for the
+/// panel layout and the batch-invariant reduction order).
+#[derive(Debug, Clone)]
+pub struct PackedWeight {
+    data: Tensor,
+    n: usize,
+    k: usize,
+}
+
+impl PackedWeight {
+    /// `[out_features, in_features]`.
+    pub fn shape(&self) -> [usize; 2] {
+        [self.n, self.k]
+    }
+}
+
+/// Packs a `[n, k]` weight once, for many [`linear`] calls.
+pub fn pack_weight(w: &Tensor) -> Result<PackedWeight> {
+    let (n, k) = w.dims2("pack_weight")?;
+    let data = cpu::matmul::pack(w.as_slice()?, n, k);
+    let len = data.len();
+    Ok(PackedWeight { data: Tensor::from_vec(data, &[len])?, n, k })
+}
+
+/// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w` packed `[n, k]`, `bias [n]` → `[m, n]`.
+/// Batch-invariant: row `i` of `y` is bitwise the same for any `m`.
+pub fn linear(x: &Tensor, w: &PackedWeight, bias: Option<&Tensor>) -> Result<Tensor> {
+    let (m, k) = x.dims2("linear")?;
+    if k != w.k {
+        return Err(shape_err("linear", format!("x is [{m}, {k}] but w is [{}, {}]", w.n, w.k)));
+    }
+    let (xs, ws) = cpu2(x, &w.data, "linear")?;
+    let mut y = vec![0.0f32; m * w.n];
+    cpu::matmul::matmul_packed(xs, ws, &mut y, m, w.n, k);
+    if let Some(b) = bias {
+        let (_, bs) = cpu2(x, b, "linear")?;
+        if bs.len() != w.n {
+            return Err(shape_err("linear", format!("bias has {} values, expected {}", bs.len(), w.n)));
+        }
+        cpu::elementwise::add_bias(&mut y, bs);
+    }
+    Tensor::from_vec(y, &[m, w.n])
+}
+
+/// `y = x · Wᵀ (+ bias)` with an unpacked `w [n, k]` (packs it first; for one-off products).
 pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor> {
     let (m, k) = x.dims2("matmul_t")?;
     let (n, k2) = w.dims2("matmul_t")?;
     if k != k2 {
         return Err(shape_err("matmul_t", format!("x is [{m}, {k}] but w is [{n}, {k2}]")));
     }
-    let (xs, ws) = cpu2(x, w, "matmul_t")?;
-    let mut y = vec![0.0f32; m * n];
-    cpu::matmul::matmul_t(xs, ws, &mut y, m, n, k);
-    if let Some(b) = bias {
-        let (_, bs) = cpu2(x, b, "matmul_t")?;
-        if bs.len() != n {
-            return Err(shape_err("matmul_t", format!("bias has {} values, expected {n}", bs.len())));
-        }
-        cpu::elementwise::add_bias(&mut y, bs);
-    }
-    Tensor::from_vec(y, &[m, n])
+    linear(x, &pack_weight(w)?, bias)
 }
 
 /// RMSNorm `y = x / sqrt(mean(x²) + eps) · w` per row (Zhang & Sennrich 2019, eq. 4;

@@ -1,5 +1,7 @@
-//! `rlserve bench`: prefill tokens/s on a fixed-length prompt and single-stream decode
-//! tokens/s, plus peak RSS, printed in a form comparable with `llama-bench` (pp/tg).
+//! `rlserve bench latency`: prefill tokens/s on a fixed-length prompt and single-stream
+//! decode tokens/s, plus peak RSS, printed like `llama-bench` (pp/tg).
+//! `rlserve bench throughput`: offline batched generation through the engine, printed like
+//! `vllm bench throughput`, plus the output-tokens/s curve over concurrency.
 
 use crate::cli::{load, ModelArgs};
 use anyhow::Result;
@@ -7,6 +9,23 @@ use clap::Args;
 use engine::generate::generate;
 use engine::SamplingParams;
 use std::time::Instant;
+
+#[derive(clap::Subcommand)]
+pub enum BenchCommand {
+    /// Prefill and single-stream decode tokens/s (llama-bench style).
+    Latency(BenchArgs),
+    /// Batched generation throughput through the engine (vllm bench throughput style).
+    Throughput(ThroughputArgs),
+}
+
+pub fn run(cmd: BenchCommand) -> Result<()> {
+    match cmd {
+        BenchCommand::Latency(a) => latency(a),
+        BenchCommand::Throughput(a) => crate::bench_throughput::run(a),
+    }
+}
+
+pub use crate::bench_throughput::ThroughputArgs;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -31,12 +50,12 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
 
-pub fn run(a: BenchArgs) -> Result<()> {
+fn latency(a: BenchArgs) -> Result<()> {
     anyhow::ensure!(
         a.prompt_tokens >= 1 && a.gen_tokens >= 2 && a.repetitions >= 1,
         "--prompt-tokens >= 1, --gen-tokens >= 2 and --repetitions >= 1 are required"

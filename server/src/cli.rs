@@ -24,8 +24,9 @@ pub enum Command {
     FetchModel,
     /// Generate a completion for one prompt, streaming it to stdout.
     Generate(GenerateArgs),
-    /// Measure prefill and decode throughput on one model.
-    Bench(crate::bench::BenchArgs),
+    /// Benchmarks: `latency` (prefill/decode tokens/s) and `throughput` (batched serving).
+    #[command(subcommand)]
+    Bench(crate::bench::BenchCommand),
 }
 
 /// Where the model comes from (shared by the commands that load one).

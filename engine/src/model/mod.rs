@@ -14,7 +14,7 @@ pub use kv_cache::KvCache;
 pub use weights::WeightFiles;
 
 use crate::error::Result;
-use kernels::ops::AttnSeq;
+use kernels::ops::{AttnSeq, PackedWeight};
 use kernels::{ops, Device, Tensor};
 use std::path::Path;
 
@@ -24,13 +24,13 @@ use std::path::Path;
 /// (`[2·intermediate, hidden]`), so decode reads each layer's weights in 4 passes, not 7.
 pub struct LayerWeights {
     pub input_layernorm: Tensor,
-    pub qkv_proj: Tensor,
+    pub qkv_proj: PackedWeight,
     /// `[(H + 2·KVH)·D]` when the model has q/k/v biases (Qwen2).
     pub qkv_bias: Option<Tensor>,
-    pub o_proj: Tensor,
+    pub o_proj: PackedWeight,
     pub post_attention_layernorm: Tensor,
-    pub gate_up_proj: Tensor,
-    pub down_proj: Tensor,
+    pub gate_up_proj: PackedWeight,
+    pub down_proj: PackedWeight,
 }
 
 /// A loaded model: config, f32 weights and RoPE tables, on one device.
@@ -39,8 +39,8 @@ pub struct Model {
     pub embed_tokens: Tensor,
     pub layers: Vec<LayerWeights>,
     pub norm: Tensor,
-    /// `None` when tied to `embed_tokens`.
-    pub lm_head: Option<Tensor>,
+    /// The LM head (a packed copy of `embed_tokens` when tied).
+    pub lm_head: PackedWeight,
     rope_cos: Tensor,
     rope_sin: Tensor,
     device: Device,
@@ -83,18 +83,22 @@ impl Model {
             let up = host(&format!("{p}mlp.up_proj.weight"), &[i, h])?;
             layers.push(LayerWeights {
                 input_layernorm: dev(host(&format!("{p}input_layernorm.weight"), &[h])?)?,
-                qkv_proj: dev(ops::cat_rows(&qkv_w.iter().collect::<Vec<_>>())?)?,
+                qkv_proj: ops::pack_weight(&dev(ops::cat_rows(&qkv_w.iter().collect::<Vec<_>>())?)?)?,
                 qkv_bias,
-                o_proj: dev(host(&format!("{a}o_proj.weight"), &[h, q])?)?,
+                o_proj: ops::pack_weight(&dev(host(&format!("{a}o_proj.weight"), &[h, q])?)?)?,
                 post_attention_layernorm: dev(host(&format!("{p}post_attention_layernorm.weight"), &[h])?)?,
-                gate_up_proj: dev(ops::cat_rows(&[&gate, &up])?)?,
-                down_proj: dev(host(&format!("{p}mlp.down_proj.weight"), &[h, i])?)?,
+                gate_up_proj: ops::pack_weight(&dev(ops::cat_rows(&[&gate, &up])?)?)?,
+                down_proj: ops::pack_weight(&dev(host(&format!("{p}mlp.down_proj.weight"), &[h, i])?)?)?,
             });
         }
         let get = |name: &str, shape: &[usize]| dev(host(name, shape)?);
         let embed_tokens = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
         // Some tied checkpoints still ship lm_head.weight; the tie wins, as in HF.
-        let lm_head = if c.tie_word_embeddings { None } else { Some(get("lm_head.weight", &[c.vocab_size, h])?) };
+        let lm_head = if c.tie_word_embeddings {
+            ops::pack_weight(&embed_tokens)?
+        } else {
+            ops::pack_weight(&get("lm_head.weight", &[c.vocab_size, h])?)?
+        };
         let norm = get("model.norm.weight", &[h])?;
         let (rope_cos, rope_sin) = rope_tables(c, device)?;
         Ok(Model { config, embed_tokens, layers, norm, lm_head, rope_cos, rope_sin, device: device.clone() })
@@ -158,7 +162,7 @@ impl Model {
         let mut x = ops::embedding(&self.embed_tokens, &b.tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
-            let qkv = ops::matmul_t(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
+            let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
             let [mut q, mut k, v]: [Tensor; 3] =
                 ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
             ops::rope_inplace(&mut q, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
@@ -167,16 +171,16 @@ impl Model {
             ops::scatter_rows(kc, &b.slot_mapping, &k)?;
             ops::scatter_rows(vc, &b.slot_mapping, &v)?;
             let a = ops::paged_attention(&q, kc, vc, &seqs, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
-            ops::add_inplace(&mut x, &ops::matmul_t(&a, &w.o_proj, None)?)?;
+            ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
-            let gu = ops::matmul_t(&n2, &w.gate_up_proj, None)?;
-            ops::add_inplace(&mut x, &ops::matmul_t(&ops::silu_mul(&gu)?, &w.down_proj, None)?)?;
+            let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
+            ops::add_inplace(&mut x, &ops::linear(&ops::silu_mul(&gu)?, &w.down_proj, None)?)?;
         }
         // Only the requested rows go through the final norm and LM head (a row gather).
         let rows: Vec<u32> = b.logit_rows.iter().map(|&r| r as u32).collect();
         let x = ops::embedding(&x, &rows)?;
         let x = ops::rms_norm(&x, &self.norm, c.rms_norm_eps)?;
-        Ok(ops::matmul_t(&x, self.lm_head.as_ref().unwrap_or(&self.embed_tokens), None)?)
+        Ok(ops::linear(&x, &self.lm_head, None)?)
     }
 }
 

@@ -1,0 +1,166 @@
+//! `rlserve bench throughput`: `--num-prompts` requests of `--input-len` tokens each
+//! generating `--output-len` tokens (`ignore_eos`), all submitted at once to the engine,
+//! like `vllm bench throughput`; then the curve of output tokens/s at fixed concurrency.
+
+use crate::bench::peak_rss_mib;
+use crate::cli::{load, ModelArgs};
+use anyhow::Result;
+use clap::Args;
+use engine::{EngineConfig, LLMEngine, SamplingParams};
+use serde_json::json;
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct ThroughputArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Number of requests.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+    /// Prompt tokens per request.
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Generated tokens per request (EOS ignored).
+    #[arg(long, default_value_t = 64)]
+    pub output_len: usize,
+    /// Samples per prompt (a GRPO group); the samples share the prompt's KV blocks.
+    #[arg(long, default_value_t = 1)]
+    pub n: usize,
+    /// Every request gets the same prompt instead of a random one.
+    #[arg(long)]
+    pub fixed_prompt: bool,
+    /// Output tokens/s at these concurrencies after the main run (empty to skip).
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    pub concurrency: Vec<usize>,
+    /// Decode steps per concurrency point.
+    #[arg(long, default_value_t = 32)]
+    pub curve_output_len: usize,
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    #[arg(long, default_value_t = 2048)]
+    pub max_num_batched_tokens: usize,
+    /// Write the results as JSON to this file.
+    #[arg(long)]
+    pub output_json: Option<PathBuf>,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
+struct RunResult {
+    secs: f64,
+    prompt_tokens: usize,
+    output_tokens: usize,
+    prefill_tokens: u64,
+    requests: usize,
+}
+
+/// Runs `prompts` to completion on a fresh engine.
+fn run_batch(
+    model: &Arc<engine::Model>,
+    tok: &Arc<engine::Tokenizer>,
+    cfg: &EngineConfig,
+    prompts: &[Vec<u32>],
+    params: &SamplingParams,
+) -> Result<RunResult> {
+    let mut e = LLMEngine::new(model.clone(), tok.clone(), cfg.clone());
+    let t = Instant::now();
+    for (i, p) in prompts.iter().enumerate() {
+        e.add_request(&format!("b{i}"), p.clone(), params.clone())?;
+    }
+    let mut output_tokens = 0;
+    while e.has_unfinished() {
+        output_tokens += e.step()?.iter().map(|o| o.tokens.len()).sum::<usize>();
+    }
+    let secs = t.elapsed().as_secs_f64();
+    Ok(RunResult {
+        secs,
+        prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * params.n,
+        output_tokens,
+        prefill_tokens: e.stats().prefill_tokens,
+        requests: prompts.len(),
+    })
+}
+
+pub fn run(a: ThroughputArgs) -> Result<()> {
+    anyhow::ensure!(
+        a.num_prompts >= 1 && a.input_len >= 1 && a.output_len >= 1 && a.n >= 1,
+        "--num-prompts, --input-len, --output-len and --n must be >= 1"
+    );
+    let dir = a.model.resolve()?;
+    let (tok, model) = load(&dir)?;
+    let (model, tok) = (Arc::new(model), Arc::new(tok));
+    let vocab = model.config.vocab_size as u64;
+    let prompt = |i: u64| -> Vec<u32> {
+        (0..a.input_len as u64)
+            .map(|j| (100 + engine::sampling::splitmix64(a.seed ^ (i << 32) ^ j) % (vocab - 100)) as u32)
+            .collect()
+    };
+    let prompts: Vec<Vec<u32>> =
+        (0..a.num_prompts as u64).map(|i| prompt(if a.fixed_prompt { 0 } else { i })).collect();
+    let cfg = EngineConfig {
+        max_num_seqs: a.max_num_seqs,
+        max_num_batched_tokens: a.max_num_batched_tokens,
+        ..Default::default()
+    };
+    let params = SamplingParams {
+        n: a.n,
+        temperature: 1.0,
+        seed: Some(a.seed),
+        max_tokens: Some(a.output_len),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    eprintln!(
+        "running {} requests × n={} ({} input, {} output tokens each), {} threads",
+        a.num_prompts,
+        a.n,
+        a.input_len,
+        a.output_len,
+        rayon::current_num_threads()
+    );
+    let r = run_batch(&model, &tok, &cfg, &prompts, &params)?;
+    let total = r.prompt_tokens + r.output_tokens;
+    println!(
+        "Throughput: {:.2} requests/s, {:.2} total tokens/s, {:.2} output tokens/s",
+        r.requests as f64 / r.secs,
+        total as f64 / r.secs,
+        r.output_tokens as f64 / r.secs
+    );
+    println!(
+        "Total num prompt tokens: {}  (prefill computed: {} tokens; the rest came from the prefix cache)",
+        r.prompt_tokens, r.prefill_tokens
+    );
+    println!("Total num output tokens: {}", r.output_tokens);
+    let mut curve = Vec::new();
+    if !a.concurrency.is_empty() {
+        println!("| concurrency | output tokens/s | speed-up vs 1 |");
+        println!("| --- | --- | --- |");
+        let mut base = None;
+        for &c in &a.concurrency {
+            let ps: Vec<Vec<u32>> = (0..c as u64).map(|i| prompt(1000 + i)[..a.input_len.min(16)].to_vec()).collect();
+            let cp = SamplingParams { max_tokens: Some(a.curve_output_len), ..params.clone() };
+            let cfgc = EngineConfig { max_num_seqs: c.max(1), ..cfg.clone() };
+            let r = run_batch(&model, &tok, &cfgc, &ps, &SamplingParams { n: 1, ..cp })?;
+            let tps = r.output_tokens as f64 / r.secs;
+            let b = *base.get_or_insert(tps);
+            println!("| {c} | {tps:.1} | {:.2}x |", tps / b);
+            curve.push(json!({"concurrency": c, "output_tokens_per_s": tps}));
+        }
+    }
+    let rss = peak_rss_mib();
+    if let Some(rss) = rss {
+        println!("peak RSS: {rss:.0} MiB");
+    }
+    if let Some(path) = &a.output_json {
+        let j = json!({
+            "elapsed_time": r.secs, "num_requests": r.requests, "n": a.n, "input_len": a.input_len, "output_len": a.output_len,
+            "total_num_tokens": total, "prompt_tokens": r.prompt_tokens, "prefill_tokens_computed": r.prefill_tokens, "output_tokens": r.output_tokens,
+            "requests_per_second": r.requests as f64 / r.secs, "tokens_per_second": total as f64 / r.secs, "output_tokens_per_second": r.output_tokens as f64 / r.secs,
+            "concurrency_curve": curve, "peak_rss_mib": rss, "threads": rayon::current_num_threads(),
+        });
+        std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
+    }
+    Ok(())
+}
