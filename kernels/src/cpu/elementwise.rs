@@ -21,7 +21,7 @@ pub fn add_inplace(a: &mut [f32], b: &[f32]) {
 
 /// RMSNorm per row of width `d`; the mean of squares is accumulated in f64.
 pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], d: usize, eps: f32) {
-    y.par_chunks_mut(d * ROWS_PER_TASK).zip(x.par_chunks(d * ROWS_PER_TASK)).for_each(|(ys, xs)| {
+    let f = |(ys, xs): (&mut [f32], &[f32])| {
         for (yr, xr) in ys.chunks_mut(d).zip(xs.chunks(d)) {
             let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
             let inv = (1.0 / (ms + eps as f64).sqrt()) as f32;
@@ -29,13 +29,19 @@ pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], d: usize, eps: f32) {
                 yr[i] = xr[i] * inv * w[i];
             }
         }
-    });
+    };
+    // Decode-sized inputs run inline: a rayon dispatch costs more than the work.
+    if x.len() <= d * ROWS_PER_TASK {
+        f((y, x));
+    } else {
+        y.par_chunks_mut(d * ROWS_PER_TASK).zip(x.par_chunks(d * ROWS_PER_TASK)).for_each(f);
+    }
 }
 
 /// Rotate-half RoPE on rows of width `c` (heads of `head_dim`).
 pub fn rope(x: &mut [f32], positions: &[usize], cos: &[f32], sin: &[f32], c: usize, head_dim: usize) {
     let half = head_dim / 2;
-    x.par_chunks_mut(c).zip(positions.par_iter()).for_each(|(row, &p)| {
+    let f = |(row, &p): (&mut [f32], &usize)| {
         let (cr, sr) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
         for head in row.chunks_mut(head_dim) {
             for i in 0..half {
@@ -44,7 +50,12 @@ pub fn rope(x: &mut [f32], positions: &[usize], cos: &[f32], sin: &[f32], c: usi
                 head[i + half] = b * cr[i] + a * sr[i];
             }
         }
-    });
+    };
+    if positions.len() <= ROWS_PER_TASK {
+        x.chunks_mut(c).zip(positions).for_each(f);
+    } else {
+        x.par_chunks_mut(c).zip(positions.par_iter()).for_each(f);
+    }
 }
 
 /// `silu(g) · u` with `silu(g) = g / (1 + exp(-g))`, for rows `[g (i) | u (i)]`.
