@@ -31,7 +31,7 @@ PY
 fi
 
 echo "== rlserve =="
-$rlserve --threads "$threads" bench --prompt-tokens 512 --gen-tokens 128 --repetitions 3
+$rlserve --threads "$threads" bench latency --prompt-tokens 512 --gen-tokens 128 --repetitions 3
 echo "== llama.cpp =="
 if command -v llama-bench >/dev/null; then
   llama-bench -m "$f32" -t "$threads" -p 512 -n 128 -r 3
