@@ -31,9 +31,12 @@ pub struct ThroughputArgs {
     /// Every request gets the same prompt instead of a random one.
     #[arg(long)]
     pub fixed_prompt: bool,
-    /// Output tokens/s at these concurrencies after the main run (empty to skip).
+    /// Output tokens/s at these concurrencies after the main run.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
     pub concurrency: Vec<usize>,
+    /// Skip the concurrency curve.
+    #[arg(long)]
+    pub no_curve: bool,
     /// Decode steps per concurrency point.
     #[arg(long, default_value_t = 32)]
     pub curve_output_len: usize,
@@ -134,7 +137,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     );
     println!("Total num output tokens: {}", r.output_tokens);
     let mut curve = Vec::new();
-    if !a.concurrency.is_empty() {
+    if !a.no_curve {
         println!("| concurrency | output tokens/s | speed-up vs 1 |");
         println!("| --- | --- | --- |");
         let mut base = None;
