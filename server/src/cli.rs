@@ -22,6 +22,8 @@ pub struct Cli {
 pub enum Command {
     /// Download and convert the default model (SmolLM2-135M-Instruct) into $RLSERVE_MODELS_DIR (default ./models).
     FetchModel,
+    /// Serve the OpenAI-compatible HTTP API (the main job).
+    Serve(ServeCommand),
     /// Generate a completion for one prompt, streaming it to stdout.
     Generate(GenerateArgs),
     /// Benchmarks: `latency` (prefill/decode tokens/s) and `throughput` (batched serving).
@@ -50,6 +52,14 @@ impl ModelArgs {
             None => Ok(engine::fetch::ensure_default_model(&|m| eprintln!("{m}"))?),
         }
     }
+}
+
+#[derive(Args)]
+pub struct ServeCommand {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    #[command(flatten)]
+    pub serve: server::serve::ServeArgs,
 }
 
 #[derive(Args)]

@@ -26,6 +26,16 @@ fn run(args: cli::Cli) -> Result<()> {
             println!("{}", dir.display());
             Ok(())
         }
+        cli::Command::Serve(s) => {
+            tracing_subscriber::fmt()
+                .with_env_filter(
+                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+                )
+                .init();
+            let dir = s.model.resolve()?;
+            let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+            rt.block_on(server::serve::run(&dir, s.serve))
+        }
         cli::Command::Generate(g) => cli::generate(g),
         cli::Command::Bench(b) => bench::run(b),
     }

@@ -1,0 +1,177 @@
+//! `POST /v1/chat/completions`.
+
+use super::error::{ApiError, ApiJson};
+use super::generation::{response_id, sampling_params, sse, submit, unix_now, Generation};
+use super::protocol::{ChatMessageIn, ChatRequest, Content, Usage};
+use super::AppState;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use engine::{ChatMessage, FinishReason, StopReason, TokenOutput, Tokenizer};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+
+/// Flattens messages (string or text-part contents) for the chat template.
+pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+    if msgs.is_empty() {
+        return Err(ApiError::bad("`messages` must hold at least one message", Some("messages")));
+    }
+    msgs.iter()
+        .enumerate()
+        .map(|(i, m)| {
+            if !["system", "user", "assistant", "tool", "developer"].contains(&m.role.as_str()) {
+                return Err(ApiError::bad(
+                    format!(
+                        "`messages[{i}].role` must be one of system, user, assistant, tool, developer; got {:?}",
+                        m.role
+                    ),
+                    Some("messages"),
+                ));
+            }
+            let content = match &m.content {
+                None => String::new(),
+                Some(Content::Text(t)) => t.clone(),
+                Some(Content::Parts(parts)) => parts
+                    .iter()
+                    .map(|p| match (p.kind.as_str(), &p.text) {
+                        ("text", Some(t)) => Ok(t.as_str()),
+                        _ => Err(ApiError::bad(
+                            format!("`messages[{i}].content` part of type {:?} is not supported (only text)", p.kind),
+                            Some("messages"),
+                        )),
+                    })
+                    .collect::<Result<Vec<_>, _>>()?
+                    .join(""),
+            };
+            Ok(ChatMessage { role: m.role.clone(), content })
+        })
+        .collect()
+}
+
+/// Renders and tokenizes the conversation.
+pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
+    let text = tok
+        .apply_chat_template(&messages(msgs)?, add_generation_prompt)
+        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
+    tok.encode(&text, false).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))
+}
+
+fn token_json(tok: &Tokenizer, id: u32, lp: f32) -> Value {
+    let s = tok.decode(&[id], false).unwrap_or_default();
+    json!({"token": s, "logprob": lp, "bytes": s.as_bytes()})
+}
+
+/// The chat `logprobs.content` entries of `tokens`.
+fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput]) -> Value {
+    let content: Vec<Value> = tokens
+        .iter()
+        .map(|t| {
+            let mut v = token_json(tok, t.token_id, t.raw_logprob);
+            v["top_logprobs"] = t.top_logprobs.iter().map(|(id, lp)| token_json(tok, *id, *lp)).collect();
+            v
+        })
+        .collect();
+    json!({ "content": content })
+}
+
+fn finish(f: Option<FinishReason>) -> Value {
+    f.map(|f| json!(f)).unwrap_or(Value::Null)
+}
+
+fn stop(s: &Option<StopReason>) -> Value {
+    s.as_ref().map(|s| json!(s)).unwrap_or(Value::Null)
+}
+
+pub async fn chat_completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<ChatRequest>,
+) -> Result<Response, ApiError> {
+    state.check_model(req.model.as_deref())?;
+    let prompt = chat_prompt(&state.tokenizer, &req.messages, req.add_generation_prompt)?;
+    let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
+    if !req.logprobs && req.top_logprobs.is_some_and(|k| k > 0) {
+        return Err(ApiError::bad("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
+    }
+    let params = sampling_params(&req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs);
+    let gen = submit(&state, vec![prompt.clone()], params)?;
+    let id = response_id("chatcmpl-");
+    let created = unix_now();
+    if req.sampling.stream {
+        return Ok(stream(state, req, gen, id, created).into_response());
+    }
+    collect(state, req, gen, id, created, prompt).await.map(IntoResponse::into_response)
+}
+
+async fn collect(
+    state: Arc<AppState>,
+    req: ChatRequest,
+    mut gen: Generation,
+    id: String,
+    created: u64,
+    prompt: Vec<u32>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let mut choices: BTreeMap<usize, (String, Vec<TokenOutput>, Option<FinishReason>, Option<StopReason>)> =
+        BTreeMap::new();
+    while let Some(ev) = gen.events.next().await {
+        let c = choices.entry(gen.choice(ev.prompt, ev.out.index)).or_default();
+        c.0.push_str(&ev.out.text);
+        c.1.extend(ev.out.tokens);
+        c.2 = ev.out.finish_reason.or(c.2);
+        c.3 = ev.out.stop_reason.or(c.3.take());
+    }
+    let completion_tokens: usize = choices.values().map(|c| c.1.len()).sum();
+    let out: Vec<Value> = choices
+        .into_iter()
+        .map(|(idx, (text, tokens, f, s))| {
+            let mut v = json!({
+                "index": idx, "message": {"role": "assistant", "content": text}, "finish_reason": finish(f), "stop_reason": stop(&s),
+                "logprobs": if req.logprobs { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
+            });
+            if req.sampling.return_token_ids {
+                v["token_ids"] = json!(tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+                v["behavior_logprobs"] = json!(tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
+                v["versions"] = json!(tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+            }
+            v
+        })
+        .collect();
+    let p = gen.prompt_tokens();
+    let mut body = json!({"id": id, "object": "chat.completion", "created": created, "model": state.model_name, "choices": out,
+        "usage": Usage { prompt_tokens: p, completion_tokens, total_tokens: p + completion_tokens }});
+    if req.sampling.return_token_ids {
+        body["prompt_token_ids"] = json!(prompt);
+    }
+    Ok(axum::Json(body))
+}
+
+fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, created: u64) -> impl IntoResponse {
+    let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let model = state.model_name.clone();
+    let envelope = move |choices: Value, usage: Option<Usage>| {
+        let mut v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    };
+    let mut started: BTreeSet<usize> = BTreeSet::new();
+    sse(gen, include_usage, envelope, move |_prompt, idx, out| {
+        // The first chunk of a choice announces the role.
+        let mut delta = if started.insert(idx) {
+            json!({"role": "assistant", "content": out.text})
+        } else {
+            json!({"content": out.text})
+        };
+        if out.text.is_empty() && out.finish_reason.is_some() {
+            delta = json!({});
+        }
+        if out.text.is_empty() && out.finish_reason.is_none() && !req.logprobs && delta.get("role").is_none() {
+            return None;
+        }
+        let logprobs = if req.logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
+        Some(
+            json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish(out.finish_reason), "stop_reason": stop(&out.stop_reason)}),
+        )
+    })
+}

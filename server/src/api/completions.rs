@@ -1,0 +1,178 @@
+//! `POST /v1/completions`.
+
+use super::error::{ApiError, ApiJson};
+use super::generation::{response_id, sampling_params, sse, submit, unix_now, Generation};
+use super::protocol::{CompletionRequest, Prompt, Usage};
+use super::AppState;
+use axum::extract::State;
+use axum::response::{IntoResponse, Response};
+use engine::{FinishReason, StopReason, TokenOutput, Tokenizer};
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// OpenAI's default `max_tokens` for completions.
+const DEFAULT_MAX_TOKENS: usize = 16;
+
+/// The legacy completions `logprobs` object for `tokens`, starting at text offset `offset`.
+fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput], offset: &mut usize) -> Value {
+    let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+    let mut out = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for t in tokens {
+        let s = text(t.token_id);
+        out["text_offset"].as_array_mut().unwrap().push(json!(*offset));
+        *offset += s.len();
+        out["tokens"].as_array_mut().unwrap().push(json!(s));
+        out["token_logprobs"].as_array_mut().unwrap().push(json!(t.raw_logprob));
+        let top: serde_json::Map<String, Value> =
+            t.top_logprobs.iter().map(|(id, lp)| (text(*id), json!(lp))).collect();
+        out["top_logprobs"].as_array_mut().unwrap().push(Value::Object(top));
+    }
+    out
+}
+
+fn finish_json(f: Option<FinishReason>) -> Value {
+    f.map(|f| json!(f)).unwrap_or(Value::Null)
+}
+
+fn stop_json(s: &Option<StopReason>) -> Value {
+    s.as_ref().map(|s| json!(s)).unwrap_or(Value::Null)
+}
+
+/// Token ids of every prompt (text is tokenized without BOS unless the model asks for it).
+fn prompts(state: &AppState, p: Prompt) -> Result<Vec<Vec<u32>>, ApiError> {
+    let enc = |t: &str| state.tokenizer.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")));
+    let ps = match p {
+        Prompt::Text(t) => vec![enc(&t)?],
+        Prompt::Texts(ts) => ts.iter().map(|t| enc(t)).collect::<Result<_, _>>()?,
+        Prompt::Tokens(ids) => vec![ids],
+        Prompt::TokenLists(l) => l,
+    };
+    if ps.is_empty() {
+        return Err(ApiError::bad("`prompt` must hold at least one prompt", Some("prompt")));
+    }
+    Ok(ps)
+}
+
+pub async fn completions(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<CompletionRequest>,
+) -> Result<Response, ApiError> {
+    state.check_model(req.model.as_deref())?;
+    let ps = prompts(&state, req.prompt.clone())?;
+    let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), req.logprobs);
+    let echo: Vec<String> = if req.echo {
+        ps.iter().map(|p| state.tokenizer.decode(p, false).unwrap_or_default()).collect()
+    } else {
+        vec![]
+    };
+    let gen = submit(&state, ps.clone(), params)?;
+    let id = response_id("cmpl-");
+    let created = unix_now();
+    if req.sampling.stream {
+        return Ok(stream(state, req, gen, id, created, echo).into_response());
+    }
+    collect(state, req, gen, id, created, echo, ps).await.map(IntoResponse::into_response)
+}
+
+#[derive(Default)]
+struct Choice {
+    text: String,
+    tokens: Vec<TokenOutput>,
+    finish: Option<FinishReason>,
+    stop: Option<StopReason>,
+}
+
+async fn collect(
+    state: Arc<AppState>,
+    req: CompletionRequest,
+    mut gen: Generation,
+    id: String,
+    created: u64,
+    echo: Vec<String>,
+    ps: Vec<Vec<u32>>,
+) -> Result<axum::Json<Value>, ApiError> {
+    let mut choices: BTreeMap<usize, (usize, Choice)> = BTreeMap::new();
+    while let Some(ev) = gen.events.next().await {
+        let idx = gen.choice(ev.prompt, ev.out.index);
+        let (_, c) = choices.entry(idx).or_insert_with(|| (ev.prompt, Choice::default()));
+        c.text.push_str(&ev.out.text);
+        c.tokens.extend(ev.out.tokens);
+        c.finish = ev.out.finish_reason.or(c.finish);
+        c.stop = ev.out.stop_reason.or(c.stop.take());
+    }
+    let completion_tokens: usize = choices.values().map(|(_, c)| c.tokens.len()).sum();
+    let out: Vec<Value> = choices
+        .into_iter()
+        .map(|(idx, (prompt, c))| {
+            let mut text = echo.get(prompt).cloned().unwrap_or_default();
+            let mut offset = text.len();
+            text.push_str(&c.text);
+            let mut v = json!({
+                "index": idx, "text": text, "finish_reason": finish_json(c.finish), "stop_reason": stop_json(&c.stop),
+                "logprobs": if req.logprobs.is_some() { logprobs_json(&state.tokenizer, &c.tokens, &mut offset) } else { Value::Null },
+            });
+            if req.sampling.return_token_ids {
+                v["prompt_token_ids"] = json!(ps[prompt]);
+                v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+                v["behavior_logprobs"] = json!(c.tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
+                v["versions"] = json!(c.tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+            }
+            v
+        })
+        .collect();
+    let usage = Usage {
+        prompt_tokens: gen.prompt_tokens(),
+        completion_tokens,
+        total_tokens: gen.prompt_tokens() + completion_tokens,
+    };
+    Ok(axum::Json(
+        json!({"id": id, "object": "text_completion", "created": created, "model": state.model_name, "choices": out, "usage": usage}),
+    ))
+}
+
+fn stream(
+    state: Arc<AppState>,
+    req: CompletionRequest,
+    gen: Generation,
+    id: String,
+    created: u64,
+    echo: Vec<String>,
+) -> impl IntoResponse {
+    let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let model = state.model_name.clone();
+    let envelope = move |choices: Value, usage: Option<Usage>| {
+        let mut v =
+            json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
+        if let Some(u) = usage {
+            v["usage"] = json!(u);
+        }
+        v
+    };
+    // Bytes of text sent so far per choice (for `text_offset`).
+    let mut offsets: BTreeMap<usize, usize> = BTreeMap::new();
+    sse(gen, include_usage, envelope, move |prompt, idx, out| {
+        let first = !offsets.contains_key(&idx);
+        let offset = offsets.entry(idx).or_insert(0);
+        // The first chunk of a choice carries the echoed prompt.
+        let mut text = if first { echo.get(prompt).cloned().unwrap_or_default() } else { String::new() };
+        *offset += text.len();
+        let mut lp_offset = *offset;
+        text.push_str(&out.text);
+        *offset += out.text.len();
+        if text.is_empty() && out.finish_reason.is_none() && req.logprobs.is_none() {
+            return None;
+        }
+        let logprobs = if req.logprobs.is_some() {
+            logprobs_json(&state.tokenizer, &out.tokens, &mut lp_offset)
+        } else {
+            Value::Null
+        };
+        let mut c = json!({"index": idx, "text": text, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
+        if req.sampling.return_token_ids {
+            c["token_ids"] = json!(out.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+        }
+        Some(c)
+    })
+}

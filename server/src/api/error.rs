@@ -1,0 +1,96 @@
+//! One error type for the HTTP API and its one mapping to a status code and the OpenAI
+//! error envelope `{"error": {"message", "type", "param", "code"}}`.
+
+use axum::extract::rejection::BytesRejection;
+use axum::extract::{FromRequest, Request};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use engine::ValidationError;
+use serde::de::DeserializeOwned;
+
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Bad parameters, malformed JSON, context overflow (400).
+    #[error("{message}")]
+    BadRequest { message: String, param: Option<String> },
+    #[error("{0}")]
+    Unauthorized(String),
+    #[error("{0}")]
+    NotFound(String),
+    #[error("{0}")]
+    PayloadTooLarge(String),
+    #[error("{0}")]
+    TooManyRequests(String),
+    #[error("{0}")]
+    Unavailable(String),
+    #[error("{0}")]
+    Internal(String),
+}
+
+impl ApiError {
+    pub fn bad(message: impl Into<String>, param: Option<&str>) -> Self {
+        ApiError::BadRequest { message: message.into(), param: param.map(String::from) }
+    }
+
+    fn parts(&self) -> (StatusCode, &'static str, Option<&str>) {
+        match self {
+            ApiError::BadRequest { param, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", param.as_deref()),
+            ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "authentication_error", None),
+            ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found_error", None),
+            ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None),
+            ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None),
+            ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None),
+            ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),
+        }
+    }
+}
+
+impl From<ValidationError> for ApiError {
+    fn from(e: ValidationError) -> Self {
+        let param = match &e {
+            ValidationError::Param { param, .. } => Some(*param),
+            ValidationError::EmptyPrompt | ValidationError::TokenId { .. } => Some("prompt"),
+            ValidationError::ContextLength { .. } | ValidationError::TooLongForCache { .. } => Some("max_tokens"),
+            ValidationError::DuplicateRequestId(_) => None,
+        };
+        ApiError::bad(e.to_string(), param)
+    }
+}
+
+impl From<engine::handle::AddError> for ApiError {
+    fn from(e: engine::handle::AddError) -> Self {
+        match e {
+            engine::handle::AddError::Invalid(v) => v.into(),
+            engine::handle::AddError::Stopped(s) => ApiError::Unavailable(s.to_string()),
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let (status, kind, param) = self.parts();
+        let body = serde_json::json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": status.as_u16()}});
+        (status, axum::Json(body)).into_response()
+    }
+}
+
+/// A JSON body whose errors (malformed JSON, wrong types, too large) come back in the
+/// OpenAI envelope instead of axum's plain-text rejections.
+pub struct ApiJson<T>(pub T);
+
+impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
+        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| match e {
+            BytesRejection::FailedToBufferBody(inner) if inner.body_text().contains("length limit") => {
+                ApiError::PayloadTooLarge(format!("request body is larger than the limit: {}", inner.body_text()))
+            }
+            other => ApiError::bad(format!("could not read the request body: {}", other.body_text()), None),
+        })?;
+        serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| {
+            let kind = if e.is_syntax() || e.is_eof() { "malformed JSON" } else { "invalid request" };
+            ApiError::bad(format!("{kind}: {e}"), None)
+        })
+    }
+}

@@ -1,0 +1,171 @@
+//! What completions and chat share: sampling parameters from the request, submitting
+//! prompts to the engine, merging their output streams, latency metrics.
+
+use super::error::ApiError;
+use super::protocol::SamplingFields;
+use super::protocol::Usage;
+use super::{AppState, InFlight};
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use engine::{RequestStream, SamplingParams, SeqOutput};
+use futures_util::stream::{self, BoxStream, Stream, StreamExt};
+use serde_json::{json, Value};
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Builds engine sampling parameters (vLLM defaults where the request is silent).
+pub fn sampling_params(f: &SamplingFields, max_tokens: Option<usize>, logprobs: Option<usize>) -> SamplingParams {
+    let d = SamplingParams::default();
+    SamplingParams {
+        n: f.n.unwrap_or(1),
+        temperature: f.temperature.unwrap_or(d.temperature),
+        top_p: f.top_p.unwrap_or(d.top_p),
+        top_k: f.top_k.unwrap_or(d.top_k),
+        min_p: f.min_p.unwrap_or(d.min_p),
+        repetition_penalty: f.repetition_penalty.unwrap_or(d.repetition_penalty),
+        presence_penalty: f.presence_penalty.unwrap_or(d.presence_penalty),
+        frequency_penalty: f.frequency_penalty.unwrap_or(d.frequency_penalty),
+        seed: f.seed,
+        max_tokens,
+        min_tokens: f.min_tokens.unwrap_or(0),
+        stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),
+        stop_token_ids: f.stop_token_ids.clone().unwrap_or_default(),
+        ignore_eos: f.ignore_eos.unwrap_or(false),
+        logprobs,
+        prompt_logprobs: f.prompt_logprobs,
+        skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
+    }
+}
+
+/// A unique response id with the given prefix (`cmpl-`, `chatcmpl-`).
+pub fn response_id(prefix: &str) -> String {
+    format!("{prefix}{:032x}", rand::random::<u128>())
+}
+
+pub fn unix_now() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+/// One output event, tagged with the prompt it belongs to.
+pub struct Event {
+    pub prompt: usize,
+    pub out: SeqOutput,
+}
+
+/// The merged outputs of all prompts of one HTTP request, plus latency bookkeeping.
+pub struct Generation {
+    pub events: BoxStream<'static, Event>,
+    pub prompt_lens: Vec<usize>,
+    pub n: usize,
+    _in_flight: InFlight,
+}
+
+/// Submits every prompt (each with `params.n` samples). A validation error of any prompt
+/// fails the whole request; the already submitted ones are aborted when their streams drop.
+pub fn submit(state: &Arc<AppState>, prompts: Vec<Vec<u32>>, params: SamplingParams) -> Result<Generation, ApiError> {
+    let in_flight = state.admit()?;
+    let n = params.n;
+    let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let mut streams: Vec<RequestStream> = Vec::with_capacity(prompts.len());
+    for p in prompts {
+        streams.push(state.engine.add_request(p, params.clone())?);
+    }
+    let metrics = state.metrics.clone();
+    let start = Instant::now();
+    let per_prompt = streams.into_iter().enumerate().map(move |(i, s)| {
+        let metrics = metrics.clone();
+        stream::unfold((s, None::<Instant>), move |(mut s, last)| {
+            let metrics = metrics.clone();
+            async move {
+                let out = s.recv_async().await?;
+                let now = Instant::now();
+                match last {
+                    None => metrics.ttft(now - start),
+                    Some(t) => metrics.itl(now - t),
+                }
+                if out.request_finished {
+                    metrics.e2e(now - start);
+                }
+                Some((Event { prompt: i, out }, (s, Some(now))))
+            }
+        })
+        .boxed()
+    });
+    Ok(Generation { events: stream::select_all(per_prompt).boxed(), prompt_lens, n, _in_flight: in_flight })
+}
+
+impl Generation {
+    /// Choice index of sample `index` of prompt `prompt` (prompt-major, as OpenAI).
+    pub fn choice(&self, prompt: usize, index: usize) -> usize {
+        prompt * self.n + index
+    }
+
+    pub fn prompt_tokens(&self) -> usize {
+        self.prompt_lens.iter().sum()
+    }
+}
+
+/// The SSE body of a streamed response: one `data: {chunk}` event per output with content
+/// (`on_output(prompt, choice index, output)` builds the choice object or skips it), then a
+/// usage chunk when asked, then `data: [DONE]`; keep-alive comments while idle. Dropping the
+/// body (client gone) drops the engine streams, which aborts the requests.
+pub fn sse<E, F>(
+    gen: Generation,
+    include_usage: bool,
+    envelope: E,
+    on_output: F,
+) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
+where
+    E: Fn(Value, Option<Usage>) -> Value + Send + 'static,
+    F: FnMut(usize, usize, &SeqOutput) -> Option<Value> + Send + 'static,
+{
+    enum Phase {
+        Events,
+        Usage,
+        Done,
+        End,
+    }
+    struct St<E, F> {
+        gen: Generation,
+        phase: Phase,
+        completion_tokens: usize,
+        envelope: E,
+        on_output: F,
+    }
+    let st = St { gen, phase: Phase::Events, completion_tokens: 0, envelope, on_output };
+    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    let body = stream::unfold(st, move |mut st| async move {
+        loop {
+            match st.phase {
+                Phase::Events => match st.gen.events.next().await {
+                    Some(ev) => {
+                        st.completion_tokens += ev.out.tokens.len();
+                        let idx = st.gen.choice(ev.prompt, ev.out.index);
+                        if let Some(choice) = (st.on_output)(ev.prompt, idx, &ev.out) {
+                            let chunk = (st.envelope)(json!([choice]), None);
+                            return Some((data(chunk), st));
+                        }
+                    }
+                    None => st.phase = if include_usage { Phase::Usage } else { Phase::Done },
+                },
+                Phase::Usage => {
+                    st.phase = Phase::Done;
+                    let p = st.gen.prompt_tokens();
+                    let usage = Usage {
+                        prompt_tokens: p,
+                        completion_tokens: st.completion_tokens,
+                        total_tokens: p + st.completion_tokens,
+                    };
+                    let chunk = (st.envelope)(json!([]), Some(usage));
+                    return Some((data(chunk), st));
+                }
+                Phase::Done => {
+                    st.phase = Phase::End;
+                    return Some((Ok(SseEvent::default().data("[DONE]")), st));
+                }
+                Phase::End => return None,
+            }
+        }
+    });
+    Sse::new(body).keep_alive(KeepAlive::default())
+}

@@ -1,0 +1,65 @@
+//! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics`.
+
+use super::chat::chat_prompt;
+use super::error::{ApiError, ApiJson};
+use super::protocol::{DetokenizeRequest, TokenizeRequest};
+use super::AppState;
+use axum::extract::State;
+use axum::http::{header, StatusCode};
+use axum::response::IntoResponse;
+use axum::Json;
+use serde_json::{json, Value};
+use std::sync::Arc;
+
+pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
+    Json(
+        json!({"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created, "owned_by": "rlserve", "max_model_len": s.max_model_len}]}),
+    )
+}
+
+pub async fn tokenize(
+    State(s): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<TokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    s.check_model(req.model.as_deref())?;
+    let tokens = match (&req.prompt, &req.messages) {
+        (Some(p), None) => {
+            s.tokenizer.encode(p, req.add_special_tokens).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?
+        }
+        (None, Some(m)) => chat_prompt(&s.tokenizer, m, req.add_generation_prompt)?,
+        _ => return Err(ApiError::bad("give exactly one of `prompt` or `messages`", Some("prompt"))),
+    };
+    Ok(Json(json!({"count": tokens.len(), "max_model_len": s.max_model_len, "tokens": tokens})))
+}
+
+pub async fn detokenize(
+    State(s): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<DetokenizeRequest>,
+) -> Result<Json<Value>, ApiError> {
+    s.check_model(req.model.as_deref())?;
+    let vocab = s.tokenizer.vocab_size();
+    if let Some(bad) = req.tokens.iter().find(|&&t| t as usize >= vocab) {
+        return Err(ApiError::bad(
+            format!("token id {bad} is out of range: the vocabulary has {vocab} tokens"),
+            Some("tokens"),
+        ));
+    }
+    let prompt = s.tokenizer.decode(&req.tokens, false).map_err(|e| ApiError::bad(e.to_string(), Some("tokens")))?;
+    Ok(Json(json!({ "prompt": prompt })))
+}
+
+/// 200 while the engine thread is alive, 503 otherwise.
+pub async fn health(State(s): State<Arc<AppState>>) -> impl IntoResponse {
+    if s.engine.is_alive() {
+        StatusCode::OK
+    } else {
+        StatusCode::SERVICE_UNAVAILABLE
+    }
+}
+
+pub async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
+    if let Ok(stats) = s.engine.stats() {
+        s.metrics.engine(&stats);
+    }
+    ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
+}

@@ -1,0 +1,111 @@
+//! The HTTP API (axum): OpenAI-compatible completions and chat, tokenizer endpoints,
+//! health and Prometheus metrics. Handlers reach the engine only through its channels.
+
+pub mod chat;
+pub mod completions;
+pub mod error;
+mod generation;
+pub mod misc;
+pub mod protocol;
+
+use crate::metrics::Metrics;
+use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::middleware::{self, Next};
+use axum::response::Response;
+use axum::routing::{get, post};
+use axum::Router;
+use engine::{EngineHandle, Tokenizer};
+use error::ApiError;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+
+/// Shared state of all handlers.
+pub struct AppState {
+    pub engine: EngineHandle,
+    pub tokenizer: Arc<Tokenizer>,
+    pub model_name: String,
+    pub max_model_len: usize,
+    pub api_key: Option<String>,
+    /// Requests in flight (queued or running) beyond which new ones get 429.
+    pub max_queued_requests: usize,
+    pub in_flight: AtomicUsize,
+    pub metrics: Metrics,
+    /// Unix time the server started (the `created` of `/v1/models`).
+    pub created: u64,
+}
+
+/// Counts one request in flight until dropped.
+pub struct InFlight(Arc<AppState>);
+
+impl AppState {
+    /// Admits a request or answers 429 when `max_queued_requests` are in flight.
+    pub fn admit(self: &Arc<Self>) -> Result<InFlight, ApiError> {
+        let n = self.in_flight.fetch_add(1, Ordering::SeqCst);
+        if n >= self.max_queued_requests {
+            self.in_flight.fetch_sub(1, Ordering::SeqCst);
+            return Err(ApiError::TooManyRequests(format!(
+                "too many requests in flight ({n}, limit --max-queued-requests {}); retry later",
+                self.max_queued_requests
+            )));
+        }
+        Ok(InFlight(self.clone()))
+    }
+
+    /// 404 unless `model` is absent or the served model name.
+    pub fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(m) if m != self.model_name => Err(ApiError::NotFound(format!(
+                "The model `{m}` does not exist. This server serves `{}`.",
+                self.model_name
+            ))),
+            _ => Ok(()),
+        }
+    }
+}
+
+impl Drop for InFlight {
+    fn drop(&mut self) {
+        self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Unix time now, in seconds.
+pub fn generation_time() -> u64 {
+    generation::unix_now()
+}
+
+/// Largest accepted request body.
+pub const MAX_BODY_BYTES: usize = 8 << 20;
+
+pub fn router(state: Arc<AppState>) -> Router {
+    let v1 = Router::new()
+        .route("/v1/completions", post(completions::completions))
+        .route("/v1/chat/completions", post(chat::chat_completions))
+        .route("/v1/models", get(misc::models))
+        .route("/tokenize", post(misc::tokenize))
+        .route("/detokenize", post(misc::detokenize))
+        .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    Router::new()
+        .merge(v1)
+        .route("/health", get(misc::health))
+        .route("/metrics", get(misc::metrics))
+        .fallback(|req: Request| async move {
+            ApiError::NotFound(format!("no route for {} {}", req.method(), req.uri().path()))
+        })
+        .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .with_state(state)
+}
+
+/// `Authorization: Bearer <key>` when the server has `--api-key`.
+async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Result<Response, ApiError> {
+    if let Some(key) = &state.api_key {
+        let got =
+            req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if got != Some(key.as_str()) {
+            return Err(ApiError::Unauthorized(
+                "missing or invalid API key: send `Authorization: Bearer <key>`".into(),
+            ));
+        }
+    }
+    Ok(next.run(req).await)
+}

@@ -1,0 +1,67 @@
+//! Prometheus metrics through the `metrics` crate, named like vLLM's (`vllm:` → `rlserve:`),
+//! units in the names, labelled with `model_name`.
+
+use engine::EngineStats;
+use metrics::{counter, gauge, histogram};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use std::sync::OnceLock;
+use std::time::Duration;
+
+/// Latency buckets in seconds (vLLM's TTFT buckets).
+const BUCKETS: &[f64] =
+    &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+
+/// The process-wide recorder (installed once) and this server's `model_name` label.
+#[derive(Clone)]
+pub struct Metrics {
+    handle: PrometheusHandle,
+    model: String,
+}
+
+impl Metrics {
+    pub fn new(model_name: &str) -> Self {
+        static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+        let handle = HANDLE
+            .get_or_init(|| {
+                PrometheusBuilder::new()
+                    .set_buckets(BUCKETS)
+                    .expect("non-empty buckets")
+                    .install_recorder()
+                    .expect("installing the Prometheus recorder")
+            })
+            .clone();
+        Metrics { handle, model: model_name.to_string() }
+    }
+
+    pub fn ttft(&self, d: Duration) {
+        histogram!("rlserve:time_to_first_token_seconds", "model_name" => self.model.clone()).record(d.as_secs_f64());
+    }
+
+    pub fn itl(&self, d: Duration) {
+        histogram!("rlserve:inter_token_latency_seconds", "model_name" => self.model.clone()).record(d.as_secs_f64());
+    }
+
+    pub fn e2e(&self, d: Duration) {
+        histogram!("rlserve:e2e_request_latency_seconds", "model_name" => self.model.clone()).record(d.as_secs_f64());
+    }
+
+    /// Engine gauges and counters, refreshed at scrape time.
+    pub fn engine(&self, s: &EngineStats) {
+        let m = || metrics::Label::new("model_name", self.model.clone());
+        gauge!("rlserve:num_requests_running", vec![m()]).set(s.num_running as f64);
+        gauge!("rlserve:num_requests_waiting", vec![m()]).set(s.num_waiting as f64);
+        gauge!("rlserve:kv_cache_usage_perc", vec![m()])
+            .set(1.0 - s.num_free_blocks as f64 / s.num_blocks.max(1) as f64);
+        gauge!("rlserve:kv_cache_free_blocks", vec![m()]).set(s.num_free_blocks as f64);
+        gauge!("rlserve:policy_version", vec![m()]).set(s.version as f64);
+        counter!("rlserve:prefix_cache_queries_total", vec![m()]).absolute(s.prefix_cache_queries);
+        counter!("rlserve:prefix_cache_hits_total", vec![m()]).absolute(s.prefix_cache_hits);
+        counter!("rlserve:prompt_tokens_total", vec![m()]).absolute(s.prefill_tokens);
+        counter!("rlserve:generation_tokens_total", vec![m()]).absolute(s.generation_tokens);
+        counter!("rlserve:num_preemptions_total", vec![m()]).absolute(s.num_preemptions);
+    }
+
+    pub fn render(&self) -> String {
+        self.handle.render()
+    }
+}

@@ -1,0 +1,195 @@
+//! `rlserve serve`: load the model, start the engine thread, serve the HTTP API until
+//! SIGINT/SIGTERM, then stop accepting, let running requests finish within a grace
+//! period, and abort the rest.
+
+use crate::api::{router, AppState};
+use crate::metrics::Metrics;
+use anyhow::{Context, Result};
+use clap::Args;
+use engine::{EngineConfig, EngineHandle, LLMEngine, Model, Tokenizer};
+use kernels::Device;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::atomic::AtomicUsize;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::oneshot;
+
+/// Engine flags (vLLM names).
+#[derive(Args, Clone, Debug)]
+pub struct EngineArgs {
+    /// Tokens per KV-cache block.
+    #[arg(long, default_value_t = 16)]
+    pub block_size: usize,
+    /// Bytes for the KV cache (suffixes K, M, G accepted, e.g. 2G).
+    #[arg(long, default_value = "2G", value_parser = parse_bytes)]
+    pub kv_cache_memory: usize,
+    /// KV blocks (overrides --kv-cache-memory).
+    #[arg(long)]
+    pub num_blocks: Option<usize>,
+    /// Most sequences running at once.
+    #[arg(long, default_value_t = 64)]
+    pub max_num_seqs: usize,
+    /// Most tokens per engine step (decodes + prefill chunks).
+    #[arg(long, default_value_t = 1024)]
+    pub max_num_batched_tokens: usize,
+    /// Context limit (prompt + output); default the model's.
+    #[arg(long)]
+    pub max_model_len: Option<usize>,
+    /// Disable automatic prefix caching.
+    #[arg(long)]
+    pub no_enable_prefix_caching: bool,
+}
+
+impl EngineArgs {
+    pub fn config(&self) -> EngineConfig {
+        EngineConfig {
+            block_size: self.block_size,
+            num_blocks: self.num_blocks,
+            kv_cache_memory: self.kv_cache_memory,
+            max_num_seqs: self.max_num_seqs,
+            max_num_batched_tokens: self.max_num_batched_tokens,
+            max_model_len: self.max_model_len,
+            enable_prefix_caching: !self.no_enable_prefix_caching,
+        }
+    }
+}
+
+/// `2G`, `512M`, `64K` or a plain byte count.
+pub fn parse_bytes(s: &str) -> Result<usize, String> {
+    let t = s.trim().trim_end_matches(['B', 'b']).trim_end_matches("i");
+    let (num, mul) = match t.chars().last() {
+        Some('K' | 'k') => (&t[..t.len() - 1], 1usize << 10),
+        Some('M' | 'm') => (&t[..t.len() - 1], 1 << 20),
+        Some('G' | 'g') => (&t[..t.len() - 1], 1 << 30),
+        _ => (t, 1),
+    };
+    num.trim()
+        .parse::<f64>()
+        .ok()
+        .filter(|v| *v > 0.0)
+        .map(|v| (v * mul as f64) as usize)
+        .ok_or_else(|| format!("{s:?} is not a byte size like 2G, 512M or 1048576"))
+}
+
+#[derive(Args, Clone, Debug)]
+pub struct ServeArgs {
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    #[arg(long, default_value_t = 8000)]
+    pub port: u16,
+    /// Model name clients use (default: the model folder's name).
+    #[arg(long)]
+    pub served_model_name: Option<String>,
+    #[command(flatten)]
+    pub engine: EngineArgs,
+    /// Require `Authorization: Bearer <KEY>` on /v1 and tokenizer routes.
+    #[arg(long, env = "RLSERVE_API_KEY")]
+    pub api_key: Option<String>,
+    /// Requests in flight beyond which new ones get HTTP 429.
+    #[arg(long, default_value_t = 1024)]
+    pub max_queued_requests: usize,
+    /// Seconds running requests may take to finish after SIGINT/SIGTERM.
+    #[arg(long, default_value_t = 30)]
+    pub shutdown_grace_seconds: u64,
+}
+
+/// A running server (for tests and embedding).
+pub struct Server {
+    pub addr: SocketAddr,
+    pub state: Arc<AppState>,
+    shutdown: Option<oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<std::io::Result<()>>,
+}
+
+/// Loads the model in `dir` and builds the shared state (engine thread started).
+pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
+    let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+    let model = Arc::new(Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?);
+    let engine = LLMEngine::new(model, tokenizer.clone(), args.engine.config());
+    let max_model_len = engine.max_model_len();
+    tracing::info!(
+        kv_capacity_tokens = engine.kv_capacity_tokens(),
+        max_model_len,
+        "KV cache: {} tokens ({} blocks of {})",
+        engine.kv_capacity_tokens(),
+        engine.stats().num_blocks,
+        args.engine.block_size
+    );
+    let model_name = args
+        .served_model_name
+        .clone()
+        .unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    Ok(Arc::new(AppState {
+        engine: EngineHandle::spawn(engine),
+        tokenizer,
+        metrics: Metrics::new(&model_name),
+        model_name,
+        max_model_len,
+        api_key: args.api_key.clone(),
+        max_queued_requests: args.max_queued_requests.max(1),
+        in_flight: AtomicUsize::new(0),
+        created: crate::api::generation_time(),
+    }))
+}
+
+impl Server {
+    /// Binds `host:port` (port 0 = any free port) and serves in the background.
+    pub async fn start(state: Arc<AppState>, host: &str, port: u16) -> Result<Server> {
+        let listener = TcpListener::bind((host, port)).await.with_context(|| format!("binding {host}:{port}"))?;
+        let addr = listener.local_addr()?;
+        let (tx, rx) = oneshot::channel();
+        let app = router(state.clone());
+        let task = tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(async move {
+                    rx.await.ok();
+                })
+                .await
+        });
+        Ok(Server { addr, state, shutdown: Some(tx), task })
+    }
+
+    /// Stops accepting connections and waits up to `grace` for open ones to finish.
+    pub async fn shutdown(mut self, grace: Duration) {
+        if let Some(tx) = self.shutdown.take() {
+            let _ = tx.send(());
+        }
+        if tokio::time::timeout(grace, &mut self.task).await.is_err() {
+            tracing::warn!("grace period of {grace:?} over: aborting the remaining requests");
+            self.task.abort();
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let term = async {
+        if let Ok(mut s) = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            s.recv().await;
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! { _ = ctrl_c => {}, _ = term => {} }
+}
+
+/// Runs the server until SIGINT/SIGTERM (the `rlserve serve` command).
+pub async fn run(dir: &Path, args: ServeArgs) -> Result<()> {
+    let state = tokio::task::block_in_place(|| build_state(dir, &args))?;
+    let server = Server::start(state, &args.host, args.port).await?;
+    tracing::info!("serving {} on http://{}", server.state.model_name, server.addr);
+    println!("rlserve: serving `{}` on http://{} (OpenAI API at /v1)", server.state.model_name, server.addr);
+    shutdown_signal().await;
+    tracing::info!(
+        "shutting down: no new connections; waiting up to {}s for running requests",
+        args.shutdown_grace_seconds
+    );
+    server.shutdown(Duration::from_secs(args.shutdown_grace_seconds)).await;
+    Ok(())
+}
