@@ -95,6 +95,18 @@ pub struct ServeArgs {
     pub shutdown_grace_seconds: u64,
 }
 
+impl Default for ServeArgs {
+    /// The command-line defaults.
+    fn default() -> Self {
+        #[derive(clap::Parser)]
+        struct Wrap {
+            #[command(flatten)]
+            args: ServeArgs,
+        }
+        <Wrap as clap::Parser>::parse_from(["rlserve"]).args
+    }
+}
+
 /// A running server (for tests and embedding).
 pub struct Server {
     pub addr: SocketAddr,

@@ -6,3 +6,4 @@ mod kernels;
 mod model;
 mod reference;
 mod sampling;
+mod server;

@@ -1,0 +1,289 @@
+//! The HTTP server over a real socket: endpoints, streaming = non-streaming, n and seeds,
+//! logprobs, stop strings, disconnects, auth, limits, and a table of bad requests.
+
+use futures_util::StreamExt;
+use serde_json::{json, Value};
+use server::serve::{build_state, ServeArgs, Server};
+use std::path::PathBuf;
+use std::time::Duration;
+use tests::tiny::TinySpec;
+use tests::{default_model, temp_dir};
+
+fn tiny_dir() -> PathBuf {
+    let dir = temp_dir("server-tiny");
+    TinySpec { architecture: "Qwen2ForCausalLM", seed: 51, ..Default::default() }.write(&dir);
+    dir
+}
+
+async fn start(dir: PathBuf, args: ServeArgs) -> (Server, String) {
+    let state = tokio::task::spawn_blocking(move || build_state(&dir, &args)).await.unwrap().unwrap();
+    let s = Server::start(state, "127.0.0.1", 0).await.unwrap();
+    let base = format!("http://{}", s.addr);
+    (s, base)
+}
+
+fn args(name: &str) -> ServeArgs {
+    ServeArgs { served_model_name: Some(name.into()), ..Default::default() }
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+/// The `data:` payloads of an SSE response, `[DONE]` included.
+async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
+    let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    let text = r.text().await.unwrap();
+    text.lines().filter_map(|l| l.strip_prefix("data: ")).map(String::from).collect()
+}
+
+/// Concatenated text per choice index of streamed chunks (completions `text` or chat `delta.content`).
+fn stream_texts(events: &[String]) -> Vec<String> {
+    let mut out: Vec<String> = vec![];
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        for c in v["choices"].as_array().unwrap() {
+            let i = c["index"].as_u64().unwrap() as usize;
+            if out.len() <= i {
+                out.resize(i + 1, String::new());
+            }
+            let piece = c["text"].as_str().or_else(|| c["delta"]["content"].as_str()).unwrap_or("");
+            out[i].push_str(piece);
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn endpoints_answer() {
+    let (s, base) = start(tiny_dir(), args("tiny-endpoints")).await;
+    let c = reqwest::Client::new();
+    assert_eq!(c.get(format!("{base}/health")).send().await.unwrap().status(), 200);
+    let models: Value = c.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(models["data"][0]["id"], "tiny-endpoints");
+    assert_eq!(models["data"][0]["max_model_len"], 128);
+    let (st, tok) = post(&base, "/tokenize", json!({"prompt": "hé"})).await;
+    assert_eq!((st, tok["count"].as_u64()), (200, Some(3)));
+    let (_, chat_tok) = post(&base, "/tokenize", json!({"messages": [{"role": "user", "content": "hi"}]})).await;
+    assert_eq!(chat_tok["tokens"][0], 257, "starts with <|im_start|>");
+    let (st, de) = post(&base, "/detokenize", json!({"tokens": tok["tokens"]})).await;
+    assert_eq!((st, de["prompt"].as_str()), (200, Some("hé")));
+    let (st, out) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 3], "max_tokens": 4, "temperature": 0, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["usage"], json!({"prompt_tokens": 3, "completion_tokens": 4, "total_tokens": 7}));
+    assert_eq!(out["choices"][0]["token_ids"].as_array().unwrap().len(), 4);
+    assert_eq!(out["choices"][0]["versions"], json!([0, 0, 0, 0]));
+    assert!(out["id"].as_str().unwrap().starts_with("cmpl-"));
+    let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    for name in [
+        "rlserve:num_requests_running",
+        "rlserve:kv_cache_usage_perc",
+        "rlserve:prefix_cache_hits_total",
+        "rlserve:generation_tokens_total",
+        "rlserve:time_to_first_token_seconds_bucket",
+        "rlserve:e2e_request_latency_seconds_count",
+    ] {
+        assert!(metrics.contains(name), "/metrics lacks {name}");
+    }
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streaming_equals_non_streaming_with_n_and_seed() {
+    let (s, base) = start(tiny_dir(), args("tiny-stream")).await;
+    let body = json!({"prompt": ["ab", "xyz"], "max_tokens": 12, "n": 2, "seed": 3, "temperature": 0.8, "logprobs": 2});
+    let (st, full) = post(&base, "/v1/completions", body.clone()).await;
+    assert_eq!(st, 200, "{full}");
+    let choices = full["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 4);
+    let texts: Vec<String> = choices.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect();
+    assert_ne!(texts[0], texts[1], "n samples differ");
+    for c in choices {
+        let lp = &c["logprobs"];
+        assert_eq!(lp["tokens"].as_array().unwrap().len(), lp["token_logprobs"].as_array().unwrap().len());
+        assert!(lp["top_logprobs"].as_array().unwrap().iter().all(|t| t.as_object().unwrap().len() <= 2));
+    }
+    let mut sb = body.clone();
+    sb["stream"] = json!(true);
+    sb["stream_options"] = json!({"include_usage": true});
+    let events = stream(&base, "/v1/completions", sb).await;
+    assert_eq!(events.last().unwrap(), "[DONE]");
+    assert_eq!(stream_texts(&events), texts);
+    let usage: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
+    assert_eq!(usage["usage"], full["usage"]);
+    let (_, again) = post(&base, "/v1/completions", body).await;
+    assert_eq!(again["choices"], full["choices"], "same seed, same outputs");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_streaming_with_chinese_and_emoji_equals_non_streaming() {
+    let (s, base) = start(default_model(), args("smol-chat")).await;
+    // Greedy answers of the default model: Chinese ("汉哥！！！") and emoji ("🍨🍨🍨🍨"), whose
+    // characters span several byte-level tokens.
+    for (prompt, want) in [("Say hi in Chinese", '汉'), ("Reply with only emojis: I love pizza", '🍨')] {
+        let body = json!({"messages": [{"role": "user", "content": prompt}], "max_completion_tokens": 12, "temperature": 0, "logprobs": true, "top_logprobs": 2});
+        let (st, full) = post(&base, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 200, "{full}");
+        let text = full["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+        assert!(text.contains(want), "expected {want} in {text:?}");
+        assert_eq!(
+            full["choices"][0]["logprobs"]["content"].as_array().unwrap().len(),
+            full["usage"]["completion_tokens"].as_u64().unwrap() as usize
+        );
+        let mut sb = body;
+        sb["stream"] = json!(true);
+        let events = stream(&base, "/v1/chat/completions", sb).await;
+        assert_eq!(stream_texts(&events), vec![text]);
+        let first: Value = serde_json::from_str(&events[0]).unwrap();
+        assert_eq!(first["choices"][0]["delta"]["role"], "assistant");
+        assert_eq!(first["object"], "chat.completion.chunk");
+    }
+    // Stop strings over HTTP: the text ends before the stop string.
+    let (_, plain) =
+        post(&base, "/v1/completions", json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0})).await;
+    let t = plain["choices"][0]["text"].as_str().unwrap();
+    let stop: String = t.chars().skip(5).take(4).collect();
+    let (_, cut) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": "Once upon a time", "max_tokens": 16, "temperature": 0, "stop": stop}),
+    )
+    .await;
+    assert_eq!(cut["choices"][0]["text"].as_str().unwrap(), &t[..t.find(&stop).unwrap()]);
+    assert_eq!(cut["choices"][0]["finish_reason"], "stop");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+async fn free_blocks(base: &str, model: &str) -> (f64, String) {
+    let m = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    let line = m
+        .lines()
+        .find(|l| l.starts_with("rlserve:kv_cache_usage_perc") && l.contains(model))
+        .unwrap_or("x 1")
+        .to_string();
+    (line.rsplit(' ').next().unwrap().parse().unwrap(), line)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_disconnect_aborts_and_frees_blocks() {
+    // The default model (~50 ms per token) so the request is still running when we leave.
+    let (s, base) = start(default_model(), ServeArgs { max_queued_requests: 1, ..args("smol-disconnect") }).await;
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/completions"))
+        .json(&json!({"prompt": "abc", "max_tokens": 400, "ignore_eos": true, "stream": true}))
+        .send()
+        .await
+        .unwrap();
+    let mut body = r.bytes_stream();
+    body.next().await.unwrap().unwrap();
+    assert!(free_blocks(&base, "smol-disconnect").await.0 > 0.0, "blocks in use while streaming");
+    // The queue holds one request: a second gets 429.
+    let (st, e) = post(&base, "/v1/completions", json!({"prompt": "x", "max_tokens": 1})).await;
+    assert_eq!((st, e["error"]["type"].as_str()), (429, Some("rate_limit_error")));
+    drop(body);
+    let mut usage = 1.0;
+    for _ in 0..200 {
+        usage = free_blocks(&base, "smol-disconnect").await.0;
+        if usage == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(usage, 0.0, "KV blocks freed after the disconnect");
+    let (st, _) = post(&base, "/v1/completions", json!({"prompt": "x", "max_tokens": 1})).await;
+    assert_eq!(st, 200);
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn api_key_is_required_when_set() {
+    let (s, base) = start(tiny_dir(), ServeArgs { api_key: Some("sekrit".into()), ..args("tiny-auth") }).await;
+    let c = reqwest::Client::new();
+    let body = json!({"prompt": "a", "max_tokens": 1});
+    let r = c.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    assert_eq!(r.json::<Value>().await.unwrap()["error"]["type"], "authentication_error");
+    let r = c.post(format!("{base}/v1/completions")).bearer_auth("wrong").json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 401);
+    let r = c.post(format!("{base}/v1/completions")).bearer_auth("sekrit").json(&body).send().await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert_eq!(c.get(format!("{base}/health")).send().await.unwrap().status(), 200);
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_get_the_right_status_and_envelope() {
+    let (s, base) = start(tiny_dir(), args("tiny-bad")).await;
+    let c = reqwest::Client::new();
+    // (method, path, raw body, status, message fragment)
+    let cases: Vec<(&str, &str, String, u16, &str)> = vec![
+        ("POST", "/v1/completions", "{\"prompt\": \"a\",".into(), 400, "malformed JSON"),
+        ("POST", "/v1/completions", "not json".into(), 400, "malformed JSON"),
+        ("POST", "/v1/completions", "{}".into(), 400, "missing field `prompt`"),
+        ("POST", "/v1/completions", json!({"prompt": 5}).to_string(), 400, "invalid request"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "max_tokens": "ten"}).to_string(), 400, "invalid type"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "temperature": -1}).to_string(), 400, "`temperature` must be a finite number >= 0, got -1"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "top_p": 0}).to_string(), 400, "`top_p` must be in (0, 1], got 0"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "top_p": 1.5}).to_string(), 400, "`top_p` must be in (0, 1], got 1.5"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "n": 0}).to_string(), 400, "`n` must be at least 1, got 0"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "max_tokens": 0}).to_string(), 400, "`max_tokens` must be at least 1, got 0"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "max_tokens": -3}).to_string(), 400, "invalid value"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "top_k": -5}).to_string(), 400, "`top_k` must be"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "min_p": 2}).to_string(), 400, "`min_p` must be in [0, 1], got 2"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "presence_penalty": 5}).to_string(), 400, "`presence_penalty` must be in [-2, 2], got 5"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "frequency_penalty": -3}).to_string(), 400, "`frequency_penalty` must be in [-2, 2], got -3"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "repetition_penalty": 0}).to_string(), 400, "`repetition_penalty` must be a finite number > 0, got 0"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "logprobs": 50}).to_string(), 400, "`logprobs` must be at most 20, got 50"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "stop": [""]}).to_string(), 400, "`stop` must be non-empty strings"),
+        ("POST", "/v1/completions", json!({"prompt": "a", "min_tokens": 9, "max_tokens": 3}).to_string(), 400, "`min_tokens` must be at most max_tokens, got 9"),
+        ("POST", "/v1/completions", json!({"prompt": ""}).to_string(), 400, "the prompt is empty"),
+        ("POST", "/v1/completions", json!({"prompt": []}).to_string(), 400, "at least one"),
+        ("POST", "/v1/completions", json!({"prompt": [1, 9999]}).to_string(), 400, "prompt token id 9999 is out of range"),
+        ("POST", "/v1/completions", json!({"prompt": vec![1; 100], "max_tokens": 50}).to_string(), 400, "This model's maximum context length is 128 tokens. However, you requested 150 tokens (100 in the prompt, 50 for the completion)."),
+        ("POST", "/v1/completions", json!({"prompt": "a", "model": "gpt-9"}).to_string(), 404, "The model `gpt-9` does not exist"),
+        ("POST", "/v1/chat/completions", json!({"messages": []}).to_string(), 400, "`messages` must hold at least one message"),
+        ("POST", "/v1/chat/completions", json!({"messages": [{"role": "wizard", "content": "x"}]}).to_string(), 400, "`messages[0].role` must be one of"),
+        ("POST", "/v1/chat/completions", json!({"messages": [{"role": "user", "content": [{"type": "image_url"}]}]}).to_string(), 400, "is not supported (only text)"),
+        ("POST", "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "top_logprobs": 3}).to_string(), 400, "`top_logprobs` requires `logprobs: true`"),
+        ("POST", "/v1/chat/completions", json!({"messages": [{"role": "user", "content": "x"}], "max_completion_tokens": 500}).to_string(), 400, "maximum context length is 128 tokens"),
+        ("POST", "/v1/chat/completions", json!({"messages": "hi"}).to_string(), 400, "invalid type"),
+        ("POST", "/tokenize", json!({}).to_string(), 400, "give exactly one of `prompt` or `messages`"),
+        ("POST", "/detokenize", json!({"tokens": [1, 100000]}).to_string(), 400, "token id 100000 is out of range"),
+        ("GET", "/v1/nothing", String::new(), 404, "no route for GET /v1/nothing"),
+        ("GET", "/v1/completions", String::new(), 405, ""),
+        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "a".repeat(9 << 20)), 413, "larger than the limit"),
+    ];
+    assert!(cases.len() >= 30);
+    for (method, path, body, status, msg) in &cases {
+        let r = c
+            .request(method.parse().unwrap(), format!("{base}{path}"))
+            .header("content-type", "application/json")
+            .body(body.clone())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(r.status().as_u16(), *status, "{method} {path} {}", &body[..body.len().min(80)]);
+        if *status == 405 {
+            continue;
+        }
+        let v: Value = r.json().await.unwrap_or_else(|e| panic!("{path}: not JSON: {e}"));
+        let m = v["error"]["message"].as_str().unwrap_or_else(|| panic!("no envelope: {v}"));
+        assert!(m.contains(msg), "{path} {}: {m:?} lacks {msg:?}", &body[..body.len().min(80)]);
+        assert!(
+            v["error"]["type"].is_string() && v["error"].get("param").is_some() && v["error"]["code"] == json!(status)
+        );
+    }
+    let (st, ok) = post(&base, "/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
+    assert_eq!(st, 200, "the server still answers: {ok}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
