@@ -5,7 +5,7 @@
 use crate::block_manager::BlockManager;
 use crate::model::{BatchSeq, ForwardBatch, KvCache, Model};
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
-use crate::sampling::{sample, splitmix64, top_k_of, SampleContext, SamplingParams};
+use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SamplingParams};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
@@ -406,8 +406,7 @@ struct RowPlan {
 }
 
 fn prompt_logprob(row: &[f32], next: u32, top: usize) -> PromptLogprob {
-    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let lse = max + row.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln();
+    let lse = logsumexp(row);
     let lp = |t: usize| (row[t] as f64 - lse) as f32;
     PromptLogprob {
         token_id: next,

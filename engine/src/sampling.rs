@@ -185,7 +185,7 @@ pub fn argmax(x: &[f32]) -> usize {
 }
 
 /// `ln Σ exp(x)` in f64 (max-subtracted); `-inf` when every entry is `-inf`.
-fn logsumexp(x: &[f32]) -> f64 {
+pub fn logsumexp(x: &[f32]) -> f64 {
     let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     if max == f64::NEG_INFINITY {
         return max;

@@ -16,12 +16,15 @@ pub enum BenchCommand {
     Latency(BenchArgs),
     /// Batched generation throughput through the engine (vllm bench throughput style).
     Throughput(ThroughputArgs),
+    /// Load a running server over HTTP (vllm bench serve style).
+    Serve(crate::bench_serve::BenchServeArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
     match cmd {
         BenchCommand::Latency(a) => latency(a),
         BenchCommand::Throughput(a) => crate::bench_throughput::run(a),
+        BenchCommand::Serve(a) => crate::bench_serve::run(a),
     }
 }
 

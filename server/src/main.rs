@@ -2,6 +2,7 @@
 //! `generate`, `bench`.
 
 mod bench;
+mod bench_serve;
 mod bench_throughput;
 mod cli;
 

@@ -83,6 +83,11 @@ async fn endpoints_answer() {
     assert_eq!(out["choices"][0]["token_ids"].as_array().unwrap().len(), 4);
     assert_eq!(out["choices"][0]["versions"], json!([0, 0, 0, 0]));
     assert!(out["id"].as_str().unwrap().starts_with("cmpl-"));
+    // prompt_logprobs: null for the first token, then each prompt token's entry.
+    let (_, pl) = post(&base, "/v1/completions", json!({"prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 1})).await;
+    let pl = pl["choices"][0]["prompt_logprobs"].as_array().unwrap().clone();
+    assert_eq!(pl.len(), 3);
+    assert!(pl[0].is_null() && pl[1]["2"]["logprob"].as_f64().unwrap() < 0.0 && pl[2]["3"].is_object());
     let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
     for name in [
         "rlserve:num_requests_running",

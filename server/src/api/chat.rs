@@ -1,7 +1,7 @@
 //! `POST /v1/chat/completions`.
 
 use super::error::{ApiError, ApiJson};
-use super::generation::{response_id, sampling_params, sse, submit, unix_now, Generation};
+use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
 use super::protocol::{ChatMessageIn, ChatRequest, Content, Usage};
 use super::AppState;
 use axum::extract::State;
@@ -75,14 +75,6 @@ fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput]) -> Value {
     json!({ "content": content })
 }
 
-fn finish(f: Option<FinishReason>) -> Value {
-    f.map(|f| json!(f)).unwrap_or(Value::Null)
-}
-
-fn stop(s: &Option<StopReason>) -> Value {
-    s.as_ref().map(|s| json!(s)).unwrap_or(Value::Null)
-}
-
 pub async fn chat_completions(
     State(state): State<Arc<AppState>>,
     ApiJson(req): ApiJson<ChatRequest>,
@@ -125,7 +117,7 @@ async fn collect(
         .into_iter()
         .map(|(idx, (text, tokens, f, s))| {
             let mut v = json!({
-                "index": idx, "message": {"role": "assistant", "content": text}, "finish_reason": finish(f), "stop_reason": stop(&s),
+                "index": idx, "message": {"role": "assistant", "content": text}, "finish_reason": finish_json(f), "stop_reason": stop_json(&s),
                 "logprobs": if req.logprobs { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
             });
             if req.sampling.return_token_ids {
@@ -171,7 +163,7 @@ fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, c
         }
         let logprobs = if req.logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
         Some(
-            json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish(out.finish_reason), "stop_reason": stop(&out.stop_reason)}),
+            json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)}),
         )
     })
 }

@@ -1,7 +1,7 @@
 //! `POST /v1/completions`.
 
 use super::error::{ApiError, ApiJson};
-use super::generation::{response_id, sampling_params, sse, submit, unix_now, Generation};
+use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
 use super::protocol::{CompletionRequest, Prompt, Usage};
 use super::AppState;
 use axum::extract::State;
@@ -30,14 +30,6 @@ fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput], offset: &mut usize) ->
         out["top_logprobs"].as_array_mut().unwrap().push(Value::Object(top));
     }
     out
-}
-
-fn finish_json(f: Option<FinishReason>) -> Value {
-    f.map(|f| json!(f)).unwrap_or(Value::Null)
-}
-
-fn stop_json(s: &Option<StopReason>) -> Value {
-    s.as_ref().map(|s| json!(s)).unwrap_or(Value::Null)
 }
 
 /// Token ids of every prompt (text is tokenized without BOS unless the model asks for it).
@@ -82,6 +74,7 @@ struct Choice {
     tokens: Vec<TokenOutput>,
     finish: Option<FinishReason>,
     stop: Option<StopReason>,
+    prompt_logprobs: Option<Vec<engine::outputs::PromptLogprob>>,
 }
 
 async fn collect(
@@ -101,6 +94,9 @@ async fn collect(
         c.tokens.extend(ev.out.tokens);
         c.finish = ev.out.finish_reason.or(c.finish);
         c.stop = ev.out.stop_reason.or(c.stop.take());
+        if ev.out.prompt_logprobs.is_some() {
+            c.prompt_logprobs = ev.out.prompt_logprobs;
+        }
     }
     let completion_tokens: usize = choices.values().map(|(_, c)| c.tokens.len()).sum();
     let out: Vec<Value> = choices
@@ -113,6 +109,18 @@ async fn collect(
                 "index": idx, "text": text, "finish_reason": finish_json(c.finish), "stop_reason": stop_json(&c.stop),
                 "logprobs": if req.logprobs.is_some() { logprobs_json(&state.tokenizer, &c.tokens, &mut offset) } else { Value::Null },
             });
+            if let Some(pl) = &c.prompt_logprobs {
+                // vLLM's shape: one entry per prompt token, null for the first.
+                let tok = &state.tokenizer;
+                v["prompt_logprobs"] = pl.iter().map(|p| p.logprob.map(|lp| {
+                    let mut m = serde_json::Map::new();
+                    m.insert(p.token_id.to_string(), json!({"logprob": lp, "decoded_token": tok.decode(&[p.token_id], false).unwrap_or_default()}));
+                    for (id, l) in &p.top_logprobs {
+                        m.entry(id.to_string()).or_insert_with(|| json!({"logprob": l, "decoded_token": tok.decode(&[*id], false).unwrap_or_default()}));
+                    }
+                    Value::Object(m)
+                }).unwrap_or(Value::Null)).collect();
+            }
             if req.sampling.return_token_ids {
                 v["prompt_token_ids"] = json!(ps[prompt]);
                 v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());

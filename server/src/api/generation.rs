@@ -169,3 +169,13 @@ where
     });
     Sse::new(body).keep_alive(KeepAlive::default())
 }
+
+/// `finish_reason` as JSON (`null` while running).
+pub fn finish_json(f: Option<engine::FinishReason>) -> Value {
+    f.map(|f| json!(f)).unwrap_or(Value::Null)
+}
+
+/// `stop_reason` as JSON: the stop token id, the stop string, or `null`.
+pub fn stop_json(s: &Option<engine::StopReason>) -> Value {
+    s.as_ref().map(|s| json!(s)).unwrap_or(Value::Null)
+}
