@@ -123,13 +123,21 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
 async fn run_async(a: BenchServeArgs) -> Result<()> {
     let client = reqwest::Client::new();
     let base = a.base_url.trim_end_matches('/').to_string();
-    let models: Value = client.get(format!("{base}/v1/models")).send().await.with_context(|| format!("contacting {base}"))?.json().await?;
+    let models: Value = client
+        .get(format!("{base}/v1/models"))
+        .send()
+        .await
+        .with_context(|| format!("contacting {base}"))?
+        .json()
+        .await?;
     let model = models["data"][0]["id"].as_str().context("the server lists no model")?.to_string();
     let url = format!("{base}/v1/completions");
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
     let sem = Arc::new(tokio::sync::Semaphore::new(a.max_concurrency.unwrap_or(usize::MAX >> 4)));
     let bar = ProgressBar::new(a.num_prompts as u64);
-    bar.set_style(ProgressStyle::with_template("{bar:40} {pos}/{len} requests [{elapsed_precise}]").expect("valid template"));
+    bar.set_style(
+        ProgressStyle::with_template("{bar:40} {pos}/{len} requests [{elapsed_precise}]").expect("valid template"),
+    );
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(a.num_prompts);
     for i in 0..a.num_prompts {
@@ -159,7 +167,9 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     let out_tokens: usize = ok.iter().map(|o| o.output_tokens).sum();
     let in_tokens: usize = ok.iter().map(|o| o.prompt_tokens).sum();
     let ttft = summary(ok.iter().map(|o| o.ttft).collect());
-    let tpot = summary(ok.iter().filter(|o| o.output_tokens > 1).map(|o| (o.e2e - o.ttft) / (o.output_tokens - 1) as f64).collect());
+    let tpot = summary(
+        ok.iter().filter(|o| o.output_tokens > 1).map(|o| (o.e2e - o.ttft) / (o.output_tokens - 1) as f64).collect(),
+    );
     let itl = summary(ok.iter().flat_map(|o| o.itls.clone()).collect());
     let e2e = summary(ok.iter().map(|o| o.e2e).collect());
     println!("============ Serving Benchmark Result ============");

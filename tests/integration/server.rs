@@ -84,7 +84,8 @@ async fn endpoints_answer() {
     assert_eq!(out["choices"][0]["versions"], json!([0, 0, 0, 0]));
     assert!(out["id"].as_str().unwrap().starts_with("cmpl-"));
     // prompt_logprobs: null for the first token, then each prompt token's entry.
-    let (_, pl) = post(&base, "/v1/completions", json!({"prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 1})).await;
+    let (_, pl) =
+        post(&base, "/v1/completions", json!({"prompt": [1, 2, 3], "max_tokens": 1, "prompt_logprobs": 1})).await;
     let pl = pl["choices"][0]["prompt_logprobs"].as_array().unwrap().clone();
     assert_eq!(pl.len(), 3);
     assert!(pl[0].is_null() && pl[1]["2"]["logprob"].as_f64().unwrap() < 0.0 && pl[2]["3"].is_object());
@@ -266,7 +267,8 @@ async fn bad_requests_get_the_right_status_and_envelope() {
         ("POST", "/detokenize", json!({"tokens": [1, 100000]}).to_string(), 400, "token id 100000 is out of range"),
         ("GET", "/v1/nothing", String::new(), 404, "no route for GET /v1/nothing"),
         ("GET", "/v1/completions", String::new(), 405, ""),
-        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "a".repeat(9 << 20)), 413, "larger than the limit"),
+        // Just over the 8 MiB limit (the server stops reading there).
+        ("POST", "/v1/completions", format!("{{\"prompt\": \"{}\"}}", "a".repeat((8 << 20) + 64)), 413, "larger than the limit"),
     ];
     assert!(cases.len() >= 30);
     for (method, path, body, status, msg) in &cases {
