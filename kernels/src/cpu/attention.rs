@@ -22,7 +22,7 @@ pub fn paged_attention(
     let group = n_heads / n_kv_heads;
     let (qc, kc) = (n_heads * head_dim, n_kv_heads * head_dim);
     let scale = 1.0 / (head_dim as f32).sqrt();
-    out.par_chunks_mut(head_dim).enumerate().for_each(|(idx, o)| {
+    let f = |(idx, o): (usize, &mut [f32])| {
         let (row, h) = (idx / n_heads, idx % n_heads);
         let seq = &seqs[row_seq[row]];
         let pos = seq.start_pos + (row - seq.rows.start);
@@ -38,5 +38,17 @@ pub fn paged_attention(
         for (&s, &p) in slots.iter().zip(&scores) {
             axpy(p, &v[s as usize * kc + off..s as usize * kc + off + head_dim], o);
         }
-    });
+    };
+    // Multiply-adds of the whole call; small ones (a short decode) run inline, since a
+    // rayon dispatch costs more than the work.
+    let work: usize =
+        row_seq.iter().enumerate().map(|(r, &si)| seqs[si].start_pos + r - seqs[si].rows.start + 1).sum::<usize>() * qc;
+    if work < INLINE_WORK {
+        out.chunks_mut(head_dim).enumerate().for_each(f);
+    } else {
+        out.par_chunks_mut(head_dim).enumerate().for_each(f);
+    }
 }
+
+/// Below this many multiply-adds attention runs on the calling thread.
+const INLINE_WORK: usize = 1 << 17;
