@@ -10,6 +10,7 @@ pub mod error;
 pub mod fetch;
 pub mod generate;
 pub mod handle;
+pub mod learner;
 pub mod model;
 pub mod outputs;
 pub mod sampling;

@@ -209,6 +209,16 @@ pub fn top_k_of(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i as u32, x[i])).collect()
 }
 
+/// `log softmax(logits / T)[token]`, in f64 with the max subtracted: the one formula for the
+/// sampler's `raw_logprob` (T = 1) and the learner's ℓ (DESIGN-NOTES §3), so equal logits
+/// give bitwise-equal log-probabilities.
+pub fn token_logprob(logits: &[f32], token: usize, temperature: f32) -> f32 {
+    let t = temperature as f64;
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let z: f64 = logits.iter().map(|&v| ((v as f64 - max) / t).exp()).sum();
+    ((logits[token] as f64 - max) / t - z.ln()) as f32
+}
+
 /// Samples the next token of one sequence from its logits row `[vocab]`.
 pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> SampledToken {
     let raw_lse = logsumexp(logits);
@@ -228,7 +238,7 @@ pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> Sample
         Some(k) if k > 0 => top_k_of(logits, k).into_iter().map(|(i, _)| (i, raw_lp(i as usize))).collect(),
         _ => vec![],
     };
-    SampledToken { token: token as u32, behavior_logprob, raw_logprob: raw_lp(token), top_logprobs }
+    SampledToken { token: token as u32, behavior_logprob, raw_logprob: token_logprob(logits, token, 1.0), top_logprobs }
 }
 
 fn apply_penalties(l: &mut [f32], p: &SamplingParams, ctx: &SampleContext) {

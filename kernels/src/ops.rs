@@ -297,3 +297,114 @@ pub fn scatter_rows(dst: &mut Tensor, slots: &[u32], src: &Tensor) -> Result<()>
     }
     Ok(())
 }
+
+/// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`.
+pub fn linear_grad_input(dy: &Tensor, w: &PackedWeight) -> Result<Tensor> {
+    let (m, n) = dy.dims2("linear_grad_input")?;
+    if n != w.n {
+        return Err(shape_err("linear_grad_input", format!("dy has {n} columns, w is [{}, {}]", w.n, w.k)));
+    }
+    let mut dx = vec![0.0f32; m * w.k];
+    cpu::backward::linear_grad_input(dy.as_slice()?, w.data.as_slice()?, &mut dx, m, n, w.k);
+    Tensor::from_vec(dx, &[m, w.k])
+}
+
+/// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout).
+pub fn linear_grad_weight(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
+    let (m, n) = dy.dims2("linear_grad_weight")?;
+    let (m2, k) = x.dims2("linear_grad_weight")?;
+    if m != m2 {
+        return Err(shape_err("linear_grad_weight", format!("dy has {m} rows, x has {m2}")));
+    }
+    let mut dw = vec![0.0f32; n * k];
+    cpu::backward::linear_grad_weight(dy.as_slice()?, x.as_slice()?, &mut dw, m, n, k);
+    Tensor::from_vec(dw, &[n, k])
+}
+
+/// Gradients of [`rms_norm`]: returns `(dx [m, d], dw [d])`.
+pub fn rms_norm_backward(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f32) -> Result<(Tensor, Tensor)> {
+    let (m, d) = x.dims2("rms_norm_backward")?;
+    if dy.shape() != x.shape() || w.len() != d {
+        return Err(shape_err(
+            "rms_norm_backward",
+            format!("x {:?}, dy {:?}, w {:?}", x.shape(), dy.shape(), w.shape()),
+        ));
+    }
+    let (mut dx, mut dw) = (vec![0.0f32; m * d], vec![0.0f32; d]);
+    cpu::backward::rms_norm_backward(x.as_slice()?, w.as_slice()?, dy.as_slice()?, &mut dx, &mut dw, d, eps);
+    Ok((Tensor::from_vec(dx, &[m, d])?, Tensor::from_vec(dw, &[d])?))
+}
+
+/// Gradient of [`silu_mul`] w.r.t. its fused input `[m, 2i]`, given `da [m, i]`.
+pub fn silu_mul_backward(gate_up: &Tensor, da: &Tensor) -> Result<Tensor> {
+    let (m, c) = gate_up.dims2("silu_mul_backward")?;
+    if da.shape() != [m, c / 2] {
+        return Err(shape_err("silu_mul_backward", format!("gate_up {:?}, da {:?}", gate_up.shape(), da.shape())));
+    }
+    let mut d = vec![0.0f32; m * c];
+    cpu::backward::silu_mul_backward(gate_up.as_slice()?, da.as_slice()?, &mut d, c / 2);
+    Tensor::from_vec(d, &[m, c])
+}
+
+/// Gradients of causal [`attention`] over one sequence at positions `0..t` (no cache):
+/// returns `(dq, dk, dv)` shaped like `q`, `k`, `v`.
+pub fn attention_backward(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    da: &Tensor,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> Result<(Tensor, Tensor, Tensor)> {
+    let (t, qc) = q.dims2("attention_backward")?;
+    let (t2, kc) = k.dims2("attention_backward")?;
+    if t != t2
+        || qc != n_heads * head_dim
+        || kc != n_kv_heads * head_dim
+        || v.shape() != k.shape()
+        || da.shape() != q.shape()
+        || n_heads % n_kv_heads != 0
+    {
+        return Err(shape_err(
+            "attention_backward",
+            format!("q {:?}, k {:?}, v {:?}, da {:?}", q.shape(), k.shape(), v.shape(), da.shape()),
+        ));
+    }
+    let (mut dq, mut dk, mut dv) = (vec![0.0f32; t * qc], vec![0.0f32; t * kc], vec![0.0f32; t * kc]);
+    cpu::backward::attention_backward(
+        q.as_slice()?,
+        k.as_slice()?,
+        v.as_slice()?,
+        da.as_slice()?,
+        &mut dq,
+        &mut dk,
+        &mut dv,
+        t,
+        n_heads,
+        n_kv_heads,
+        head_dim,
+    );
+    Ok((Tensor::from_vec(dq, &[t, qc])?, Tensor::from_vec(dk, &[t, kc])?, Tensor::from_vec(dv, &[t, kc])?))
+}
+
+/// Concatenates 2-D tensors with equal row counts along columns: `[m, c_i]` → `[m, Σ c_i]`.
+pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
+    let m = parts.first().map(|t| t.dims2("cat_cols")).transpose()?.map_or(0, |d| d.0);
+    let mut widths = Vec::with_capacity(parts.len());
+    for t in parts {
+        let (r, c) = t.dims2("cat_cols")?;
+        if r != m {
+            return Err(shape_err("cat_cols", format!("{r} rows, expected {m}")));
+        }
+        widths.push(c);
+    }
+    let total: usize = widths.iter().sum();
+    let mut data = Vec::with_capacity(m * total);
+    for i in 0..m {
+        for (t, &c) in parts.iter().zip(&widths) {
+            data.extend_from_slice(&t.as_slice()?[i * c..(i + 1) * c]);
+        }
+    }
+    Tensor::from_vec(data, &[m, total])
+}

@@ -3,6 +3,7 @@
 mod engine;
 mod gguf;
 mod kernels;
+mod learner;
 mod model;
 mod reference;
 mod sampling;

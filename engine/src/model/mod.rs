@@ -140,6 +140,11 @@ impl Model {
         Ok(logits)
     }
 
+    /// RoPE `(cos, sin)` tables `[max_positions, head_dim/2]`.
+    pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
+        (&self.rope_cos, &self.rope_sin)
+    }
+
     /// Positions the RoPE tables cover (`max_position_embeddings`).
     pub fn max_positions(&self) -> usize {
         self.rope_cos.shape()[0]

@@ -2,6 +2,7 @@
 //! runtime-detected AVX2/FMA for dot products.
 
 pub mod attention;
+pub mod backward;
 pub mod elementwise;
 pub mod matmul;
 pub mod simd;

@@ -1,0 +1,230 @@
+//! The learner's training forward and hand-written backward over the served weights.
+//!
+//! A sequence is `prompt ++ completion`; the learner logprob of completion token `i` is
+//! `ℓ_i = log softmax(z_{p−1+i} / T)[c_i]` (p = prompt length) with the temperature the
+//! token was sampled at (DESIGN-NOTES §3). Sequences are processed one at a time, unpadded
+//! (no padding to mask), and gradients accumulate across them. Only completion rows carry
+//! loss: prompt positions get gradient only through attention, exactly as in autodiff.
+//!
+//! Backward per layer (reverse of `Model::forward_inner`): down_proj → SwiGLU →
+//! gate_up_proj → post-attention RMSNorm → o_proj → attention (probabilities recomputed)
+//! → inverse RoPE → qkv_proj (+bias) → input RMSNorm; then the embedding scatter-add
+//! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
+
+mod grads;
+
+pub use grads::Grads;
+
+use crate::error::Result;
+use crate::model::Model;
+use crate::sampling::token_logprob;
+use kernels::{ops, Tensor};
+
+struct LayerActs {
+    x_in: Tensor,
+    n1: Tensor,
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    a: Tensor,
+    x_mid: Tensor,
+    n2: Tensor,
+    gu: Tensor,
+    act: Tensor,
+}
+
+/// The saved activations of one sequence's training forward.
+pub struct SeqForward {
+    inputs: Vec<u32>,
+    prompt_len: usize,
+    completion: Vec<u32>,
+    temperature: f32,
+    layers: Vec<LayerActs>,
+    /// Final hidden states of the completion-predicting rows, before the last norm.
+    h_rows: Tensor,
+    normed: Tensor,
+    /// Logits of the completion-predicting rows `[C, vocab]`.
+    logits: Tensor,
+    /// ℓ of each completion token.
+    pub logprobs: Vec<f32>,
+}
+
+/// Training forward of `prompt ++ completion` at `temperature`: saves what backward needs.
+pub fn forward(model: &Model, prompt: &[u32], completion: &[u32], temperature: f32) -> Result<SeqForward> {
+    rayon::scope(|_| forward_inner(model, prompt, completion, temperature))
+}
+
+fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature: f32) -> Result<SeqForward> {
+    let c = &model.config;
+    let bad = |d: String| -> Result<SeqForward> {
+        Err(kernels::KernelError::Shape { op: "learner forward", detail: d }.into())
+    };
+    if prompt.is_empty() || completion.is_empty() {
+        return bad("prompt and completion must be non-empty".into());
+    }
+    let inputs: Vec<u32> = prompt.iter().chain(&completion[..completion.len() - 1]).cloned().collect();
+    let t = inputs.len();
+    if t > model.max_positions() {
+        return bad(format!("{t} positions exceed the context of {}", model.max_positions()));
+    }
+    let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    let positions: Vec<usize> = (0..t).collect();
+    let (cos, sin) = model.rope_tables();
+    let mut x = ops::embedding(&model.embed_tokens, &inputs)?;
+    let mut layers = Vec::with_capacity(model.layers.len());
+    for w in &model.layers {
+        let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
+        let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
+        let [mut q, mut k, v]: [Tensor; 3] =
+            ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+        ops::rope_inplace(&mut q, &positions, cos, sin, c.head_dim)?;
+        ops::rope_inplace(&mut k, &positions, cos, sin, c.head_dim)?;
+        let a = ops::attention(&q, &k, &v, 0, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+        let mut x_mid = x.clone();
+        ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
+        let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
+        let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
+        let act = ops::silu_mul(&gu)?;
+        let mut x_out = x_mid.clone();
+        ops::add_inplace(&mut x_out, &ops::linear(&act, &w.down_proj, None)?)?;
+        layers.push(LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act });
+        x = x_out;
+    }
+    let rows: Vec<u32> = (prompt.len() - 1..t).map(|r| r as u32).collect();
+    let h_rows = ops::embedding(&x, &rows)?;
+    let normed = ops::rms_norm(&h_rows, &model.norm, c.rms_norm_eps)?;
+    let logits = ops::linear(&normed, &model.lm_head, None)?;
+    let v = c.vocab_size;
+    let ls = logits.as_slice()?;
+    let logprobs = completion
+        .iter()
+        .enumerate()
+        .map(|(i, &tok)| token_logprob(&ls[i * v..(i + 1) * v], tok as usize, temperature))
+        .collect();
+    Ok(SeqForward {
+        inputs,
+        prompt_len: prompt.len(),
+        completion: completion.to_vec(),
+        temperature,
+        layers,
+        h_rows,
+        normed,
+        logits,
+        logprobs,
+    })
+}
+
+impl SeqForward {
+    /// Accumulates into `grads` the gradient of a loss whose derivative w.r.t. each
+    /// completion logprob ℓ_i is `dl_dlogp[i]`.
+    pub fn backward(&self, model: &Model, dl_dlogp: &[f32], grads: &mut Grads) -> Result<()> {
+        rayon::scope(|_| self.backward_inner(model, dl_dlogp, grads))
+    }
+
+    fn backward_inner(&self, model: &Model, dl_dlogp: &[f32], grads: &mut Grads) -> Result<()> {
+        let c = &model.config;
+        let (h, v, t) = (c.hidden_size, c.vocab_size, self.inputs.len());
+        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        assert_eq!(dl_dlogp.len(), self.completion.len(), "one gradient per completion token");
+        // dℓ/dz = (onehot − softmax(z/T)) / T, scaled by dL/dℓ.
+        let tinv = 1.0 / self.temperature as f64;
+        let mut dz = ops::softmax(&scale(&self.logits, tinv as f32)?)?.to_vec();
+        for (i, (&tok, &g)) in self.completion.iter().zip(dl_dlogp).enumerate() {
+            let row = &mut dz[i * v..(i + 1) * v];
+            row[tok as usize] -= 1.0;
+            for x in row.iter_mut() {
+                *x = (-(*x as f64) * g as f64 * tinv) as f32;
+            }
+        }
+        let dz = Tensor::from_vec(dz, &[self.completion.len(), v])?;
+        let d_normed = ops::linear_grad_input(&dz, &model.lm_head)?;
+        let d_head = ops::linear_grad_weight(&dz, &self.normed)?;
+        let head_name = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
+        grads.add(head_name, &[v, h], d_head.as_slice()?);
+        let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
+        grads.add("model.norm.weight", &[h], dnorm.as_slice()?);
+        let mut dx = vec![0.0f32; t * h];
+        dx[(self.prompt_len - 1) * h..].copy_from_slice(dh_rows.as_slice()?);
+        let mut dx = Tensor::from_vec(dx, &[t, h])?;
+        let positions: Vec<usize> = (0..t).collect();
+        let (cos, sin) = model.rope_tables();
+        let neg_sin = scale(sin, -1.0)?;
+        for (l, (w, s)) in model.layers.iter().zip(&self.layers).enumerate().rev() {
+            let p = format!("model.layers.{l}.");
+            // MLP.
+            let d_act = ops::linear_grad_input(&dx, &w.down_proj)?;
+            grads.add(
+                &format!("{p}mlp.down_proj.weight"),
+                &[h, c.intermediate_size],
+                ops::linear_grad_weight(&dx, &s.act)?.as_slice()?,
+            );
+            let d_gu = ops::silu_mul_backward(&s.gu, &d_act)?;
+            let dw_gu = ops::linear_grad_weight(&d_gu, &s.n2)?;
+            let (gate, up) = dw_gu.as_slice()?.split_at(c.intermediate_size * h);
+            grads.add(&format!("{p}mlp.gate_proj.weight"), &[c.intermediate_size, h], gate);
+            grads.add(&format!("{p}mlp.up_proj.weight"), &[c.intermediate_size, h], up);
+            let d_n2 = ops::linear_grad_input(&d_gu, &w.gate_up_proj)?;
+            let (d_mid, dw_post) =
+                ops::rms_norm_backward(&s.x_mid, &w.post_attention_layernorm, &d_n2, c.rms_norm_eps)?;
+            grads.add(&format!("{p}post_attention_layernorm.weight"), &[h], dw_post.as_slice()?);
+            ops::add_inplace(&mut dx, &d_mid)?;
+            // Attention.
+            let d_a = ops::linear_grad_input(&dx, &w.o_proj)?;
+            grads.add(
+                &format!("{p}self_attn.o_proj.weight"),
+                &[h, q_dim],
+                ops::linear_grad_weight(&dx, &s.a)?.as_slice()?,
+            );
+            let (mut dq, mut dk, dv) = ops::attention_backward(
+                &s.q,
+                &s.k,
+                &s.v,
+                &d_a,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+            )?;
+            ops::rope_inplace(&mut dq, &positions, cos, &neg_sin, c.head_dim)?;
+            ops::rope_inplace(&mut dk, &positions, cos, &neg_sin, c.head_dim)?;
+            let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
+            let dw_qkv = ops::linear_grad_weight(&dqkv, &s.n1)?;
+            let (dwq, rest) = dw_qkv.as_slice()?.split_at(q_dim * h);
+            let (dwk, dwv) = rest.split_at(kv_dim * h);
+            grads.add(&format!("{p}self_attn.q_proj.weight"), &[q_dim, h], dwq);
+            grads.add(&format!("{p}self_attn.k_proj.weight"), &[kv_dim, h], dwk);
+            grads.add(&format!("{p}self_attn.v_proj.weight"), &[kv_dim, h], dwv);
+            if c.qkv_bias {
+                let n = q_dim + 2 * kv_dim;
+                let mut db = vec![0.0f32; n];
+                for row in dqkv.as_slice()?.chunks(n) {
+                    for (b, g) in db.iter_mut().zip(row) {
+                        *b += g;
+                    }
+                }
+                grads.add(&format!("{p}self_attn.q_proj.bias"), &[q_dim], &db[..q_dim]);
+                grads.add(&format!("{p}self_attn.k_proj.bias"), &[kv_dim], &db[q_dim..q_dim + kv_dim]);
+                grads.add(&format!("{p}self_attn.v_proj.bias"), &[kv_dim], &db[q_dim + kv_dim..]);
+            }
+            let d_n1 = ops::linear_grad_input(&dqkv, &w.qkv_proj)?;
+            let (d_in, dw_in) = ops::rms_norm_backward(&s.x_in, &w.input_layernorm, &d_n1, c.rms_norm_eps)?;
+            grads.add(&format!("{p}input_layernorm.weight"), &[h], dw_in.as_slice()?);
+            ops::add_inplace(&mut dx, &d_in)?;
+        }
+        // Embedding: scatter-add rows.
+        let mut de = vec![0.0f32; v * h];
+        for (r, &tok) in self.inputs.iter().enumerate() {
+            for (a, b) in
+                de[tok as usize * h..(tok as usize + 1) * h].iter_mut().zip(&dx.as_slice()?[r * h..(r + 1) * h])
+            {
+                *a += b;
+            }
+        }
+        grads.add("model.embed_tokens.weight", &[v, h], &de);
+        Ok(())
+    }
+}
+
+/// `x · s` elementwise.
+fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
+    Ok(Tensor::from_vec(x.as_slice()?.iter().map(|v| v * s).collect(), x.shape())?)
+}
