@@ -48,6 +48,12 @@ pub fn pack_weight(w: &Tensor) -> Result<PackedWeight> {
     Ok(PackedWeight { data: Tensor::from_vec(data, &[len])?, n, k })
 }
 
+/// The `[n, k]` row-major weight back from its packed form.
+pub fn unpack_weight(w: &PackedWeight) -> Result<Tensor> {
+    let data = cpu::matmul::unpack(w.data.as_slice()?, w.n, w.k);
+    Tensor::from_vec(data, &[w.n, w.k])
+}
+
 /// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w` packed `[n, k]`, `bias [n]` → `[m, n]`.
 /// Batch-invariant: row `i` of `y` is bitwise the same for any `m`.
 pub fn linear(x: &Tensor, w: &PackedWeight, bias: Option<&Tensor>) -> Result<Tensor> {

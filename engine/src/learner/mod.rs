@@ -11,9 +11,14 @@
 //! → inverse RoPE → qkv_proj (+bias) → input RMSNorm; then the embedding scatter-add
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
+pub mod advantages;
 mod grads;
+pub mod loss;
+pub mod optim;
+mod trainer;
 
 pub use grads::Grads;
+pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
 use crate::error::Result;
 use crate::model::Model;
@@ -47,6 +52,8 @@ pub struct SeqForward {
     logits: Tensor,
     /// ℓ of each completion token.
     pub logprobs: Vec<f32>,
+    /// Entropy of π_θ(· | prefix) at temperature T for each completion position (nats).
+    pub entropies: Vec<f32>,
 }
 
 /// Training forward of `prompt ++ completion` at `temperature`: saves what backward needs.
@@ -101,6 +108,7 @@ fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature:
         .enumerate()
         .map(|(i, &tok)| token_logprob(&ls[i * v..(i + 1) * v], tok as usize, temperature))
         .collect();
+    let entropies = ls.chunks(v).map(|row| entropy(row, temperature)).collect();
     Ok(SeqForward {
         inputs,
         prompt_len: prompt.len(),
@@ -111,6 +119,7 @@ fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature:
         normed,
         logits,
         logprobs,
+        entropies,
     })
 }
 
@@ -222,6 +231,15 @@ impl SeqForward {
         grads.add("model.embed_tokens.weight", &[v, h], &de);
         Ok(())
     }
+}
+
+/// Entropy `−Σ p log p` of `softmax(row / T)`, in f64.
+fn entropy(row: &[f32], temperature: f32) -> f32 {
+    let t = temperature as f64;
+    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let w: Vec<f64> = row.iter().map(|&v| ((v as f64 - max) / t).exp()).collect();
+    let z: f64 = w.iter().sum();
+    -w.iter().filter(|&&x| x > 0.0).map(|&x| (x / z) * (x / z).ln()).sum::<f64>() as f32
 }
 
 /// `x · s` elementwise.

@@ -16,6 +16,7 @@ pub use weights::WeightFiles;
 use crate::error::Result;
 use kernels::ops::{AttnSeq, PackedWeight};
 use kernels::{ops, Device, Tensor};
+use std::collections::BTreeMap;
 use std::path::Path;
 
 /// Weights of one decoder layer. Linear weights are `[out, in]`. As in vLLM, the HF
@@ -57,11 +58,19 @@ impl Model {
 
     /// Builds the model from already opened weight files.
     pub fn from_files(config: ModelConfig, files: &WeightFiles, device: &Device) -> Result<Self> {
+        Self::from_source(config, &|name, shape| files.load(name, shape), device)
+    }
+
+    /// Builds the model from HF-named host tensors: `host(name, expected shape)`.
+    pub fn from_source(
+        config: ModelConfig,
+        host: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
+        device: &Device,
+    ) -> Result<Self> {
         let c = &config;
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         // Loaded on the host, fused, then moved to the device.
-        let host = |name: &str, shape: &[usize]| files.load(name, shape);
         let dev = |t: Tensor| -> Result<Tensor> { Ok(t.to_device(device)?) };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
@@ -138,6 +147,61 @@ impl Model {
         let logits = self.forward_batch(&batch, cache)?;
         cache.advance(t);
         Ok(logits)
+    }
+
+    /// Every weight under its HF name and shape, as host f32 (the fused and packed
+    /// projections split back). With tied embeddings there is no `lm_head.weight`.
+    pub fn named_weights(&self) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+        let c = &self.config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let mut out = BTreeMap::new();
+        let mut put = |name: String, shape: Vec<usize>, data: &[f32]| {
+            out.insert(name, (shape, data.to_vec()));
+        };
+        put("model.embed_tokens.weight".into(), vec![c.vocab_size, h], self.embed_tokens.as_slice()?);
+        put("model.norm.weight".into(), vec![h], self.norm.as_slice()?);
+        if !c.tie_word_embeddings {
+            put("lm_head.weight".into(), vec![c.vocab_size, h], ops::unpack_weight(&self.lm_head)?.as_slice()?);
+        }
+        for (l, w) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}.");
+            put(format!("{p}input_layernorm.weight"), vec![h], w.input_layernorm.as_slice()?);
+            put(format!("{p}post_attention_layernorm.weight"), vec![h], w.post_attention_layernorm.as_slice()?);
+            let qkv = ops::unpack_weight(&w.qkv_proj)?;
+            let (wq, rest) = qkv.as_slice()?.split_at(q * h);
+            let (wk, wv) = rest.split_at(kv * h);
+            put(format!("{p}self_attn.q_proj.weight"), vec![q, h], wq);
+            put(format!("{p}self_attn.k_proj.weight"), vec![kv, h], wk);
+            put(format!("{p}self_attn.v_proj.weight"), vec![kv, h], wv);
+            if let Some(b) = &w.qkv_bias {
+                let b = b.as_slice()?;
+                put(format!("{p}self_attn.q_proj.bias"), vec![q], &b[..q]);
+                put(format!("{p}self_attn.k_proj.bias"), vec![kv], &b[q..q + kv]);
+                put(format!("{p}self_attn.v_proj.bias"), vec![kv], &b[q + kv..]);
+            }
+            put(format!("{p}self_attn.o_proj.weight"), vec![h, q], ops::unpack_weight(&w.o_proj)?.as_slice()?);
+            let gu = ops::unpack_weight(&w.gate_up_proj)?;
+            let (g, u) = gu.as_slice()?.split_at(i * h);
+            put(format!("{p}mlp.gate_proj.weight"), vec![i, h], g);
+            put(format!("{p}mlp.up_proj.weight"), vec![i, h], u);
+            put(format!("{p}mlp.down_proj.weight"), vec![h, i], ops::unpack_weight(&w.down_proj)?.as_slice()?);
+        }
+        Ok(out)
+    }
+
+    /// Replaces every weight with the HF-named `weights` (shapes checked).
+    pub fn set_weights(&mut self, weights: &BTreeMap<String, Vec<f32>>) -> Result<()> {
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            let v = weights.get(name).ok_or_else(|| crate::error::ModelError::MissingTensor {
+                path: "<weights>".into(),
+                name: name.into(),
+                expected: shape.to_vec(),
+            })?;
+            Ok(Tensor::from_vec(v.clone(), shape)?)
+        };
+        *self = Model::from_source(self.config.clone(), &get, &self.device)?;
+        Ok(())
     }
 
     /// RoPE `(cos, sin)` tables `[max_positions, head_dim/2]`.

@@ -38,6 +38,18 @@ pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     out
 }
 
+/// Inverse of [`pack`]: `w [n, k]` row-major.
+pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
+    let mut w = vec![0.0f32; n * k];
+    w.par_chunks_mut(k).enumerate().for_each(|(j, row)| {
+        let (p, c) = (j / NP, j % NP);
+        for (l, v) in row.iter_mut().enumerate() {
+            *v = packed[(p * k + l) * NP + c];
+        }
+    });
+    w
+}
+
 #[derive(Clone, Copy)]
 struct SendPtr(*mut f32);
 // SAFETY: used only to hand disjoint column ranges of one output buffer to rayon tasks.

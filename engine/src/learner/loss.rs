@@ -1,0 +1,231 @@
+//! RL policy losses on per-token log-probabilities (TRL / verl names), returning the loss
+//! and its derivative w.r.t. every learner logprob ℓ, which [`super::SeqForward::backward`]
+//! turns into weight gradients.
+//!
+//! Per completion token t of sample i: ℓ = log π_θ (at the sampling temperature), μ = the
+//! behaviour logprob recorded by the engine, A_i the sample's advantage.
+//! - token level (PPO, Schulman et al. 2017, eq. 7; GRPO, Shao et al. 2024, eq. 3; DAPO
+//!   clip-higher, Yu et al. 2025, eq. 10): r = exp(ℓ − μ), l_t = −min(r·A, clip(r, 1−ε, 1+ε_high)·A);
+//! - sequence level (GSPO, Zheng et al. 2025, eq. 5–7): s = exp(mean_t(ℓ − μ)), the same clipped
+//!   objective with s for every token of the sample;
+//! - `beta > 0` adds β·KL(π_θ‖π_ref) per token with estimator k1 = ℓ − ℓ_ref,
+//!   k2 = ½(ℓ − ℓ_ref)², k3 = exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1 (Schulman, "Approximating KL", 2020);
+//! - aggregation `loss_type`: `grpo` = mean over samples of the per-sample token mean;
+//!   `dapo`/`bnpo` = Σ tokens / Σ completion lengths; `dr_grpo` = Σ tokens / (N · max_completion_length)
+//!   (Liu et al. 2025, "Understanding R1-Zero-Like Training").
+//! - `off_policy_correction`: `ppo_clip` (the ratio against μ, as above); `tis` (truncated IS:
+//!   the per-token loss is multiplied by min(exp(ℓ_old − μ), tis_cap), with the ratio taken
+//!   against ℓ_old; Yao et al. 2025); `mis` (masked IS: tokens — or samples at sequence level — whose
+//!   ratio exp(ℓ_old − μ) leaves [mis_low, mis_high] get no loss); `decoupled` (AReaL, Fu et al. 2025:
+//!   clip π_θ/π_prox, times min(π_prox/μ, tis_cap)). ℓ_old = π_prox = the learner's logprob
+//!   before this update (ℓ itself, detached, for one optimizer step per batch).
+
+use serde::{Deserialize, Serialize};
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum LossType {
+    Grpo,
+    Dapo,
+    Bnpo,
+    DrGrpo,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ImportanceSamplingLevel {
+    Token,
+    Sequence,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum KlEstimator {
+    K1,
+    K2,
+    K3,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum OffPolicyCorrection {
+    PpoClip,
+    Tis,
+    Mis,
+    Decoupled,
+}
+
+/// Loss settings (TRL `GRPOConfig` names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct LossConfig {
+    pub loss_type: LossType,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub epsilon: f32,
+    pub epsilon_high: f32,
+    pub beta: f32,
+    pub kl_estimator: KlEstimator,
+    /// Normaliser of `dr_grpo`.
+    pub max_completion_length: usize,
+    pub off_policy_correction: OffPolicyCorrection,
+    pub tis_cap: f32,
+    pub mis_low: f32,
+    pub mis_high: f32,
+}
+
+impl Default for LossConfig {
+    fn default() -> Self {
+        Self {
+            loss_type: LossType::Grpo,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            epsilon: 0.2,
+            epsilon_high: 0.2,
+            beta: 0.0,
+            kl_estimator: KlEstimator::K3,
+            max_completion_length: 256,
+            off_policy_correction: OffPolicyCorrection::PpoClip,
+            tis_cap: 2.0,
+            mis_low: 0.5,
+            mis_high: 2.0,
+        }
+    }
+}
+
+/// One sample's inputs to the loss.
+pub struct SampleLogprobs<'a> {
+    /// ℓ per completion token.
+    pub logp: &'a [f32],
+    /// μ per completion token.
+    pub behavior: &'a [f32],
+    /// ℓ_ref per token (needed when `beta > 0`).
+    pub ref_logp: Option<&'a [f32]>,
+    pub advantage: f32,
+}
+
+/// Loss statistics of one batch.
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct LossStats {
+    pub loss: f64,
+    /// Fraction of tokens whose ratio was clipped below / above / either.
+    pub clip_ratio_low: f64,
+    pub clip_ratio_high: f64,
+    pub clip_ratio: f64,
+    /// Mean per-token KL estimate to the reference (0 without one).
+    pub kl: f64,
+    /// |ℓ − μ|: mean and max.
+    pub mismatch_mean: f64,
+    pub mismatch_max: f64,
+    /// Importance ratio exp(ℓ − μ) per token: min, mean, max.
+    pub ratio_min: f64,
+    pub ratio_mean: f64,
+    pub ratio_max: f64,
+    pub tokens: usize,
+}
+
+/// The loss of a batch and `dL/dℓ` per token of every sample.
+pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, Vec<Vec<f32>>) {
+    let n = samples.len().max(1) as f64;
+    let total_tokens: usize = samples.iter().map(|s| s.logp.len()).sum();
+    let mut st = LossStats { ratio_min: f64::INFINITY, ratio_max: 0.0, tokens: total_tokens, ..Default::default() };
+    let (lo, hi) = (1.0 - cfg.epsilon as f64, 1.0 + cfg.epsilon_high as f64);
+    let mut grads = Vec::with_capacity(samples.len());
+    let (mut clipped_lo, mut clipped_hi, mut kl_sum, mut mm_sum, mut ratio_sum) = (0usize, 0usize, 0.0, 0.0, 0.0);
+    for s in samples {
+        let len = s.logp.len();
+        // Per-token weight of the aggregation.
+        let norm = match cfg.loss_type {
+            LossType::Grpo => 1.0 / (len.max(1) as f64 * n),
+            LossType::Dapo | LossType::Bnpo => 1.0 / total_tokens.max(1) as f64,
+            LossType::DrGrpo => 1.0 / (n * cfg.max_completion_length.max(1) as f64),
+        };
+        let a = s.advantage as f64;
+        let d: Vec<f64> = s.logp.iter().zip(s.behavior).map(|(&l, &m)| l as f64 - m as f64).collect();
+        for &x in &d {
+            let r = x.exp();
+            st.ratio_min = st.ratio_min.min(r);
+            st.ratio_max = st.ratio_max.max(r);
+            ratio_sum += r;
+            mm_sum += x.abs();
+            st.mismatch_max = st.mismatch_max.max(x.abs());
+        }
+        let seq_ratio = (d.iter().sum::<f64>() / len.max(1) as f64).exp();
+        let mut g = vec![0.0f32; len];
+        for t in 0..len {
+            // The ratio in the clipped objective, its derivative w.r.t. ℓ_t, and a detached weight.
+            let (ratio, dratio, weight) = match (cfg.off_policy_correction, cfg.importance_sampling_level) {
+                (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, ImportanceSamplingLevel::Token) => {
+                    (d[t].exp(), d[t].exp(), 1.0)
+                }
+                (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, ImportanceSamplingLevel::Sequence) => {
+                    (seq_ratio, seq_ratio / len as f64, 1.0)
+                }
+                // Against ℓ_old = sg(ℓ): ratio 1 with derivative 1 (per token) or 1/|y| (per sequence).
+                (OffPolicyCorrection::Tis | OffPolicyCorrection::Decoupled, level) => {
+                    let w = match level {
+                        ImportanceSamplingLevel::Token => d[t].exp(),
+                        ImportanceSamplingLevel::Sequence => seq_ratio,
+                    };
+                    let dr = if level == ImportanceSamplingLevel::Token { 1.0 } else { 1.0 / len as f64 };
+                    (1.0, dr, w.min(cfg.tis_cap as f64))
+                }
+            };
+            let masked = cfg.off_policy_correction == OffPolicyCorrection::Mis && {
+                let w = if cfg.importance_sampling_level == ImportanceSamplingLevel::Token {
+                    d[t].exp()
+                } else {
+                    seq_ratio
+                };
+                w < cfg.mis_low as f64 || w > cfg.mis_high as f64
+            };
+            let clipped = ratio.clamp(lo, hi);
+            let (unclipped_obj, clipped_obj) = (ratio * a, clipped * a);
+            let use_unclipped = unclipped_obj <= clipped_obj;
+            if !use_unclipped {
+                if ratio < lo {
+                    clipped_lo += 1;
+                } else {
+                    clipped_hi += 1;
+                }
+            }
+            let mut lt = -weight * unclipped_obj.min(clipped_obj);
+            let mut dlt_dl = if use_unclipped { -weight * a * dratio } else { 0.0 };
+            if cfg.beta > 0.0 {
+                let lr = s.ref_logp.map(|r| r[t] as f64).unwrap_or(s.logp[t] as f64);
+                let x = s.logp[t] as f64 - lr;
+                let (kl, dkl) = match cfg.kl_estimator {
+                    KlEstimator::K1 => (x, 1.0),
+                    KlEstimator::K2 => (0.5 * x * x, x),
+                    KlEstimator::K3 => ((-x).exp() + x - 1.0, 1.0 - (-x).exp()),
+                };
+                kl_sum += kl;
+                lt += cfg.beta as f64 * kl;
+                dlt_dl += cfg.beta as f64 * dkl;
+            }
+            if masked {
+                continue;
+            }
+            st.loss += lt * norm;
+            // Sequence-level ratios couple every token of the sample.
+            if cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence && use_unclipped {
+                let share = -weight * a * dratio * norm;
+                for gt in g.iter_mut() {
+                    *gt += share as f32;
+                }
+                dlt_dl -= -weight * a * dratio;
+            }
+            g[t] += (dlt_dl * norm) as f32;
+        }
+        grads.push(g);
+    }
+    let tt = total_tokens.max(1) as f64;
+    st.clip_ratio_low = clipped_lo as f64 / tt;
+    st.clip_ratio_high = clipped_hi as f64 / tt;
+    st.clip_ratio = (clipped_lo + clipped_hi) as f64 / tt;
+    st.kl = kl_sum / tt;
+    st.mismatch_mean = mm_sum / tt;
+    st.ratio_mean = ratio_sum / tt;
+    if total_tokens == 0 {
+        st.ratio_min = 0.0;
+    }
+    (st, grads)
+}

@@ -1,0 +1,104 @@
+//! AdamW (Loshchilov & Hutter 2019, Alg. 2; PyTorch `torch.optim.AdamW` order: decoupled
+//! decay, then the bias-corrected Adam step), global-norm clipping and LR schedules.
+
+use super::Grads;
+use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Schedule {
+    Constant,
+    /// Linear warmup over `warmup_steps`, then constant.
+    Linear,
+    /// Linear warmup, then cosine decay to 0 at `total_steps`.
+    Cosine,
+}
+
+/// Optimizer settings (TRL / HF `TrainingArguments` names).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(default)]
+pub struct OptimConfig {
+    pub learning_rate: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_epsilon: f64,
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0 = off).
+    pub max_grad_norm: f64,
+    pub lr_scheduler_type: Schedule,
+    pub warmup_steps: u64,
+    pub total_steps: u64,
+}
+
+impl Default for OptimConfig {
+    fn default() -> Self {
+        Self {
+            learning_rate: 1e-6,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            lr_scheduler_type: Schedule::Constant,
+            warmup_steps: 0,
+            total_steps: 1000,
+        }
+    }
+}
+
+impl OptimConfig {
+    /// Learning rate at optimizer step `step` (1-based).
+    pub fn lr_at(&self, step: u64) -> f64 {
+        let w = self.warmup_steps;
+        if w > 0 && step <= w {
+            return self.learning_rate * step as f64 / w as f64;
+        }
+        match self.lr_scheduler_type {
+            Schedule::Constant | Schedule::Linear => self.learning_rate,
+            Schedule::Cosine => {
+                let span = self.total_steps.saturating_sub(w).max(1) as f64;
+                let p = ((step - w) as f64 / span).min(1.0);
+                self.learning_rate * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+            }
+        }
+    }
+}
+
+/// AdamW state: first and second moments per parameter (f32), and the step count.
+#[derive(Debug, Default, Clone)]
+pub struct AdamW {
+    pub step: u64,
+    pub m: BTreeMap<String, Vec<f32>>,
+    pub v: BTreeMap<String, Vec<f32>>,
+}
+
+impl AdamW {
+    /// One update of `params` (f32 master weights) with `grads`; clips the global norm
+    /// first. Returns `(grad_norm before clipping, learning rate used)`.
+    pub fn step(&mut self, params: &mut BTreeMap<String, Vec<f32>>, grads: &Grads, cfg: &OptimConfig) -> (f64, f64) {
+        let norm = grads.global_norm();
+        let clip =
+            if cfg.max_grad_norm > 0.0 && norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
+        self.step += 1;
+        let lr = cfg.lr_at(self.step);
+        let (b1, b2) = (cfg.adam_beta1, cfg.adam_beta2);
+        let (bc1, bc2) = (1.0 - b1.powi(self.step as i32), 1.0 - b2.powi(self.step as i32));
+        for (name, (_, g)) in &grads.tensors {
+            let Some(p) = params.get_mut(name) else { continue };
+            let m = self.m.entry(name.clone()).or_insert_with(|| vec![0.0; p.len()]);
+            let v = self.v.entry(name.clone()).or_insert_with(|| vec![0.0; p.len()]);
+            for i in 0..p.len() {
+                let gi = g[i] as f64 * clip;
+                let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
+                let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
+                m[i] = mi as f32;
+                v[i] = vi as f32;
+                let mut pi = p[i] as f64 * (1.0 - lr * cfg.weight_decay);
+                pi -= lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon);
+                p[i] = pi as f32;
+            }
+        }
+        (norm, lr)
+    }
+}
