@@ -24,6 +24,8 @@ pub enum Command {
     FetchModel,
     /// Serve the OpenAI-compatible HTTP API (the main job).
     Serve(ServeCommand),
+    /// One learner step on a JSONL batch; prints the step metrics as JSON.
+    TrainStep(crate::train_step::TrainStepArgs),
     /// Generate a completion for one prompt, streaming it to stdout.
     Generate(GenerateArgs),
     /// Benchmarks: `latency` (prefill/decode tokens/s) and `throughput` (batched serving).

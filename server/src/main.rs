@@ -5,6 +5,7 @@ mod bench;
 mod bench_serve;
 mod bench_throughput;
 mod cli;
+mod train_step;
 
 use anyhow::Result;
 use clap::Parser;
@@ -38,6 +39,7 @@ fn run(args: cli::Cli) -> Result<()> {
             rt.block_on(server::serve::run(&dir, s.serve))
         }
         cli::Command::Generate(g) => cli::generate(g),
+        cli::Command::TrainStep(t) => train_step::run(t),
         cli::Command::Bench(b) => bench::run(b),
     }
 }

@@ -12,6 +12,7 @@
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
 pub mod advantages;
+pub mod checkpoint;
 mod grads;
 pub mod loss;
 pub mod optim;
