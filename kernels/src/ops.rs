@@ -304,26 +304,32 @@ pub fn scatter_rows(dst: &mut Tensor, slots: &[u32], src: &Tensor) -> Result<()>
     Ok(())
 }
 
-/// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`.
+/// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`, run as a
+/// packed product with `Wᵀ` (repacked per call).
 pub fn linear_grad_input(dy: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     let (m, n) = dy.dims2("linear_grad_input")?;
     if n != w.n {
         return Err(shape_err("linear_grad_input", format!("dy has {n} columns, w is [{}, {}]", w.n, w.k)));
     }
+    let wt = cpu::matmul::transpose(&cpu::matmul::unpack(w.data.as_slice()?, w.n, w.k), w.n, w.k);
+    let packed = cpu::matmul::pack(&wt, w.k, n);
     let mut dx = vec![0.0f32; m * w.k];
-    cpu::backward::linear_grad_input(dy.as_slice()?, w.data.as_slice()?, &mut dx, m, n, w.k);
+    cpu::matmul::matmul_packed(dy.as_slice()?, &packed, &mut dx, m, w.k, n);
     Tensor::from_vec(dx, &[m, w.k])
 }
 
-/// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout).
+/// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout), run as a
+/// packed product `dyᵀ [n, m] · (xᵀ [k, m])ᵀ`.
 pub fn linear_grad_weight(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
     let (m, n) = dy.dims2("linear_grad_weight")?;
     let (m2, k) = x.dims2("linear_grad_weight")?;
     if m != m2 {
         return Err(shape_err("linear_grad_weight", format!("dy has {m} rows, x has {m2}")));
     }
+    let dyt = cpu::matmul::transpose(dy.as_slice()?, m, n);
+    let packed = cpu::matmul::pack(&cpu::matmul::transpose(x.as_slice()?, m, k), k, m);
     let mut dw = vec![0.0f32; n * k];
-    cpu::backward::linear_grad_weight(dy.as_slice()?, x.as_slice()?, &mut dw, m, n, k);
+    cpu::matmul::matmul_packed(&dyt, &packed, &mut dw, n, k, m);
     Tensor::from_vec(dw, &[n, k])
 }
 

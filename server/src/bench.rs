@@ -18,6 +18,8 @@ pub enum BenchCommand {
     Throughput(ThroughputArgs),
     /// Load a running server over HTTP (vllm bench serve style).
     Serve(crate::bench_serve::BenchServeArgs),
+    /// One learner step (forward + backward + AdamW): tokens/s and peak RSS.
+    Train(crate::bench_train::TrainBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -25,6 +27,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Latency(a) => latency(a),
         BenchCommand::Throughput(a) => crate::bench_throughput::run(a),
         BenchCommand::Serve(a) => crate::bench_serve::run(a),
+        BenchCommand::Train(a) => crate::bench_train::run(a),
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod bench;
 mod bench_serve;
+mod bench_train;
 mod bench_throughput;
 mod cli;
 mod train_step;

@@ -2,39 +2,8 @@
 //! learner tests).
 
 use super::elementwise::softmax_row;
-use super::matmul::NP;
 use super::simd::{axpy, dot};
 use rayon::prelude::*;
-
-/// `dx [m, k] = dy [m, n] · W [n, k]` with `W` packed in `NP`-column panels.
-pub fn linear_grad_input(dy: &[f32], packed: &[f32], dx: &mut [f32], m: usize, n: usize, k: usize) {
-    let panels = n.div_ceil(NP);
-    dx.par_chunks_mut(k).zip(dy.par_chunks(n)).for_each(|(dxr, dyr)| {
-        dxr.fill(0.0);
-        for p in 0..panels {
-            let cols = NP.min(n - p * NP);
-            let g = &dyr[p * NP..p * NP + cols];
-            let panel = &packed[p * k * NP..(p + 1) * k * NP];
-            for (l, v) in dxr.iter_mut().enumerate() {
-                *v += dot(g, &panel[l * NP..l * NP + cols]);
-            }
-        }
-    });
-    let _ = m;
-}
-
-/// `dW [n, k] = dyᵀ [n, m] · x [m, k]`.
-pub fn linear_grad_weight(dy: &[f32], x: &[f32], dw: &mut [f32], m: usize, n: usize, k: usize) {
-    dw.par_chunks_mut(k).enumerate().for_each(|(j, row)| {
-        row.fill(0.0);
-        for i in 0..m {
-            let g = dy[i * n + j];
-            if g != 0.0 {
-                axpy(g, &x[i * k..(i + 1) * k], row);
-            }
-        }
-    });
-}
 
 /// RMSNorm backward. With `r = 1/sqrt(mean(x²) + eps)`, `y = x·r·w`:
 /// `dw = Σ_rows dy·x·r`, `dx = r·(dy·w) − x·r³·Σ(dy·w·x)/d`.

@@ -38,6 +38,24 @@ pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     out
 }
 
+/// `a [r, c]` → `aᵀ [c, r]` (row-major), in cache-sized tiles.
+pub fn transpose(a: &[f32], r: usize, c: usize) -> Vec<f32> {
+    const B: usize = 32;
+    let mut t = vec![0.0f32; r * c];
+    t.par_chunks_mut(B * r).enumerate().for_each(|(cb, out)| {
+        let c0 = cb * B;
+        let cols = B.min(c - c0);
+        for r0 in (0..r).step_by(B) {
+            for i in r0..(r0 + B).min(r) {
+                for j in 0..cols {
+                    out[j * r + i] = a[i * c + c0 + j];
+                }
+            }
+        }
+    });
+    t
+}
+
 /// Inverse of [`pack`]: `w [n, k]` row-major.
 pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     let mut w = vec![0.0f32; n * k];
