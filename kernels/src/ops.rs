@@ -31,6 +31,8 @@ pub struct PackedWeight {
     data: Tensor,
     n: usize,
     k: usize,
+    /// `Wᵀ` packed, built on the first backward use (the learner's input gradients).
+    transposed: std::sync::OnceLock<Box<PackedWeight>>,
 }
 
 impl PackedWeight {
@@ -45,7 +47,21 @@ pub fn pack_weight(w: &Tensor) -> Result<PackedWeight> {
     let (n, k) = w.dims2("pack_weight")?;
     let data = cpu::matmul::pack(w.as_slice()?, n, k);
     let len = data.len();
-    Ok(PackedWeight { data: Tensor::from_vec(data, &[len])?, n, k })
+    Ok(PackedWeight { data: Tensor::from_vec(data, &[len])?, n, k, transposed: Default::default() })
+}
+
+impl PackedWeight {
+    /// `Wᵀ [k, n]` packed, cached after the first call.
+    fn t(&self) -> Result<&PackedWeight> {
+        if let Some(t) = self.transposed.get() {
+            return Ok(t);
+        }
+        let wt = cpu::matmul::transpose(&cpu::matmul::unpack(self.data.as_slice()?, self.n, self.k), self.n, self.k);
+        let data = cpu::matmul::pack(&wt, self.k, self.n);
+        let len = data.len();
+        let t = PackedWeight { data: Tensor::from_vec(data, &[len])?, n: self.k, k: self.n, transposed: Default::default() };
+        Ok(self.transposed.get_or_init(|| Box::new(t)))
+    }
 }
 
 /// The `[n, k]` row-major weight back from its packed form.
@@ -305,17 +321,13 @@ pub fn scatter_rows(dst: &mut Tensor, slots: &[u32], src: &Tensor) -> Result<()>
 }
 
 /// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`, run as a
-/// packed product with `Wᵀ` (repacked per call).
+/// packed product with `Wᵀ` (packed once per weight and cached).
 pub fn linear_grad_input(dy: &Tensor, w: &PackedWeight) -> Result<Tensor> {
-    let (m, n) = dy.dims2("linear_grad_input")?;
+    let (_, n) = dy.dims2("linear_grad_input")?;
     if n != w.n {
         return Err(shape_err("linear_grad_input", format!("dy has {n} columns, w is [{}, {}]", w.n, w.k)));
     }
-    let wt = cpu::matmul::transpose(&cpu::matmul::unpack(w.data.as_slice()?, w.n, w.k), w.n, w.k);
-    let packed = cpu::matmul::pack(&wt, w.k, n);
-    let mut dx = vec![0.0f32; m * w.k];
-    cpu::matmul::matmul_packed(dy.as_slice()?, &packed, &mut dx, m, w.k, n);
-    Tensor::from_vec(dx, &[m, w.k])
+    linear(dy, w.t()?, None)
 }
 
 /// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout), run as a
