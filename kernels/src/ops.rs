@@ -59,7 +59,12 @@ impl PackedWeight {
         let wt = cpu::matmul::transpose(&cpu::matmul::unpack(self.data.as_slice()?, self.n, self.k), self.n, self.k);
         let data = cpu::matmul::pack(&wt, self.k, self.n);
         let len = data.len();
-        let t = PackedWeight { data: Tensor::from_vec(data, &[len])?, n: self.k, k: self.n, transposed: Default::default() };
+        let t = PackedWeight {
+            data: Tensor::from_vec(data, &[len])?,
+            n: self.k,
+            k: self.n,
+            transposed: Default::default(),
+        };
         Ok(self.transposed.get_or_init(|| Box::new(t)))
     }
 }

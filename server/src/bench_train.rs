@@ -26,7 +26,10 @@ pub struct TrainBenchArgs {
 }
 
 pub fn run(a: TrainBenchArgs) -> Result<()> {
-    anyhow::ensure!(a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1, "all sizes must be >= 1");
+    anyhow::ensure!(
+        a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1,
+        "all sizes must be >= 1"
+    );
     let dir = a.model.resolve()?;
     let mut model = Model::load(&dir, &Device::Cpu)?;
     let vocab = model.config.vocab_size as u64;
@@ -37,7 +40,14 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         let completion: Vec<u32> = (0..a.completion_len as u64).map(|j| tok(s << 32 | (1 << 20) | j)).collect();
         // μ = ℓ (on-policy): ratios are 1, no token is clipped, every gradient is computed.
         let mu = forward(&model, &prompt, &completion, 1.0)?.logprobs;
-        batch.push(TrainSample { prompt_ids: prompt, completion_ids: completion, behavior_logprobs: mu, advantage: Some(if s % 2 == 0 { 1.0 } else { -1.0 }), reward: None, group: None });
+        batch.push(TrainSample {
+            prompt_ids: prompt,
+            completion_ids: completion,
+            behavior_logprobs: mu,
+            advantage: Some(if s % 2 == 0 { 1.0 } else { -1.0 }),
+            reward: None,
+            group: None,
+        });
     }
     let mut trainer = Trainer::new(&model, TrainConfig::default())?;
     let tokens = a.num_seqs * (a.prompt_len + a.completion_len);
@@ -50,7 +60,13 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         }
     }
     let secs = median(times);
-    println!("train step: {} seqs × ({} + {}) tokens, {} threads", a.num_seqs, a.prompt_len, a.completion_len, rayon::current_num_threads());
+    println!(
+        "train step: {} seqs × ({} + {}) tokens, {} threads",
+        a.num_seqs,
+        a.prompt_len,
+        a.completion_len,
+        rayon::current_num_threads()
+    );
     println!("fwd+bwd+AdamW: {secs:.2} s/step, {:.1} tokens/s", tokens as f64 / secs);
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");

@@ -3,8 +3,8 @@
 
 mod bench;
 mod bench_serve;
-mod bench_train;
 mod bench_throughput;
+mod bench_train;
 mod cli;
 mod train_step;
 

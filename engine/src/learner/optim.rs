@@ -2,8 +2,8 @@
 //! decay, then the bias-corrected Adam step), global-norm clipping and LR schedules.
 
 use super::Grads;
-use serde::{Deserialize, Serialize};
 use rayon::prelude::*;
+use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -90,17 +90,22 @@ impl AdamW {
             let m = self.m.entry(name.clone()).or_insert_with(|| vec![0.0; p.len()]);
             let v = self.v.entry(name.clone()).or_insert_with(|| vec![0.0; p.len()]);
             const CHUNK: usize = 1 << 16;
-            p.par_chunks_mut(CHUNK).zip(m.par_chunks_mut(CHUNK)).zip(v.par_chunks_mut(CHUNK)).zip(g.par_chunks(CHUNK)).for_each(|(((p, m), v), g)| {
-                for i in 0..p.len() {
-                    let gi = g[i] as f64 * clip;
-                    let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
-                    let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
-                    m[i] = mi as f32;
-                    v[i] = vi as f32;
-                    let pi = p[i] as f64 * (1.0 - lr * cfg.weight_decay) - lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon);
-                    p[i] = pi as f32;
-                }
-            });
+            p.par_chunks_mut(CHUNK)
+                .zip(m.par_chunks_mut(CHUNK))
+                .zip(v.par_chunks_mut(CHUNK))
+                .zip(g.par_chunks(CHUNK))
+                .for_each(|(((p, m), v), g)| {
+                    for i in 0..p.len() {
+                        let gi = g[i] as f64 * clip;
+                        let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
+                        let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
+                        m[i] = mi as f32;
+                        v[i] = vi as f32;
+                        let pi = p[i] as f64 * (1.0 - lr * cfg.weight_decay)
+                            - lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon);
+                        p[i] = pi as f32;
+                    }
+                });
         }
         (norm, lr)
     }
