@@ -47,6 +47,8 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
             advantage: Some(if s % 2 == 0 { 1.0 } else { -1.0 }),
             reward: None,
             group: None,
+            versions: None,
+            finish_reason: None,
         });
     }
     let mut trainer = Trainer::new(&model, TrainConfig::default())?;

@@ -214,6 +214,8 @@ fn a_tiny_model_learns_a_toy_reward() {
                 advantage: None,
                 reward: None,
                 group: Some(0),
+                versions: None,
+                finish_reason: None,
             })
             .collect();
         while e.has_unfinished() {
@@ -259,6 +261,8 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
         advantage: Some(1.0),
         reward: None,
         group: None,
+        versions: None,
+        finish_reason: None,
     }];
     trainer.step(&mut model, &batch).unwrap();
     let out = tests::temp_dir("learner-ckpt").join("step-1");
@@ -274,4 +278,39 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     assert_eq!(opt.step, 1);
     assert_eq!(opt.m, trainer.optimizer.m);
     assert_eq!(opt.v, trainer.optimizer.v);
+}
+
+#[test]
+fn staleness_truncation_and_overlong_shaping() {
+    use engine::learner::{TrainConfig, TrainSample, Trainer};
+    use tests::tiny::TinySpec;
+    let dir = tests::temp_dir("learner-stale");
+    TinySpec { seed: 63, ..Default::default() }.write(&dir);
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    let mut cfg = TrainConfig {
+        max_staleness: Some(1),
+        mask_truncated_completions: true,
+        overlong_buffer_len: Some(4),
+        ..Default::default()
+    };
+    cfg.loss.max_completion_length = 10;
+    let mut t = Trainer::new(&model, cfg).unwrap();
+    // Overlong: L − B = 6; |y| = 8 → (6 − 8)/4 = −0.5; |y| = 12 → −1 (capped); |y| ≤ 6 → 0.
+    assert_eq!((t.overlong_penalty(6), t.overlong_penalty(8), t.overlong_penalty(12)), (0.0, -0.5, -1.0));
+    t.version = 3;
+    let s = |versions: Vec<u64>, finish: &str| TrainSample {
+        prompt_ids: vec![1],
+        completion_ids: vec![5; versions.len()],
+        behavior_logprobs: vec![-5.0; versions.len()],
+        advantage: Some(1.0),
+        reward: None,
+        group: None,
+        versions: Some(versions),
+        finish_reason: Some(finish.into()),
+    };
+    let batch = vec![s(vec![2, 3], "stop"), s(vec![1, 3], "stop"), s(vec![3], "length")];
+    let (m, _) = t.gradients(&model, &batch).unwrap();
+    // Staleness 3 − min(versions): 1, 2, 0 → the second is dropped (> 1), the third is truncated.
+    assert_eq!((m.staleness_max, m.num_stale_dropped, m.num_truncated_masked, m.samples), (2, 1, 1, 1));
+    assert!((m.staleness_mean - 1.0).abs() < 1e-12);
 }

@@ -25,6 +25,15 @@ pub struct TrainConfig {
     pub filter_zero_std_groups: bool,
     /// The temperature the samples were drawn with (ℓ uses it).
     pub temperature: f32,
+    /// Drop samples whose oldest token is more than this many versions behind (None = keep all).
+    pub max_staleness: Option<u64>,
+    /// Exclude samples that ended by length (`finish_reason == "length"`) from the loss.
+    pub mask_truncated_completions: bool,
+    /// DAPO soft overlong punishment (Yu et al. 2025, eq. 13): with `L = max_completion_length`
+    /// and `B = overlong_buffer_len`, a completion longer than `L − B` tokens gets reward
+    /// `overlong_penalty_factor · ((L − B) − |y|) / B` added (at most `−factor`).
+    pub overlong_buffer_len: Option<usize>,
+    pub overlong_penalty_factor: f32,
 }
 
 impl Default for TrainConfig {
@@ -35,6 +44,10 @@ impl Default for TrainConfig {
             scale_rewards: ScaleRewards::Group,
             filter_zero_std_groups: false,
             temperature: 1.0,
+            max_staleness: None,
+            mask_truncated_completions: false,
+            overlong_buffer_len: None,
+            overlong_penalty_factor: 1.0,
         }
     }
 }
@@ -53,6 +66,12 @@ pub struct TrainSample {
     pub reward: Option<f32>,
     #[serde(default)]
     pub group: Option<u64>,
+    /// Policy version of each completion token (from the engine).
+    #[serde(default)]
+    pub versions: Option<Vec<u64>>,
+    /// `stop`, `length` or `abort`.
+    #[serde(default)]
+    pub finish_reason: Option<String>,
 }
 
 impl TrainSample {
@@ -76,6 +95,15 @@ impl TrainSample {
         }
         if let Some(b) = self.behavior_logprobs.iter().find(|b| !b.is_finite() || **b > 0.0) {
             return Err(format!("behavior logprob {b} is not a finite value <= 0"));
+        }
+        if let Some(v) = &self.versions {
+            if v.len() != self.completion_ids.len() {
+                return Err(format!(
+                    "`versions` has {} values for {} completion tokens",
+                    v.len(),
+                    self.completion_ids.len()
+                ));
+            }
         }
         if self.advantage.is_none() && (self.reward.is_none() || self.group.is_none()) {
             return Err("give `advantage`, or `reward` and `group`".into());
@@ -101,11 +129,19 @@ pub struct StepMetrics {
     pub samples: usize,
     pub tokens_per_s: f64,
     pub step_seconds: f64,
+    /// Staleness = learner version − oldest token version, over samples with versions.
+    pub staleness_mean: f64,
+    pub staleness_max: u64,
+    /// Samples dropped for exceeding `max_staleness`, and masked as truncated.
+    pub num_stale_dropped: usize,
+    pub num_truncated_masked: usize,
 }
 
 /// The learner: f32 master weights, AdamW state, and the frozen reference when `beta > 0`.
 pub struct Trainer {
     pub config: TrainConfig,
+    /// Policy version of the weights (starts at 0; +1 per optimizer step).
+    pub version: u64,
     pub params: BTreeMap<String, Vec<f32>>,
     pub optimizer: AdamW,
     reference: Option<Model>,
@@ -130,20 +166,44 @@ impl Trainer {
         };
         Ok(Self {
             config,
+            version: 0,
             params: named.into_iter().map(|(k, v)| (k, v.1)).collect(),
             optimizer: AdamW::default(),
             reference,
         })
     }
 
+    /// DAPO soft overlong punishment for a completion of `len` tokens (0 when off).
+    pub fn overlong_penalty(&self, len: usize) -> f32 {
+        let c = &self.config;
+        let Some(buffer) = c.overlong_buffer_len.filter(|&b| b > 0) else { return 0.0 };
+        let expected = c.loss.max_completion_length.saturating_sub(buffer);
+        if len <= expected {
+            return 0.0;
+        }
+        c.overlong_penalty_factor * ((expected as f32 - len as f32) / buffer as f32).max(-1.0)
+    }
+
     /// The loss gradient of `batch` without updating anything (for `--dump-grads`).
     pub fn gradients(&self, model: &Model, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
         let t0 = Instant::now();
         let c = &self.config;
-        let (rewards, groups): (Vec<f32>, Vec<u64>) =
-            batch.iter().enumerate().map(|(i, s)| (s.reward.unwrap_or(0.0), s.group.unwrap_or(i as u64))).unzip();
+        let (rewards, groups): (Vec<f32>, Vec<u64>) = batch
+            .iter()
+            .enumerate()
+            .map(|(i, s)| {
+                (s.reward.unwrap_or(0.0) + self.overlong_penalty(s.completion_ids.len()), s.group.unwrap_or(i as u64))
+            })
+            .unzip();
         let adv = compute_advantages(&rewards, &groups, c.scale_rewards, c.filter_zero_std_groups);
-        let kept: Vec<(usize, &TrainSample)> = batch.iter().enumerate().filter(|(i, _)| adv.keep[*i]).collect();
+        let staleness: Vec<Option<u64>> = batch
+            .iter()
+            .map(|s| s.versions.as_ref().and_then(|v| v.iter().min()).map(|&m| self.version.saturating_sub(m)))
+            .collect();
+        let stale = |i: usize| c.max_staleness.is_some_and(|k| staleness[i].is_some_and(|s| s > k));
+        let truncated = |s: &TrainSample| c.mask_truncated_completions && s.finish_reason.as_deref() == Some("length");
+        let kept: Vec<(usize, &TrainSample)> =
+            batch.iter().enumerate().filter(|(i, s)| adv.keep[*i] && !stale(*i) && !truncated(s)).collect();
         let mut fwds = Vec::with_capacity(kept.len());
         let mut refs = Vec::with_capacity(kept.len());
         for (_, s) in &kept {
@@ -186,6 +246,11 @@ impl Trainer {
             tokens_per_s: batch.iter().map(|s| s.prompt_ids.len() + s.completion_ids.len()).sum::<usize>() as f64
                 / secs,
             step_seconds: secs,
+            staleness_mean: staleness.iter().flatten().sum::<u64>() as f64
+                / staleness.iter().flatten().count().max(1) as f64,
+            staleness_max: staleness.iter().flatten().cloned().max().unwrap_or(0),
+            num_stale_dropped: (0..batch.len()).filter(|&i| stale(i)).count(),
+            num_truncated_masked: batch.iter().filter(|s| truncated(s)).count(),
             ..Default::default()
         };
         Ok((m, grads))
@@ -197,6 +262,7 @@ impl Trainer {
         let (mut m, grads) = self.gradients(model, batch)?;
         let (norm, lr) = self.optimizer.step(&mut self.params, &grads, &self.config.optim);
         model.set_weights(&self.params)?;
+        self.version += 1;
         m.grad_norm = norm;
         m.learning_rate = lr;
         m.step = self.optimizer.step;
