@@ -13,6 +13,7 @@ struct Seq {
     prompt: Vec<u32>,
     completion: Vec<u32>,
     weights: Vec<f32>,
+    entropy_weights: Vec<f32>,
     logprobs: Vec<f64>,
 }
 
@@ -23,7 +24,7 @@ struct Batch {
     batch: Vec<Seq>,
 }
 
-/// Runs forward + backward of `L = Σ w·ℓ` on fixture `name` and compares with JAX.
+/// Runs forward + backward of `L = Σ w·ℓ + Σ u·H` on fixture `name` and compares with JAX.
 fn check(name: &str) {
     let dir = tests::fixture(&format!("learner/{name}"));
     let model = Model::load(&dir, &Device::Cpu).unwrap();
@@ -36,7 +37,8 @@ fn check(name: &str) {
             assert!((*got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{name}: ℓ {got} vs JAX {want}");
         }
         loss += f.logprobs.iter().zip(&s.weights).map(|(l, w)| (*l as f64) * (*w as f64)).sum::<f64>();
-        f.backward(&model, &s.weights, &mut grads).unwrap();
+        loss += f.entropies.iter().zip(&s.entropy_weights).map(|(h, u)| (*h as f64) * (*u as f64)).sum::<f64>();
+        f.backward_with_entropy(&model, &s.weights, &s.entropy_weights, &mut grads).unwrap();
     }
     assert!((loss - b.loss).abs() <= 1e-5 * b.loss.abs(), "{name}: loss {loss} vs JAX {}", b.loss);
     let bytes = std::fs::read(dir.join("grads.safetensors")).unwrap();

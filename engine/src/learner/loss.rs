@@ -71,6 +71,8 @@ pub struct LossConfig {
     pub tis_cap: f32,
     pub mis_low: f32,
     pub mis_high: f32,
+    /// Entropy bonus: `−entropy_coef · H` per token, aggregated like the policy loss.
+    pub entropy_coef: f32,
 }
 
 impl Default for LossConfig {
@@ -87,6 +89,7 @@ impl Default for LossConfig {
             tis_cap: 2.0,
             mis_low: 0.5,
             mis_high: 2.0,
+            entropy_coef: 0.0,
         }
     }
 }
@@ -122,9 +125,22 @@ pub struct LossStats {
     pub tokens: usize,
 }
 
+/// Per-token weights of the aggregation (`loss_type`) for samples of these lengths.
+pub fn token_weights(lens: &[usize], cfg: &LossConfig) -> Vec<f64> {
+    let n = lens.len().max(1) as f64;
+    let total: usize = lens.iter().sum();
+    lens.iter()
+        .map(|&len| match cfg.loss_type {
+            LossType::Grpo => 1.0 / (len.max(1) as f64 * n),
+            LossType::Dapo | LossType::Bnpo => 1.0 / total.max(1) as f64,
+            LossType::DrGrpo => 1.0 / (n * cfg.max_completion_length.max(1) as f64),
+        })
+        .collect()
+}
+
 /// The loss of a batch and `dL/dℓ` per token of every sample.
 pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, Vec<Vec<f32>>) {
-    let n = samples.len().max(1) as f64;
+    let weights = token_weights(&samples.iter().map(|s| s.logp.len()).collect::<Vec<_>>(), cfg);
     let total_tokens: usize = samples.iter().map(|s| s.logp.len()).sum();
     let mut st = LossStats { ratio_min: f64::INFINITY, ratio_max: 0.0, tokens: total_tokens, ..Default::default() };
     let (lo, hi) = (1.0 - cfg.epsilon as f64, 1.0 + cfg.epsilon_high as f64);
@@ -133,11 +149,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, 
     for s in samples {
         let len = s.logp.len();
         // Per-token weight of the aggregation.
-        let norm = match cfg.loss_type {
-            LossType::Grpo => 1.0 / (len.max(1) as f64 * n),
-            LossType::Dapo | LossType::Bnpo => 1.0 / total_tokens.max(1) as f64,
-            LossType::DrGrpo => 1.0 / (n * cfg.max_completion_length.max(1) as f64),
-        };
+        let norm = weights[grads.len()];
         let a = s.advantage as f64;
         let d: Vec<f64> = s.logp.iter().zip(s.behavior).map(|(&l, &m)| l as f64 - m as f64).collect();
         for &x in &d {

@@ -128,10 +128,29 @@ impl SeqForward {
     /// Accumulates into `grads` the gradient of a loss whose derivative w.r.t. each
     /// completion logprob ℓ_i is `dl_dlogp[i]`.
     pub fn backward(&self, model: &Model, dl_dlogp: &[f32], grads: &mut Grads) -> Result<()> {
-        rayon::scope(|_| self.backward_inner(model, dl_dlogp, grads))
+        rayon::scope(|_| self.backward_inner(model, dl_dlogp, None, grads))
     }
 
-    fn backward_inner(&self, model: &Model, dl_dlogp: &[f32], grads: &mut Grads) -> Result<()> {
+    /// Like [`Self::backward`], with an extra loss term whose derivative w.r.t. each
+    /// completion position's entropy `H_i` is `dl_dentropy[i]` (the entropy bonus):
+    /// `dH/dz_j = −(1/T)·p_j·(ln p_j + H)`.
+    pub fn backward_with_entropy(
+        &self,
+        model: &Model,
+        dl_dlogp: &[f32],
+        dl_dentropy: &[f32],
+        grads: &mut Grads,
+    ) -> Result<()> {
+        rayon::scope(|_| self.backward_inner(model, dl_dlogp, Some(dl_dentropy), grads))
+    }
+
+    fn backward_inner(
+        &self,
+        model: &Model,
+        dl_dlogp: &[f32],
+        dl_dentropy: Option<&[f32]>,
+        grads: &mut Grads,
+    ) -> Result<()> {
         let c = &model.config;
         let (h, v, t) = (c.hidden_size, c.vocab_size, self.inputs.len());
         let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
@@ -141,9 +160,12 @@ impl SeqForward {
         let mut dz = ops::softmax(&scale(&self.logits, tinv as f32)?)?.to_vec();
         for (i, (&tok, &g)) in self.completion.iter().zip(dl_dlogp).enumerate() {
             let row = &mut dz[i * v..(i + 1) * v];
-            row[tok as usize] -= 1.0;
-            for x in row.iter_mut() {
-                *x = (-(*x as f64) * g as f64 * tinv) as f32;
+            let (e, h) = (dl_dentropy.map_or(0.0, |d| d[i] as f64), self.entropies[i] as f64);
+            for (j, x) in row.iter_mut().enumerate() {
+                let p = *x as f64;
+                let onehot = if j == tok as usize { 1.0 } else { 0.0 };
+                let dh = if p > 0.0 { -tinv * p * (p.ln() + h) } else { 0.0 };
+                *x = (g as f64 * tinv * (onehot - p) + e * dh) as f32;
             }
         }
         let dz = Tensor::from_vec(dz, &[self.completion.len(), v])?;

@@ -3,7 +3,7 @@
 //! weights → the model's weights replaced.
 
 use super::advantages::{compute_advantages, ScaleRewards};
-use super::loss::{policy_loss, LossConfig, SampleLogprobs};
+use super::loss::{policy_loss, token_weights, LossConfig, SampleLogprobs};
 use super::optim::{AdamW, OptimConfig};
 use super::{forward, Grads};
 use crate::error::Result;
@@ -224,10 +224,20 @@ impl Trainer {
                 advantage: s.advantage.unwrap_or(adv.advantages[*i]),
             })
             .collect();
-        let (stats, dl) = policy_loss(&samples, &c.loss);
+        let (mut stats, dl) = policy_loss(&samples, &c.loss);
         let mut grads = Grads::default();
-        for (f, g) in fwds.iter().zip(&dl) {
-            f.backward(model, g, &mut grads)?;
+        if c.loss.entropy_coef != 0.0 {
+            // Entropy bonus: L −= entropy_coef · Σ w_t H_t with the loss_type's token weights.
+            let w = token_weights(&fwds.iter().map(|f| f.logprobs.len()).collect::<Vec<_>>(), &c.loss);
+            for ((f, g), wi) in fwds.iter().zip(&dl).zip(w) {
+                let de = vec![(-(c.loss.entropy_coef as f64) * wi) as f32; f.entropies.len()];
+                stats.loss -= c.loss.entropy_coef as f64 * wi * f.entropies.iter().map(|&e| e as f64).sum::<f64>();
+                f.backward_with_entropy(model, g, &de, &mut grads)?;
+            }
+        } else {
+            for (f, g) in fwds.iter().zip(&dl) {
+                f.backward(model, g, &mut grads)?;
+            }
         }
         let lens: Vec<usize> = batch.iter().map(|s| s.completion_ids.len()).collect();
         let tokens: usize = fwds.iter().map(|f| f.logprobs.len()).sum();
