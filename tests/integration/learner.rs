@@ -24,21 +24,34 @@ struct Batch {
     batch: Vec<Seq>,
 }
 
-/// Runs forward + backward of `L = Σ w·ℓ + Σ u·H` on fixture `name` and compares with JAX.
-fn check(name: &str) {
+/// Runs forward + backward of `L = Σ w·ℓ + Σ u·H` on fixture `name`, one sequence at a
+/// time (`packed = false`) or as one packed batch, and compares with JAX.
+fn check(name: &str, packed: bool) {
     let dir = tests::fixture(&format!("learner/{name}"));
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     let b: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
     let mut grads = Grads::default();
     let mut loss = 0.0f64;
-    for s in &b.batch {
-        let f = learner::forward(&model, &s.prompt, &s.completion, b.temperature).unwrap();
-        for (got, want) in f.logprobs.iter().zip(&s.logprobs) {
+    let mut check_fwd = |f: &learner::SeqForward, w: &[f32], u: &[f32], want: &[f64], grads: &mut Grads| {
+        for (got, want) in f.logprobs.iter().zip(want) {
             assert!((*got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{name}: ℓ {got} vs JAX {want}");
         }
-        loss += f.logprobs.iter().zip(&s.weights).map(|(l, w)| (*l as f64) * (*w as f64)).sum::<f64>();
-        loss += f.entropies.iter().zip(&s.entropy_weights).map(|(h, u)| (*h as f64) * (*u as f64)).sum::<f64>();
-        f.backward_with_entropy(&model, &s.weights, &s.entropy_weights, &mut grads).unwrap();
+        loss += f.logprobs.iter().zip(w).map(|(l, w)| (*l as f64) * (*w as f64)).sum::<f64>();
+        loss += f.entropies.iter().zip(u).map(|(h, u)| (*h as f64) * (*u as f64)).sum::<f64>();
+        f.backward_with_entropy(&model, w, u, grads).unwrap();
+    };
+    if packed {
+        let seqs: Vec<(&[u32], &[u32])> =
+            b.batch.iter().map(|s| (s.prompt.as_slice(), s.completion.as_slice())).collect();
+        let f = learner::forward_batch(&model, &seqs, b.temperature).unwrap();
+        let cat = |g: fn(&Seq) -> Vec<f32>| b.batch.iter().flat_map(g).collect::<Vec<f32>>();
+        let want: Vec<f64> = b.batch.iter().flat_map(|s| s.logprobs.clone()).collect();
+        check_fwd(&f, &cat(|s| s.weights.clone()), &cat(|s| s.entropy_weights.clone()), &want, &mut grads);
+    } else {
+        for s in &b.batch {
+            let f = learner::forward(&model, &s.prompt, &s.completion, b.temperature).unwrap();
+            check_fwd(&f, &s.weights, &s.entropy_weights, &s.logprobs, &mut grads);
+        }
     }
     assert!((loss - b.loss).abs() <= 1e-5 * b.loss.abs(), "{name}: loss {loss} vs JAX {}", b.loss);
     let bytes = std::fs::read(dir.join("grads.safetensors")).unwrap();
@@ -51,15 +64,21 @@ fn check(name: &str) {
         assert_eq!(shape, view.shape(), "{tname}");
         let err: f64 = g.iter().zip(&w).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
         let norm: f64 = w.iter().map(|b| b * b).sum::<f64>().sqrt();
-        assert!(err <= 1e-4 * norm.max(1e-12), "{name}: {tname}: relative L2 error {:.2e}", err / norm);
+        assert!(
+            err <= 1e-4 * norm.max(1e-12),
+            "{name} (packed {packed}): {tname}: relative L2 error {:.2e}",
+            err / norm
+        );
     }
 }
 
 #[test]
 fn gradients_match_jax_autodiff() {
-    check("llama_tied");
-    check("llama_untied");
-    check("qwen2_bias");
+    for packed in [false, true] {
+        check("llama_tied", packed);
+        check("llama_untied", packed);
+        check("qwen2_bias", packed);
+    }
 }
 
 #[test]

@@ -2,9 +2,10 @@
 //!
 //! A sequence is `prompt ++ completion`; the learner logprob of completion token `i` is
 //! `ℓ_i = log softmax(z_{p−1+i} / T)[c_i]` (p = prompt length) with the temperature the
-//! token was sampled at (DESIGN-NOTES §3). Sequences are processed one at a time, unpadded
-//! (no padding to mask), and gradients accumulate across them. Only completion rows carry
-//! loss: prompt positions get gradient only through attention, exactly as in autodiff.
+//! token was sampled at (DESIGN-NOTES §3). A batch is packed: the sequences' rows are
+//! concatenated without padding, every linear layer runs once over all rows, and attention
+//! is per sequence (each row sees only its own sequence). Only completion rows carry loss:
+//! prompt positions get gradient only through attention, exactly as in autodiff.
 //!
 //! Backward per layer (reverse of `Model::forward_inner`): down_proj → SwiGLU →
 //! gate_up_proj → post-attention RMSNorm → o_proj → attention (probabilities recomputed)
@@ -24,6 +25,7 @@ pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 use crate::error::Result;
 use crate::model::Model;
 use crate::sampling::token_logprob;
+use kernels::ops::AttnSeq;
 use kernels::{ops, Tensor};
 
 struct LayerActs {
@@ -39,44 +41,67 @@ struct LayerActs {
     act: Tensor,
 }
 
-/// The saved activations of one sequence's training forward.
+/// The saved activations of a packed batch's training forward.
 pub struct SeqForward {
     inputs: Vec<u32>,
-    prompt_len: usize,
+    /// Row range of each sequence in the packed batch.
+    spans: Vec<std::ops::Range<usize>>,
+    /// Rows whose logits predict the completion tokens.
+    pred_rows: Vec<u32>,
+    /// Completion tokens of all sequences, concatenated.
     completion: Vec<u32>,
+    /// Completion length of each sequence.
+    pub lens: Vec<usize>,
     temperature: f32,
     layers: Vec<LayerActs>,
     /// Final hidden states of the completion-predicting rows, before the last norm.
     h_rows: Tensor,
     normed: Tensor,
-    /// Logits of the completion-predicting rows `[C, vocab]`.
+    /// Logits of the completion-predicting rows `[Σ C, vocab]`.
     logits: Tensor,
-    /// ℓ of each completion token.
+    /// ℓ of each completion token (all sequences, concatenated).
     pub logprobs: Vec<f32>,
     /// Entropy of π_θ(· | prefix) at temperature T for each completion position (nats).
     pub entropies: Vec<f32>,
 }
 
-/// Training forward of `prompt ++ completion` at `temperature`: saves what backward needs.
+/// Training forward of one `prompt ++ completion` at `temperature`.
 pub fn forward(model: &Model, prompt: &[u32], completion: &[u32], temperature: f32) -> Result<SeqForward> {
-    rayon::scope(|_| forward_inner(model, prompt, completion, temperature))
+    forward_batch(model, &[(prompt, completion)], temperature)
 }
 
-fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature: f32) -> Result<SeqForward> {
+/// Training forward of a packed batch of `(prompt, completion)` pairs: saves what backward needs.
+pub fn forward_batch(model: &Model, seqs: &[(&[u32], &[u32])], temperature: f32) -> Result<SeqForward> {
+    rayon::scope(|_| forward_inner(model, seqs, temperature))
+}
+
+fn forward_inner(model: &Model, seqs: &[(&[u32], &[u32])], temperature: f32) -> Result<SeqForward> {
     let c = &model.config;
     let bad = |d: String| -> Result<SeqForward> {
         Err(kernels::KernelError::Shape { op: "learner forward", detail: d }.into())
     };
-    if prompt.is_empty() || completion.is_empty() {
-        return bad("prompt and completion must be non-empty".into());
-    }
-    let inputs: Vec<u32> = prompt.iter().chain(&completion[..completion.len() - 1]).cloned().collect();
-    let t = inputs.len();
-    if t > model.max_positions() {
-        return bad(format!("{t} positions exceed the context of {}", model.max_positions()));
+    let (mut inputs, mut positions, mut spans, mut pred_rows, mut completion, mut lens) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for (prompt, comp) in seqs {
+        if prompt.is_empty() || comp.is_empty() {
+            return bad("prompt and completion must be non-empty".into());
+        }
+        let r0 = inputs.len();
+        inputs.extend(prompt.iter().chain(&comp[..comp.len() - 1]));
+        let t = inputs.len() - r0;
+        if t > model.max_positions() {
+            return bad(format!("{t} positions exceed the context of {}", model.max_positions()));
+        }
+        positions.extend(0..t);
+        spans.push(r0..r0 + t);
+        pred_rows.extend((r0 + prompt.len() - 1..r0 + t).map(|r| r as u32));
+        completion.extend_from_slice(comp);
+        lens.push(comp.len());
     }
     let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-    let positions: Vec<usize> = (0..t).collect();
+    let slots: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
+    let attn: Vec<AttnSeq> =
+        spans.iter().zip(&slots).map(|(s, sl)| AttnSeq { rows: s.clone(), start_pos: 0, slots: sl }).collect();
     let (cos, sin) = model.rope_tables();
     let mut x = ops::embedding(&model.embed_tokens, &inputs)?;
     let mut layers = Vec::with_capacity(model.layers.len());
@@ -87,7 +112,7 @@ fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature:
             ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
         ops::rope_inplace(&mut q, &positions, cos, sin, c.head_dim)?;
         ops::rope_inplace(&mut k, &positions, cos, sin, c.head_dim)?;
-        let a = ops::attention(&q, &k, &v, 0, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+        let a = ops::paged_attention(&q, &k, &v, &attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
         let mut x_mid = x.clone();
         ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
         let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
@@ -98,8 +123,7 @@ fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature:
         layers.push(LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act });
         x = x_out;
     }
-    let rows: Vec<u32> = (prompt.len() - 1..t).map(|r| r as u32).collect();
-    let h_rows = ops::embedding(&x, &rows)?;
+    let h_rows = ops::embedding(&x, &pred_rows)?;
     let normed = ops::rms_norm(&h_rows, &model.norm, c.rms_norm_eps)?;
     let logits = ops::linear(&normed, &model.lm_head, None)?;
     let v = c.vocab_size;
@@ -112,8 +136,10 @@ fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature:
     let entropies = ls.chunks(v).map(|row| entropy(row, temperature)).collect();
     Ok(SeqForward {
         inputs,
-        prompt_len: prompt.len(),
-        completion: completion.to_vec(),
+        spans,
+        pred_rows,
+        completion,
+        lens,
         temperature,
         layers,
         h_rows,
@@ -126,7 +152,7 @@ fn forward_inner(model: &Model, prompt: &[u32], completion: &[u32], temperature:
 
 impl SeqForward {
     /// Accumulates into `grads` the gradient of a loss whose derivative w.r.t. each
-    /// completion logprob ℓ_i is `dl_dlogp[i]`.
+    /// completion logprob ℓ_i (all sequences, concatenated) is `dl_dlogp[i]`.
     pub fn backward(&self, model: &Model, dl_dlogp: &[f32], grads: &mut Grads) -> Result<()> {
         rayon::scope(|_| self.backward_inner(model, dl_dlogp, None, grads))
     }
@@ -155,16 +181,16 @@ impl SeqForward {
         let (h, v, t) = (c.hidden_size, c.vocab_size, self.inputs.len());
         let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         assert_eq!(dl_dlogp.len(), self.completion.len(), "one gradient per completion token");
-        // dℓ/dz = (onehot − softmax(z/T)) / T, scaled by dL/dℓ.
+        // dℓ/dz = (onehot − softmax(z/T)) / T, scaled by dL/dℓ; plus the entropy term.
         let tinv = 1.0 / self.temperature as f64;
         let mut dz = ops::softmax(&scale(&self.logits, tinv as f32)?)?.to_vec();
         for (i, (&tok, &g)) in self.completion.iter().zip(dl_dlogp).enumerate() {
             let row = &mut dz[i * v..(i + 1) * v];
-            let (e, h) = (dl_dentropy.map_or(0.0, |d| d[i] as f64), self.entropies[i] as f64);
+            let (e, hh) = (dl_dentropy.map_or(0.0, |d| d[i] as f64), self.entropies[i] as f64);
             for (j, x) in row.iter_mut().enumerate() {
                 let p = *x as f64;
                 let onehot = if j == tok as usize { 1.0 } else { 0.0 };
-                let dh = if p > 0.0 { -tinv * p * (p.ln() + h) } else { 0.0 };
+                let dh = if p > 0.0 { -tinv * p * (p.ln() + hh) } else { 0.0 };
                 *x = (g as f64 * tinv * (onehot - p) + e * dh) as f32;
             }
         }
@@ -175,10 +201,10 @@ impl SeqForward {
         grads.add(head_name, &[v, h], d_head.as_slice()?);
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
         grads.add("model.norm.weight", &[h], dnorm.as_slice()?);
-        let mut dx = vec![0.0f32; t * h];
-        dx[(self.prompt_len - 1) * h..].copy_from_slice(dh_rows.as_slice()?);
-        let mut dx = Tensor::from_vec(dx, &[t, h])?;
-        let positions: Vec<usize> = (0..t).collect();
+        // Scatter the completion-row gradients back to their rows.
+        let mut dx = Tensor::zeros(&[t, h], model.device());
+        ops::scatter_rows(&mut dx, &self.pred_rows, &dh_rows)?;
+        let positions: Vec<usize> = self.spans.iter().flat_map(|s| 0..s.len()).collect();
         let (cos, sin) = model.rope_tables();
         let neg_sin = scale(sin, -1.0)?;
         for (l, (w, s)) in model.layers.iter().zip(&self.layers).enumerate().rev() {
@@ -200,22 +226,33 @@ impl SeqForward {
                 ops::rms_norm_backward(&s.x_mid, &w.post_attention_layernorm, &d_n2, c.rms_norm_eps)?;
             grads.add(&format!("{p}post_attention_layernorm.weight"), &[h], dw_post.as_slice()?);
             ops::add_inplace(&mut dx, &d_mid)?;
-            // Attention.
+            // Attention, per sequence.
             let d_a = ops::linear_grad_input(&dx, &w.o_proj)?;
             grads.add(
                 &format!("{p}self_attn.o_proj.weight"),
                 &[h, q_dim],
                 ops::linear_grad_weight(&dx, &s.a)?.as_slice()?,
             );
-            let (mut dq, mut dk, dv) = ops::attention_backward(
-                &s.q,
-                &s.k,
-                &s.v,
-                &d_a,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-            )?;
+            let mut dq = Tensor::zeros(&[t, q_dim], model.device());
+            let mut dk = Tensor::zeros(&[t, kv_dim], model.device());
+            let mut dv = Tensor::zeros(&[t, kv_dim], model.device());
+            for span in &self.spans {
+                let rows: Vec<u32> = (span.start as u32..span.end as u32).collect();
+                let g = |x: &Tensor| ops::embedding(x, &rows);
+                let (q, k, vv, da) = (g(&s.q)?, g(&s.k)?, g(&s.v)?, g(&d_a)?);
+                let (sq, sk, sv) = ops::attention_backward(
+                    &q,
+                    &k,
+                    &vv,
+                    &da,
+                    c.num_attention_heads,
+                    c.num_key_value_heads,
+                    c.head_dim,
+                )?;
+                ops::scatter_rows(&mut dq, &rows, &sq)?;
+                ops::scatter_rows(&mut dk, &rows, &sk)?;
+                ops::scatter_rows(&mut dv, &rows, &sv)?;
+            }
             ops::rope_inplace(&mut dq, &positions, cos, &neg_sin, c.head_dim)?;
             ops::rope_inplace(&mut dk, &positions, cos, &neg_sin, c.head_dim)?;
             let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
@@ -244,10 +281,9 @@ impl SeqForward {
         }
         // Embedding: scatter-add rows.
         let mut de = vec![0.0f32; v * h];
+        let dxs = dx.as_slice()?;
         for (r, &tok) in self.inputs.iter().enumerate() {
-            for (a, b) in
-                de[tok as usize * h..(tok as usize + 1) * h].iter_mut().zip(&dx.as_slice()?[r * h..(r + 1) * h])
-            {
+            for (a, b) in de[tok as usize * h..(tok as usize + 1) * h].iter_mut().zip(&dxs[r * h..(r + 1) * h]) {
                 *a += b;
             }
         }

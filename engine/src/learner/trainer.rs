@@ -5,7 +5,7 @@
 use super::advantages::{compute_advantages, ScaleRewards};
 use super::loss::{policy_loss, token_weights, LossConfig, SampleLogprobs};
 use super::optim::{AdamW, OptimConfig};
-use super::{forward, Grads};
+use super::{forward_batch, Grads};
 use crate::error::Result;
 use crate::model::Model;
 use serde::{Deserialize, Serialize};
@@ -204,48 +204,59 @@ impl Trainer {
         let truncated = |s: &TrainSample| c.mask_truncated_completions && s.finish_reason.as_deref() == Some("length");
         let kept: Vec<(usize, &TrainSample)> =
             batch.iter().enumerate().filter(|(i, s)| adv.keep[*i] && !stale(*i) && !truncated(s)).collect();
-        let mut fwds = Vec::with_capacity(kept.len());
-        let mut refs = Vec::with_capacity(kept.len());
-        for (_, s) in &kept {
-            fwds.push(forward(model, &s.prompt_ids, &s.completion_ids, c.temperature)?);
-            refs.push(match &self.reference {
-                Some(r) => Some(forward(r, &s.prompt_ids, &s.completion_ids, c.temperature)?.logprobs),
-                None => None,
+        if kept.is_empty() {
+            return Err(crate::error::ModelError::Config {
+                path: "<batch>".into(),
+                msg: "every sample was filtered out (zero-std groups, staleness or truncation)".into(),
             });
         }
+        // One packed forward over all kept samples (and the reference when beta > 0).
+        let seqs: Vec<(&[u32], &[u32])> =
+            kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
+        let fwd = forward_batch(model, &seqs, c.temperature)?;
+        let ref_lp = match &self.reference {
+            Some(r) => Some(forward_batch(r, &seqs, c.temperature)?.logprobs),
+            None => None,
+        };
+        let mut offsets = vec![0usize];
+        for n in &fwd.lens {
+            offsets.push(offsets.last().unwrap() + n);
+        }
+        let span = |i: usize| offsets[i]..offsets[i + 1];
         let samples: Vec<SampleLogprobs> = kept
             .iter()
-            .zip(&fwds)
-            .zip(&refs)
-            .map(|(((i, s), f), r)| SampleLogprobs {
-                logp: &f.logprobs,
+            .enumerate()
+            .map(|(k, (i, s))| SampleLogprobs {
+                logp: &fwd.logprobs[span(k)],
                 behavior: &s.behavior_logprobs,
-                ref_logp: r.as_deref(),
+                ref_logp: ref_lp.as_ref().map(|r| &r[span(k)]),
                 advantage: s.advantage.unwrap_or(adv.advantages[*i]),
             })
             .collect();
         let (mut stats, dl) = policy_loss(&samples, &c.loss);
+        let dl: Vec<f32> = dl.concat();
         let mut grads = Grads::default();
         if c.loss.entropy_coef != 0.0 {
             // Entropy bonus: L −= entropy_coef · Σ w_t H_t with the loss_type's token weights.
-            let w = token_weights(&fwds.iter().map(|f| f.logprobs.len()).collect::<Vec<_>>(), &c.loss);
-            for ((f, g), wi) in fwds.iter().zip(&dl).zip(w) {
-                let de = vec![(-(c.loss.entropy_coef as f64) * wi) as f32; f.entropies.len()];
-                stats.loss -= c.loss.entropy_coef as f64 * wi * f.entropies.iter().map(|&e| e as f64).sum::<f64>();
-                f.backward_with_entropy(model, g, &de, &mut grads)?;
-            }
+            let w = token_weights(&fwd.lens, &c.loss);
+            let de: Vec<f32> = (0..fwd.lens.len())
+                .flat_map(|k| std::iter::repeat_n((-(c.loss.entropy_coef as f64) * w[k]) as f32, fwd.lens[k]))
+                .collect();
+            stats.loss -= (0..fwd.lens.len())
+                .map(|k| {
+                    c.loss.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>()
+                })
+                .sum::<f64>();
+            fwd.backward_with_entropy(model, &dl, &de, &mut grads)?;
         } else {
-            for (f, g) in fwds.iter().zip(&dl) {
-                f.backward(model, g, &mut grads)?;
-            }
+            fwd.backward(model, &dl, &mut grads)?;
         }
         let lens: Vec<usize> = batch.iter().map(|s| s.completion_ids.len()).collect();
-        let tokens: usize = fwds.iter().map(|f| f.logprobs.len()).sum();
+        let tokens = fwd.logprobs.len();
         let secs = t0.elapsed().as_secs_f64();
         let m = StepMetrics {
             step: self.optimizer.step,
-            entropy: fwds.iter().flat_map(|f| f.entropies.iter()).map(|&e| e as f64).sum::<f64>()
-                / tokens.max(1) as f64,
+            entropy: fwd.entropies.iter().map(|&e| e as f64).sum::<f64>() / tokens.max(1) as f64,
             loss: stats,
             reward_mean: adv.reward_mean,
             reward_std: adv.reward_std,
