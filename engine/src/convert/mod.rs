@@ -8,10 +8,10 @@
 pub mod gguf;
 
 use crate::error::{ModelError, Result};
+use crate::model::write_f32_safetensors;
 use gguf::{Gguf, Value};
-use safetensors::tensor::{Dtype, TensorView};
 use serde_json::json;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use tokenizers::models::bpe::BPE;
 use tokenizers::pre_tokenizers::byte_level::ByteLevel;
@@ -102,7 +102,7 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
 
     // Weights.
     progress(&format!("converting {} tensors to f32", g.tensors.len()));
-    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = Vec::new();
+    let mut tensors: Vec<(String, Vec<usize>, Vec<f32>)> = Vec::new();
     let head_dim = hidden / n_head;
     for t in &g.tensors {
         let name = hf_name(&t.name)
@@ -114,24 +114,13 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
         } else if t.name.ends_with("attn_k.weight") {
             data = unpermute_rows(&data, shape[0], shape[1], n_head_kv);
         }
-        let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
-        tensors.push((name, shape, bytes));
+        tensors.push((name, shape, data));
     }
-    let views: Vec<(String, TensorView)> = tensors
-        .iter()
-        .map(|(n, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b)
-                    .map_err(|e| ModelError::Gguf { path: p.into(), msg: e.to_string() })?,
-            ))
-        })
-        .collect::<Result<_>>()?;
     let st_path = tmp.join("model.safetensors");
     progress(&format!("writing {}", st_path.display()));
-    let st_meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    safetensors::serialize_to_file(views, &Some(st_meta), &st_path)
-        .map_err(|e| ModelError::Safetensors { path: st_path.clone(), msg: e.to_string() })?;
+    let views: BTreeMap<String, (Vec<usize>, &[f32])> =
+        tensors.iter().map(|(n, s, d)| (n.clone(), (s.clone(), d.as_slice()))).collect();
+    write_f32_safetensors(&st_path, &views)?;
 
     // config.json
     let config = json!({

@@ -6,31 +6,9 @@
 
 use super::optim::AdamW;
 use crate::error::{ModelError, Result};
-use safetensors::tensor::{Dtype, TensorView};
+pub use crate::model::write_f32_safetensors as write_tensors;
 use std::collections::BTreeMap;
 use std::path::Path;
-
-/// Writes f32 tensors `name → (shape, values)` as safetensors and syncs the file.
-pub fn write_tensors(path: &Path, tensors: &BTreeMap<String, (Vec<usize>, &[f32])>) -> Result<()> {
-    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
-        .iter()
-        .map(|(n, (s, v))| (n.clone(), s.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
-        .collect();
-    let views: Vec<(String, TensorView)> = bytes
-        .iter()
-        .map(|(n, s, b)| {
-            Ok((
-                n.clone(),
-                TensorView::new(Dtype::F32, s.clone(), b)
-                    .map_err(|e| ModelError::Safetensors { path: path.into(), msg: e.to_string() })?,
-            ))
-        })
-        .collect::<Result<_>>()?;
-    let meta: std::collections::HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
-    safetensors::serialize_to_file(views, &Some(meta), path)
-        .map_err(|e| ModelError::Safetensors { path: path.into(), msg: e.to_string() })?;
-    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| ModelError::io(path, e))
-}
 
 /// Saves weights (with `shapes` by name), optimizer state and step to `dir`, copying the
 /// config and tokenizer files from `source` (the model folder).

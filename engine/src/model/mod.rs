@@ -11,7 +11,7 @@ mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
-pub use weights::WeightFiles;
+pub use weights::{write_f32_safetensors, WeightFiles};
 
 use crate::error::Result;
 use kernels::ops::{AttnSeq, PackedWeight};

@@ -90,3 +90,24 @@ impl WeightFiles {
         Ok(Tensor::from_vec(data, expected)?)
     }
 }
+
+/// Writes f32 tensors `name → (shape, values)` as one safetensors file (metadata
+/// `format: pt`, readable by transformers) and syncs it to disk.
+pub fn write_f32_safetensors(
+    path: &Path,
+    tensors: &std::collections::BTreeMap<String, (Vec<usize>, &[f32])>,
+) -> Result<()> {
+    use safetensors::tensor::TensorView;
+    let err = |msg: String| ModelError::Safetensors { path: path.into(), msg };
+    let bytes: Vec<(String, Vec<usize>, Vec<u8>)> = tensors
+        .iter()
+        .map(|(n, (s, v))| (n.clone(), s.clone(), v.iter().flat_map(|x| x.to_le_bytes()).collect()))
+        .collect();
+    let views: Vec<(String, TensorView)> = bytes
+        .iter()
+        .map(|(n, s, b)| Ok((n.clone(), TensorView::new(Dtype::F32, s.clone(), b).map_err(|e| err(e.to_string()))?)))
+        .collect::<Result<_>>()?;
+    let meta: HashMap<String, String> = [("format".to_string(), "pt".to_string())].into();
+    safetensors::serialize_to_file(views, &Some(meta), path).map_err(|e| err(e.to_string()))?;
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| ModelError::io(path, e))
+}
