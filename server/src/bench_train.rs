@@ -20,6 +20,9 @@ pub struct TrainBenchArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 128)]
     pub completion_len: usize,
+    /// Keep only layer inputs and recompute activations in backward.
+    #[arg(long)]
+    pub gradient_checkpointing: bool,
     /// Timed steps (after one warm-up step); the median is reported.
     #[arg(long, default_value_t = 2)]
     pub steps: usize,
@@ -51,7 +54,8 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
             finish_reason: None,
         });
     }
-    let mut trainer = Trainer::new(&model, TrainConfig::default())?;
+    let mut trainer =
+        Trainer::new(&model, TrainConfig { gradient_checkpointing: a.gradient_checkpointing, ..Default::default() })?;
     let tokens = a.num_seqs * (a.prompt_len + a.completion_len);
     let mut times = Vec::new();
     for i in 0..=a.steps {

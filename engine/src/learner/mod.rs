@@ -41,6 +41,46 @@ struct LayerActs {
     act: Tensor,
 }
 
+/// What the forward keeps of one layer: everything, or only its input (gradient
+/// checkpointing: the rest is recomputed in backward, bitwise the same).
+enum Saved {
+    Full(LayerActs),
+    Input(Tensor),
+}
+
+/// One decoder layer's training forward: its activations and its output.
+fn layer_forward(
+    model: &Model,
+    w: &crate::model::LayerWeights,
+    x: Tensor,
+    positions: &[usize],
+    attn: &[AttnSeq],
+) -> Result<(LayerActs, Tensor)> {
+    let c = &model.config;
+    let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+    let (cos, sin) = model.rope_tables();
+    let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
+    let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
+    let [mut q, mut k, v]: [Tensor; 3] =
+        ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+    ops::rope_inplace(&mut q, positions, cos, sin, c.head_dim)?;
+    ops::rope_inplace(&mut k, positions, cos, sin, c.head_dim)?;
+    let a = ops::paged_attention(&q, &k, &v, attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+    let mut x_mid = x.clone();
+    ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
+    let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
+    let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
+    let act = ops::silu_mul(&gu)?;
+    let mut x_out = x_mid.clone();
+    ops::add_inplace(&mut x_out, &ops::linear(&act, &w.down_proj, None)?)?;
+    Ok((LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act }, x_out))
+}
+
+/// Per-sequence attention views of a packed batch (each row sees its own sequence).
+fn attn_seqs<'a>(spans: &[std::ops::Range<usize>], slots: &'a [Vec<u32>]) -> Vec<AttnSeq<'a>> {
+    spans.iter().zip(slots).map(|(s, sl)| AttnSeq { rows: s.clone(), start_pos: 0, slots: sl }).collect()
+}
+
 /// The saved activations of a packed batch's training forward.
 pub struct SeqForward {
     inputs: Vec<u32>,
@@ -53,7 +93,7 @@ pub struct SeqForward {
     /// Completion length of each sequence.
     pub lens: Vec<usize>,
     temperature: f32,
-    layers: Vec<LayerActs>,
+    layers: Vec<Saved>,
     /// Final hidden states of the completion-predicting rows, before the last norm.
     h_rows: Tensor,
     normed: Tensor,
@@ -72,10 +112,26 @@ pub fn forward(model: &Model, prompt: &[u32], completion: &[u32], temperature: f
 
 /// Training forward of a packed batch of `(prompt, completion)` pairs: saves what backward needs.
 pub fn forward_batch(model: &Model, seqs: &[(&[u32], &[u32])], temperature: f32) -> Result<SeqForward> {
-    rayon::scope(|_| forward_inner(model, seqs, temperature))
+    forward_batch_with(model, seqs, temperature, false)
 }
 
-fn forward_inner(model: &Model, seqs: &[(&[u32], &[u32])], temperature: f32) -> Result<SeqForward> {
+/// [`forward_batch`]; with `gradient_checkpointing` only each layer's input is kept and the
+/// rest is recomputed during backward (less memory, one more forward of compute).
+pub fn forward_batch_with(
+    model: &Model,
+    seqs: &[(&[u32], &[u32])],
+    temperature: f32,
+    gradient_checkpointing: bool,
+) -> Result<SeqForward> {
+    rayon::scope(|_| forward_inner(model, seqs, temperature, gradient_checkpointing))
+}
+
+fn forward_inner(
+    model: &Model,
+    seqs: &[(&[u32], &[u32])],
+    temperature: f32,
+    gradient_checkpointing: bool,
+) -> Result<SeqForward> {
     let c = &model.config;
     let bad = |d: String| -> Result<SeqForward> {
         Err(kernels::KernelError::Shape { op: "learner forward", detail: d }.into())
@@ -98,29 +154,13 @@ fn forward_inner(model: &Model, seqs: &[(&[u32], &[u32])], temperature: f32) -> 
         completion.extend_from_slice(comp);
         lens.push(comp.len());
     }
-    let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
     let slots: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
-    let attn: Vec<AttnSeq> =
-        spans.iter().zip(&slots).map(|(s, sl)| AttnSeq { rows: s.clone(), start_pos: 0, slots: sl }).collect();
-    let (cos, sin) = model.rope_tables();
+    let attn = attn_seqs(&spans, &slots);
     let mut x = ops::embedding(&model.embed_tokens, &inputs)?;
     let mut layers = Vec::with_capacity(model.layers.len());
     for w in &model.layers {
-        let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
-        let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-        let [mut q, mut k, v]: [Tensor; 3] =
-            ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
-        ops::rope_inplace(&mut q, &positions, cos, sin, c.head_dim)?;
-        ops::rope_inplace(&mut k, &positions, cos, sin, c.head_dim)?;
-        let a = ops::paged_attention(&q, &k, &v, &attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
-        let mut x_mid = x.clone();
-        ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
-        let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
-        let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
-        let act = ops::silu_mul(&gu)?;
-        let mut x_out = x_mid.clone();
-        ops::add_inplace(&mut x_out, &ops::linear(&act, &w.down_proj, None)?)?;
-        layers.push(LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act });
+        let (acts, x_out) = layer_forward(model, w, x, &positions, &attn)?;
+        layers.push(if gradient_checkpointing { Saved::Input(acts.x_in) } else { Saved::Full(acts) });
         x = x_out;
     }
     let h_rows = ops::embedding(&x, &pred_rows)?;
@@ -207,7 +247,17 @@ impl SeqForward {
         let positions: Vec<usize> = self.spans.iter().flat_map(|s| 0..s.len()).collect();
         let (cos, sin) = model.rope_tables();
         let neg_sin = scale(sin, -1.0)?;
-        for (l, (w, s)) in model.layers.iter().zip(&self.layers).enumerate().rev() {
+        let slots: Vec<Vec<u32>> = self.spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
+        let attn = attn_seqs(&self.spans, &slots);
+        for (l, (w, saved)) in model.layers.iter().zip(&self.layers).enumerate().rev() {
+            let recomputed;
+            let s = match saved {
+                Saved::Full(a) => a,
+                Saved::Input(x) => {
+                    recomputed = layer_forward(model, w, x.clone(), &positions, &attn)?.0;
+                    &recomputed
+                }
+            };
             let p = format!("model.layers.{l}.");
             // MLP.
             let d_act = ops::linear_grad_input(&dx, &w.down_proj)?;

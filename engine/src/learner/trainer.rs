@@ -5,7 +5,7 @@
 use super::advantages::{compute_advantages, ScaleRewards};
 use super::loss::{policy_loss, token_weights, LossConfig, SampleLogprobs};
 use super::optim::{AdamW, OptimConfig};
-use super::{forward_batch, Grads};
+use super::{forward_batch, forward_batch_with, Grads};
 use crate::error::Result;
 use crate::model::Model;
 use serde::{Deserialize, Serialize};
@@ -34,6 +34,8 @@ pub struct TrainConfig {
     /// `overlong_penalty_factor · ((L − B) − |y|) / B` added (at most `−factor`).
     pub overlong_buffer_len: Option<usize>,
     pub overlong_penalty_factor: f32,
+    /// Keep only each layer's input in the forward and recompute the rest in backward.
+    pub gradient_checkpointing: bool,
 }
 
 impl Default for TrainConfig {
@@ -48,6 +50,7 @@ impl Default for TrainConfig {
             mask_truncated_completions: false,
             overlong_buffer_len: None,
             overlong_penalty_factor: 1.0,
+            gradient_checkpointing: false,
         }
     }
 }
@@ -213,7 +216,7 @@ impl Trainer {
         // One packed forward over all kept samples (and the reference when beta > 0).
         let seqs: Vec<(&[u32], &[u32])> =
             kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
-        let fwd = forward_batch(model, &seqs, c.temperature)?;
+        let fwd = forward_batch_with(model, &seqs, c.temperature, c.gradient_checkpointing)?;
         let ref_lp = match &self.reference {
             Some(r) => Some(forward_batch(r, &seqs, c.temperature)?.logprobs),
             None => None,
