@@ -33,6 +33,22 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
 
 pub use crate::bench_throughput::ThroughputArgs;
 
+/// The request workload shared by `bench throughput` and `bench serve` (vLLM's flags).
+#[derive(Args, Clone, Debug)]
+pub struct WorkloadArgs {
+    /// Number of requests.
+    #[arg(long, default_value_t = 64)]
+    pub num_prompts: usize,
+    /// Prompt tokens per request (random ids).
+    #[arg(long, default_value_t = 128)]
+    pub input_len: usize,
+    /// Generated tokens per request (EOS ignored).
+    #[arg(long, default_value_t = 64)]
+    pub output_len: usize,
+    #[arg(long, default_value_t = 0)]
+    pub seed: u64,
+}
+
 #[derive(Args)]
 pub struct BenchArgs {
     #[command(flatten)]

@@ -18,22 +18,14 @@ pub struct BenchServeArgs {
     /// Server base URL (without /v1).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub base_url: String,
-    #[arg(long, default_value_t = 64)]
-    pub num_prompts: usize,
-    /// Prompt tokens per request (random ids).
-    #[arg(long, default_value_t = 128)]
-    pub input_len: usize,
-    /// Generated tokens per request (EOS ignored).
-    #[arg(long, default_value_t = 64)]
-    pub output_len: usize,
+    #[command(flatten)]
+    pub workload: crate::bench::WorkloadArgs,
     /// Requests per second (Poisson arrivals); `inf` sends all at once.
     #[arg(long, default_value = "inf")]
     pub request_rate: f64,
     /// Most requests in flight at once.
     #[arg(long)]
     pub max_concurrency: Option<usize>,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
     #[arg(long)]
     pub api_key: Option<String>,
     /// Write the results as JSON to this file.
@@ -132,17 +124,17 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
         .await?;
     let model = models["data"][0]["id"].as_str().context("the server lists no model")?.to_string();
     let url = format!("{base}/v1/completions");
-    let mut rng = rand::rngs::StdRng::seed_from_u64(a.seed);
+    let mut rng = rand::rngs::StdRng::seed_from_u64(a.workload.seed);
     let sem = Arc::new(tokio::sync::Semaphore::new(a.max_concurrency.unwrap_or(usize::MAX >> 4)));
-    let bar = ProgressBar::new(a.num_prompts as u64);
+    let bar = ProgressBar::new(a.workload.num_prompts as u64);
     bar.set_style(
         ProgressStyle::with_template("{bar:40} {pos}/{len} requests [{elapsed_precise}]").expect("valid template"),
     );
     let start = Instant::now();
-    let mut tasks = Vec::with_capacity(a.num_prompts);
-    for i in 0..a.num_prompts {
-        let prompt: Vec<u32> = (0..a.input_len).map(|_| rng.gen_range(100..20000)).collect();
-        let body = json!({"model": model, "prompt": prompt, "max_tokens": a.output_len, "ignore_eos": true, "temperature": 1.0, "seed": a.seed + i as u64, "stream": true, "stream_options": {"include_usage": true}});
+    let mut tasks = Vec::with_capacity(a.workload.num_prompts);
+    for i in 0..a.workload.num_prompts {
+        let prompt: Vec<u32> = (0..a.workload.input_len).map(|_| rng.gen_range(100..20000)).collect();
+        let body = json!({"model": model, "prompt": prompt, "max_tokens": a.workload.output_len, "ignore_eos": true, "temperature": 1.0, "seed": a.workload.seed + i as u64, "stream": true, "stream_options": {"include_usage": true}});
         let permit = sem.clone().acquire_owned().await?;
         let (client, url, key, bar) = (client.clone(), url.clone(), a.api_key.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
@@ -191,7 +183,7 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     }
     if let Some(path) = &a.output_json {
         let j = json!({
-            "num_prompts": a.num_prompts, "input_len": a.input_len, "output_len": a.output_len, "request_rate": a.request_rate, "max_concurrency": a.max_concurrency,
+            "num_prompts": a.workload.num_prompts, "input_len": a.workload.input_len, "output_len": a.workload.output_len, "request_rate": a.request_rate, "max_concurrency": a.max_concurrency,
             "completed": ok.len(), "failed": failed.len(), "duration": duration, "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
             "request_throughput": ok.len() as f64 / duration, "output_throughput": out_tokens as f64 / duration, "total_token_throughput": (in_tokens + out_tokens) as f64 / duration,
             "mean_ttft_ms": ttft.0, "median_ttft_ms": ttft.1, "p99_ttft_ms": ttft.2, "mean_tpot_ms": tpot.0, "median_tpot_ms": tpot.1, "p99_tpot_ms": tpot.2,

@@ -16,15 +16,8 @@ use std::time::Instant;
 pub struct ThroughputArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Number of requests.
-    #[arg(long, default_value_t = 64)]
-    pub num_prompts: usize,
-    /// Prompt tokens per request.
-    #[arg(long, default_value_t = 128)]
-    pub input_len: usize,
-    /// Generated tokens per request (EOS ignored).
-    #[arg(long, default_value_t = 64)]
-    pub output_len: usize,
+    #[command(flatten)]
+    pub workload: crate::bench::WorkloadArgs,
     /// Samples per prompt (a GRPO group); the samples share the prompt's KV blocks.
     #[arg(long, default_value_t = 1)]
     pub n: usize,
@@ -47,8 +40,6 @@ pub struct ThroughputArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub output_json: Option<PathBuf>,
-    #[arg(long, default_value_t = 0)]
-    pub seed: u64,
 }
 
 struct RunResult {
@@ -88,7 +79,7 @@ fn run_batch(
 
 pub fn run(a: ThroughputArgs) -> Result<()> {
     anyhow::ensure!(
-        a.num_prompts >= 1 && a.input_len >= 1 && a.output_len >= 1 && a.n >= 1,
+        a.workload.num_prompts >= 1 && a.workload.input_len >= 1 && a.workload.output_len >= 1 && a.n >= 1,
         "--num-prompts, --input-len, --output-len and --n must be >= 1"
     );
     let dir = a.model.resolve()?;
@@ -96,12 +87,12 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     let (model, tok) = (Arc::new(model), Arc::new(tok));
     let vocab = model.config.vocab_size as u64;
     let prompt = |i: u64| -> Vec<u32> {
-        (0..a.input_len as u64)
-            .map(|j| (100 + engine::sampling::splitmix64(a.seed ^ (i << 32) ^ j) % (vocab - 100)) as u32)
+        (0..a.workload.input_len as u64)
+            .map(|j| (100 + engine::sampling::splitmix64(a.workload.seed ^ (i << 32) ^ j) % (vocab - 100)) as u32)
             .collect()
     };
     let prompts: Vec<Vec<u32>> =
-        (0..a.num_prompts as u64).map(|i| prompt(if a.fixed_prompt { 0 } else { i })).collect();
+        (0..a.workload.num_prompts as u64).map(|i| prompt(if a.fixed_prompt { 0 } else { i })).collect();
     let cfg = EngineConfig {
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
@@ -110,17 +101,17 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     let params = SamplingParams {
         n: a.n,
         temperature: 1.0,
-        seed: Some(a.seed),
-        max_tokens: Some(a.output_len),
+        seed: Some(a.workload.seed),
+        max_tokens: Some(a.workload.output_len),
         ignore_eos: true,
         ..Default::default()
     };
     eprintln!(
         "running {} requests × n={} ({} input, {} output tokens each), {} threads",
-        a.num_prompts,
+        a.workload.num_prompts,
         a.n,
-        a.input_len,
-        a.output_len,
+        a.workload.input_len,
+        a.workload.output_len,
         rayon::current_num_threads()
     );
     let r = run_batch(&model, &tok, &cfg, &prompts, &params)?;
@@ -142,7 +133,8 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         println!("| --- | --- | --- |");
         let mut base = None;
         for &c in &a.concurrency {
-            let ps: Vec<Vec<u32>> = (0..c as u64).map(|i| prompt(1000 + i)[..a.input_len.min(16)].to_vec()).collect();
+            let ps: Vec<Vec<u32>> =
+                (0..c as u64).map(|i| prompt(1000 + i)[..a.workload.input_len.min(16)].to_vec()).collect();
             let cp = SamplingParams { max_tokens: Some(a.curve_output_len), ..params.clone() };
             let cfgc = EngineConfig { max_num_seqs: c.max(1), ..cfg.clone() };
             let r = run_batch(&model, &tok, &cfgc, &ps, &SamplingParams { n: 1, ..cp })?;
@@ -158,7 +150,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     }
     if let Some(path) = &a.output_json {
         let j = json!({
-            "elapsed_time": r.secs, "num_requests": r.requests, "n": a.n, "input_len": a.input_len, "output_len": a.output_len,
+            "elapsed_time": r.secs, "num_requests": r.requests, "n": a.n, "input_len": a.workload.input_len, "output_len": a.workload.output_len,
             "total_num_tokens": total, "prompt_tokens": r.prompt_tokens, "prefill_tokens_computed": r.prefill_tokens, "output_tokens": r.output_tokens,
             "requests_per_second": r.requests as f64 / r.secs, "tokens_per_second": total as f64 / r.secs, "output_tokens_per_second": r.output_tokens as f64 / r.secs,
             "concurrency_curve": curve, "peak_rss_mib": rss, "threads": rayon::current_num_threads(),
