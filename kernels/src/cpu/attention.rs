@@ -29,11 +29,11 @@ pub fn paged_attention(
         let off = (h / group) * head_dim;
         let qv = &q[row * qc + h * head_dim..row * qc + (h + 1) * head_dim];
         let slots = &seq.slots[..=pos];
-        let mut scores: Vec<f32> = slots
-            .iter()
-            .map(|&s| dot(qv, &k[s as usize * kc + off..s as usize * kc + off + head_dim]) * scale)
-            .collect();
-        softmax_row(&mut scores);
+        let scores = attention_probs(
+            qv,
+            slots.iter().map(|&s| &k[s as usize * kc + off..s as usize * kc + off + head_dim]),
+            scale,
+        );
         o.fill(0.0);
         for (&s, &p) in slots.iter().zip(&scores) {
             axpy(p, &v[s as usize * kc + off..s as usize * kc + off + head_dim], o);
@@ -52,3 +52,11 @@ pub fn paged_attention(
 
 /// Below this many multiply-adds attention runs on the calling thread.
 const INLINE_WORK: usize = 1 << 17;
+
+/// `softmax_j(q · k_j · scale)` over the keys in order: the one probability computation of
+/// the forward and of the backward's recomputation, so both see the same values.
+pub fn attention_probs<'a>(q: &[f32], keys: impl Iterator<Item = &'a [f32]>, scale: f32) -> Vec<f32> {
+    let mut p: Vec<f32> = keys.map(|k| dot(q, k) * scale).collect();
+    softmax_row(&mut p);
+    p
+}

@@ -1,7 +1,7 @@
 //! Backward passes of the forward ops (hand-derived; checked against JAX autodiff in the
 //! learner tests).
 
-use super::elementwise::softmax_row;
+use super::attention::attention_probs;
 use super::simd::{axpy, dot};
 use rayon::prelude::*;
 
@@ -66,8 +66,7 @@ pub fn attention_backward(
                 for i in 0..t {
                     let qi = &q[i * qc + h * d..i * qc + (h + 1) * d];
                     let dai = &da[i * qc + h * d..i * qc + (h + 1) * d];
-                    let mut p: Vec<f32> = (0..=i).map(|j| dot(qi, kr(j)) * scale).collect();
-                    softmax_row(&mut p);
+                    let p = attention_probs(qi, (0..=i).map(kr), scale);
                     let dp: Vec<f32> = (0..=i).map(|j| dot(dai, vr(j))).collect();
                     let pdp: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
                     for j in 0..=i {
