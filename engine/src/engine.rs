@@ -3,7 +3,7 @@
 //! [`crate::handle`] runs it on its own thread behind a channel.
 
 use crate::block_manager::BlockManager;
-use crate::model::{BatchSeq, ForwardBatch, KvCache, Model};
+use crate::model::{BatchSeq, ForwardBatch, KvCache, SharedModel};
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
 use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SamplingParams};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
@@ -29,6 +29,19 @@ pub struct EngineConfig {
     /// Context limit (prompt + output); default the model's `max_position_embeddings`.
     pub max_model_len: Option<usize>,
     pub enable_prefix_caching: bool,
+    /// What running sequences do when the weights change under them.
+    pub kv_on_update: KvOnUpdate,
+}
+
+/// What happens to in-flight sequences' KV when the policy version changes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum KvOnUpdate {
+    /// Keep the KV computed by older weights and continue on the new ones (PipelineRL).
+    #[default]
+    Keep,
+    /// Drop it and recompute prompt and generated tokens with the new weights (AReaL).
+    Recompute,
 }
 
 impl Default for EngineConfig {
@@ -41,6 +54,7 @@ impl Default for EngineConfig {
             max_num_batched_tokens: 1024,
             max_model_len: None,
             enable_prefix_caching: true,
+            kv_on_update: KvOnUpdate::Keep,
         }
     }
 }
@@ -62,6 +76,8 @@ pub struct EngineStats {
     pub num_preemptions: u64,
     pub steps: u64,
     pub version: u64,
+    /// Sequences whose KV was dropped for recomputation after a weight update.
+    pub num_kv_recomputes: u64,
 }
 
 struct RequestState {
@@ -72,7 +88,9 @@ struct RequestState {
 }
 
 pub struct LLMEngine {
-    model: Arc<Model>,
+    model: SharedModel,
+    vocab_size: usize,
+    kv_on_update: KvOnUpdate,
     tokenizer: Arc<Tokenizer>,
     kv: KvCache,
     blocks: BlockManager,
@@ -81,19 +99,25 @@ pub struct LLMEngine {
     max_model_len: usize,
     requests: HashMap<String, RequestState>,
     next_seq_id: u64,
+    /// The policy version seen by the last step.
     version: u64,
+    num_kv_recomputes: u64,
     prefill_tokens: u64,
     generation_tokens: u64,
     steps: u64,
 }
 
 impl LLMEngine {
-    pub fn new(model: Arc<Model>, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
-        let c = &model.config;
+    /// An engine over the shared weights: it takes a read guard for each step.
+    pub fn new(model: SharedModel, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
+        let m = model.read();
+        let c = &m.config;
         let per_block = KvCache::bytes_per_slot(c) * config.block_size;
         let num_blocks = config.num_blocks.unwrap_or(config.kv_cache_memory / per_block).max(1);
-        let kv = KvCache::new(c, num_blocks * config.block_size, model.device());
-        let max_model_len = config.max_model_len.unwrap_or(c.max_position_embeddings).min(model.max_positions());
+        let kv = KvCache::new(c, num_blocks * config.block_size, m.device());
+        let max_model_len = config.max_model_len.unwrap_or(c.max_position_embeddings).min(m.max_positions());
+        let (vocab_size, version) = (c.vocab_size, m.version);
+        drop(m);
         let cfg = SchedulerConfig {
             max_num_seqs: config.max_num_seqs.max(1),
             max_num_batched_tokens: config.max_num_batched_tokens.max(1),
@@ -101,6 +125,8 @@ impl LLMEngine {
         };
         LLMEngine {
             model,
+            vocab_size,
+            kv_on_update: config.kv_on_update,
             tokenizer,
             kv,
             blocks: BlockManager::new(num_blocks, config.block_size),
@@ -109,7 +135,8 @@ impl LLMEngine {
             max_model_len,
             requests: HashMap::new(),
             next_seq_id: 0,
-            version: 0,
+            version,
+            num_kv_recomputes: 0,
             prefill_tokens: 0,
             generation_tokens: 0,
             steps: 0,
@@ -129,16 +156,15 @@ impl LLMEngine {
         &self.tokenizer
     }
 
-    /// The policy version of the weights; every output token records it.
+    /// The policy version of the weights now; every output token records the version of
+    /// the step that computed it.
     pub fn version(&self) -> u64 {
-        self.version
+        self.model.version()
     }
 
-    /// Marks new weights: later admissions use a new prefix-cache salt, so no request
-    /// reuses KV computed by older weights. (The online-RL issue calls this after each update.)
-    pub fn bump_version(&mut self) -> u64 {
-        self.version += 1;
-        self.version
+    /// The weights this engine serves.
+    pub fn model(&self) -> &SharedModel {
+        &self.model
     }
 
     pub fn has_unfinished(&self) -> bool {
@@ -158,7 +184,8 @@ impl LLMEngine {
             generation_tokens: self.generation_tokens,
             num_preemptions: self.sched.num_preemptions,
             steps: self.steps,
-            version: self.version,
+            version: self.model.version(),
+            num_kv_recomputes: self.num_kv_recomputes,
         }
     }
 
@@ -169,7 +196,7 @@ impl LLMEngine {
         if prompt.is_empty() {
             return Err(ValidationError::EmptyPrompt);
         }
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.vocab_size;
         if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(ValidationError::TokenId { id, vocab });
         }
@@ -216,7 +243,7 @@ impl LLMEngine {
                 blocks: vec![],
                 num_computed: 0,
                 block_hashes: vec![],
-                cache_salt: self.version,
+                cache_salt: 0, // set at admission
                 max_len: prompt.len() + completion,
                 detok: Default::default(),
                 prompt_logprobs: vec![],
@@ -237,6 +264,16 @@ impl LLMEngine {
     /// One engine step: schedule, run the model once on the whole batch, sample, and
     /// return what each sequence produced.
     pub fn step(&mut self) -> Result<Vec<SeqOutput>> {
+        // The read guard spans the whole step: the optimizer's write lands between steps, and
+        // every token of this step is computed by (and tagged with) one version.
+        let shared = self.model.clone();
+        let model = shared.read();
+        if model.version != self.version {
+            self.version = model.version;
+            if self.kv_on_update == KvOnUpdate::Recompute {
+                self.recompute_running();
+            }
+        }
         let prefix = self.cfg.enable_prefix_caching;
         let requests = &self.requests;
         let scheduled = self.sched.schedule(&self.cfg, &self.blocks, self.version, |s| {
@@ -247,9 +284,10 @@ impl LLMEngine {
         }
         self.steps += 1;
         let (batch, plan) = self.build_batch(&scheduled);
-        let logits = self.model.forward_batch(&batch, &mut self.kv)?;
+        let logits = model.forward_batch(&batch, &mut self.kv)?;
+        drop(model);
         let logits = logits.as_slice()?;
-        let vocab = self.model.config.vocab_size;
+        let vocab = self.vocab_size;
         let mut outputs = Vec::new();
         for (sch, p) in scheduled.iter().zip(plan) {
             let seq = &mut self.sched.running[sch.seq];
@@ -260,6 +298,10 @@ impl LLMEngine {
             }
             Scheduler::cache_full_blocks(seq, &self.blocks);
             for (k, pos) in p.prompt_positions.clone().enumerate() {
+                // A recomputed prompt (preemption, weight update) reports each position once.
+                if seq.num_output() > 0 || seq.prompt_logprobs.len() != pos {
+                    continue;
+                }
                 let row = &logits[(p.prompt_row + k) * vocab..(p.prompt_row + k + 1) * vocab];
                 seq.prompt_logprobs.push(prompt_logprob(
                     row,
@@ -303,6 +345,17 @@ impl LLMEngine {
             }
         }
         Ok(outputs)
+    }
+
+    /// `--kv-on-update recompute`: every running sequence drops its KV and goes back to the
+    /// front of the queue (in order), to be recomputed by the new weights with the new
+    /// prefix-cache salt. Sampled tokens are kept; their versions stay as recorded.
+    fn recompute_running(&mut self) {
+        for mut seq in self.sched.running.drain(..).rev() {
+            seq.reset_kv();
+            self.num_kv_recomputes += 1;
+            self.sched.waiting.push_front(seq);
+        }
     }
 
     /// Flattens the scheduled work into one forward batch and notes, per sequence, which

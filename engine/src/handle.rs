@@ -22,7 +22,6 @@ enum Command {
     },
     Abort(String),
     Stats(flume::Sender<EngineStats>),
-    BumpVersion(flume::Sender<u64>),
 }
 
 /// A cloneable handle to the engine thread. The thread ends when the last handle is dropped.
@@ -134,13 +133,6 @@ impl EngineHandle {
         rx.recv().map_err(|_| EngineStopped)
     }
 
-    /// Increments the policy version (see [`LLMEngine::bump_version`]); returns the new one.
-    pub fn bump_version(&self) -> Result<u64, EngineStopped> {
-        let (tx, rx) = flume::bounded(1);
-        self.tx.send(Command::BumpVersion(tx)).map_err(|_| EngineStopped)?;
-        rx.recv().map_err(|_| EngineStopped)
-    }
-
     /// Whether the engine thread is still running.
     pub fn is_alive(&self) -> bool {
         !self.thread.is_finished()
@@ -203,9 +195,6 @@ fn handle(engine: &mut LLMEngine, streams: &mut HashMap<String, flume::Sender<Se
         }
         Command::Stats(tx) => {
             let _ = tx.send(engine.stats());
-        }
-        Command::BumpVersion(tx) => {
-            let _ = tx.send(engine.bump_version());
         }
     }
 }

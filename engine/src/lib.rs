@@ -20,10 +20,10 @@ pub mod tokenizer;
 pub mod validation;
 
 pub use chat_template::ChatMessage;
-pub use engine::{EngineConfig, EngineStats, LLMEngine};
+pub use engine::{EngineConfig, EngineStats, KvOnUpdate, LLMEngine};
 pub use error::{ModelError, Result};
 pub use handle::{EngineHandle, RequestStream};
-pub use model::{BatchSeq, ForwardBatch, KvCache, Model, ModelConfig};
+pub use model::{BatchSeq, ForwardBatch, KvCache, Model, ModelConfig, SharedModel};
 pub use outputs::{FinishReason, SeqOutput, StopReason, TokenOutput};
 pub use sampling::SamplingParams;
 pub use tokenizer::Tokenizer;

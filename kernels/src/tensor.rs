@@ -114,6 +114,14 @@ impl Tensor {
         }
     }
 
+    /// Borrow the host data mutably (CPU tensors only).
+    pub fn as_mut_slice(&mut self) -> Result<&mut [f32]> {
+        match &mut self.storage {
+            Storage::Cpu(v) => Ok(v),
+            Storage::Cuda(b) => match *b {},
+        }
+    }
+
     /// Row `i` of a 2-D CPU tensor as a host copy.
     pub fn row(&self, i: usize) -> Result<Vec<f32>> {
         let (r, c) = self.dims2("row")?;

@@ -52,7 +52,7 @@ struct RunResult {
 
 /// Runs `prompts` to completion on a fresh engine.
 fn run_batch(
-    model: &Arc<engine::Model>,
+    model: &engine::SharedModel,
     tok: &Arc<engine::Tokenizer>,
     cfg: &EngineConfig,
     prompts: &[Vec<u32>],
@@ -84,8 +84,8 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     );
     let dir = a.model.resolve()?;
     let (tok, model) = load(&dir)?;
-    let (model, tok) = (Arc::new(model), Arc::new(tok));
     let vocab = model.config.vocab_size as u64;
+    let (model, tok) = (engine::SharedModel::new(model), Arc::new(tok));
     let prompt = |i: u64| -> Vec<u32> {
         (0..a.workload.input_len as u64)
             .map(|j| (100 + engine::sampling::splitmix64(a.workload.seed ^ (i << 32) ^ j) % (vocab - 100)) as u32)

@@ -34,7 +34,7 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         "all sizes must be >= 1"
     );
     let dir = a.model.resolve()?;
-    let mut model = Model::load(&dir, &Device::Cpu)?;
+    let model = Model::load(&dir, &Device::Cpu)?;
     let vocab = model.config.vocab_size as u64;
     let tok = |i: u64| (100 + engine::sampling::splitmix64(i) % (vocab - 100)) as u32;
     let mut batch = Vec::new();
@@ -58,9 +58,10 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         Trainer::new(&model, TrainConfig { gradient_checkpointing: a.gradient_checkpointing, ..Default::default() })?;
     let tokens = a.num_seqs * (a.prompt_len + a.completion_len);
     let mut times = Vec::new();
+    let model = engine::SharedModel::new(model);
     for i in 0..=a.steps {
         let t = std::time::Instant::now();
-        trainer.step(&mut model, &batch)?;
+        trainer.step(&model, &batch)?;
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());
         }

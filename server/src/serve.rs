@@ -6,7 +6,7 @@ use crate::api::{router, AppState};
 use crate::metrics::Metrics;
 use anyhow::{Context, Result};
 use clap::Args;
-use engine::{EngineConfig, EngineHandle, LLMEngine, Model, Tokenizer};
+use engine::{EngineConfig, EngineHandle, KvOnUpdate, LLMEngine, Model, SharedModel, Tokenizer};
 use kernels::Device;
 use std::net::SocketAddr;
 use std::path::Path;
@@ -40,6 +40,16 @@ pub struct EngineArgs {
     /// Disable automatic prefix caching.
     #[arg(long)]
     pub no_enable_prefix_caching: bool,
+    /// In-flight sequences after a weight update: `keep` their KV (PipelineRL) or
+    /// `recompute` it with the new weights (AReaL).
+    #[arg(long, value_enum, default_value = "keep")]
+    pub kv_on_update: KvOnUpdateArg,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy, Debug)]
+pub enum KvOnUpdateArg {
+    Keep,
+    Recompute,
 }
 
 impl EngineArgs {
@@ -52,6 +62,10 @@ impl EngineArgs {
             max_num_batched_tokens: self.max_num_batched_tokens,
             max_model_len: self.max_model_len,
             enable_prefix_caching: !self.no_enable_prefix_caching,
+            kv_on_update: match self.kv_on_update {
+                KvOnUpdateArg::Keep => KvOnUpdate::Keep,
+                KvOnUpdateArg::Recompute => KvOnUpdate::Recompute,
+            },
         }
     }
 }
@@ -118,7 +132,7 @@ pub struct Server {
 /// Loads the model in `dir` and builds the shared state (engine thread started).
 pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
     let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
-    let model = Arc::new(Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?);
+    let model = SharedModel::new(Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?);
     let engine = LLMEngine::new(model, tokenizer.clone(), args.engine.config());
     let max_model_len = engine.max_model_len();
     tracing::info!(

@@ -4,7 +4,7 @@ use crate::cli::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::learner::{checkpoint, TrainConfig, TrainSample, Trainer};
-use engine::Model;
+use engine::{Model, SharedModel};
 use kernels::Device;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -87,7 +87,7 @@ fn config(a: &TrainStepArgs) -> Result<TrainConfig> {
 pub fn run(a: TrainStepArgs) -> Result<()> {
     let cfg = config(&a)?;
     let dir = a.model.resolve()?;
-    let mut model = Model::load(&dir, &Device::Cpu)?;
+    let model = Model::load(&dir, &Device::Cpu)?;
     let batch = read_batch(&a.batch, model.config.vocab_size)?;
     let mut trainer = Trainer::new(&model, cfg)?;
     if let Some(p) = &a.dump_grads {
@@ -96,11 +96,11 @@ pub fn run(a: TrainStepArgs) -> Result<()> {
             grads.tensors.iter().map(|(n, (s, v))| (n.clone(), (s.clone(), v.as_slice()))).collect();
         checkpoint::write_tensors(p, &views)?;
     }
-    let (metrics, _) = trainer.step(&mut model, &batch)?;
+    let model = SharedModel::new(model);
+    let (metrics, _) = trainer.step(&model, &batch)?;
     println!("{}", serde_json::to_string(&metrics)?);
     if let Some(out) = &a.save {
-        let shapes = model.named_weights()?.into_iter().map(|(k, v)| (k, v.0)).collect();
-        checkpoint::save(out, &dir, &trainer.params, &shapes, &trainer.optimizer)?;
+        checkpoint::save(out, &dir, &model.read(), &trainer.optimizer, serde_json::json!({}))?;
         eprintln!("saved checkpoint to {}", out.display());
     }
     Ok(())

@@ -3,7 +3,9 @@
 
 use engine::generate::generate;
 use engine::outputs::{FinishReason, SeqOutput, StopReason};
-use engine::{ChatMessage, EngineConfig, EngineHandle, LLMEngine, Model, SamplingParams, Tokenizer, ValidationError};
+use engine::{
+    ChatMessage, EngineConfig, EngineHandle, LLMEngine, Model, SamplingParams, SharedModel, Tokenizer, ValidationError,
+};
 use kernels::{ops, Device};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
@@ -52,21 +54,21 @@ fn run(engine: &mut LLMEngine, requests: &[(Vec<u32>, SamplingParams)]) -> Vec<V
         .collect()
 }
 
-fn tiny(seed: u64) -> (Arc<Model>, Arc<Tokenizer>) {
+fn tiny(seed: u64) -> (SharedModel, Arc<Tokenizer>) {
     let dir = temp_dir(&format!("engine-tiny-{seed}"));
     TinySpec { architecture: "Qwen2ForCausalLM", seed, ..Default::default() }.write(&dir);
-    (Arc::new(Model::load(&dir, &Device::Cpu).unwrap()), Arc::new(Tokenizer::from_dir(&dir).unwrap()))
+    (SharedModel::new(Model::load(&dir, &Device::Cpu).unwrap()), Arc::new(Tokenizer::from_dir(&dir).unwrap()))
 }
 
-fn real() -> &'static (Arc<Model>, Arc<Tokenizer>) {
-    static M: OnceLock<(Arc<Model>, Arc<Tokenizer>)> = OnceLock::new();
+fn real() -> &'static (SharedModel, Arc<Tokenizer>) {
+    static M: OnceLock<(SharedModel, Arc<Tokenizer>)> = OnceLock::new();
     M.get_or_init(|| {
         let dir = default_model();
-        (Arc::new(Model::load(&dir, &Device::Cpu).unwrap()), Arc::new(Tokenizer::from_dir(&dir).unwrap()))
+        (SharedModel::new(Model::load(&dir, &Device::Cpu).unwrap()), Arc::new(Tokenizer::from_dir(&dir).unwrap()))
     })
 }
 
-fn engine(m: &(Arc<Model>, Arc<Tokenizer>), cfg: EngineConfig) -> LLMEngine {
+fn engine(m: &(SharedModel, Arc<Tokenizer>), cfg: EngineConfig) -> LLMEngine {
     LLMEngine::new(m.0.clone(), m.1.clone(), cfg)
 }
 
@@ -88,12 +90,13 @@ fn paged_attention_with_odd_chunks_equals_dense() {
         EngineConfig { block_size: 4, num_blocks: Some(64), max_num_batched_tokens: 7, ..Default::default() },
     );
     let got = run(&mut e, &prompts.iter().map(|p| (p.clone(), greedy(9))).collect::<Vec<_>>());
+    let model = m.0.read();
     for (p, g) in prompts.iter().zip(&got) {
-        let (dense, _) = generate(&m.0, p, &SamplingParams::greedy(), 9, &[], |_| {}).unwrap();
+        let (dense, _) = generate(&model, p, &SamplingParams::greedy(), 9, &[], |_| {}).unwrap();
         assert_eq!(g[0].tokens, dense);
         let all: Vec<u32> = p.iter().chain(&dense).cloned().collect();
-        let lp = ops::log_softmax(&m.0.forward(&all, &mut m.0.new_cache(all.len()), true).unwrap()).unwrap();
-        let v = m.0.config.vocab_size;
+        let lp = ops::log_softmax(&model.forward(&all, &mut model.new_cache(all.len()), true).unwrap()).unwrap();
+        let v = model.config.vocab_size;
         for (i, &t) in dense.iter().enumerate() {
             let want = lp.as_slice().unwrap()[(p.len() - 1 + i) * v + t as usize];
             assert!((g[0].raw[i] - want).abs() < 1e-5, "step {i}: {} vs dense {want}", g[0].raw[i]);
@@ -159,7 +162,7 @@ fn prefix_cache_hits_match_a_cold_run_and_are_salted_by_version() {
     // (30 − 1) / 4 = 7 full blocks reused.
     assert_eq!(s.prefix_cache_hits - hits0, 28);
     assert_eq!(cold, warm);
-    e.bump_version();
+    m.0.write().version += 1;
     let after = run(&mut e, &[(prompt, params)]);
     assert_eq!(e.stats().prefix_cache_hits, s.prefix_cache_hits, "no reuse across versions");
     assert_eq!(after, cold);

@@ -88,7 +88,7 @@ fn gradients_match_jax_autodiff() {
 #[test]
 fn learner_logprobs_equal_engine_logprobs_bitwise() {
     let dir = tests::default_model();
-    let model = Arc::new(Model::load(&dir, &Device::Cpu).unwrap());
+    let model = engine::SharedModel::new(Model::load(&dir, &Device::Cpu).unwrap());
     let tok = Arc::new(engine::Tokenizer::from_dir(&dir).unwrap());
     let prompt = tok.encode("The three primary colors are", false).unwrap();
     let mut e = LLMEngine::new(model.clone(), tok, EngineConfig::default());
@@ -108,7 +108,7 @@ fn learner_logprobs_equal_engine_logprobs_bitwise() {
             }
         }
     }
-    let f = learner::forward(&model, &prompt, &ids, 1.0).unwrap();
+    let f = learner::forward(&model.read(), &prompt, &ids, 1.0).unwrap();
     let max_diff = f.logprobs.iter().zip(&mu).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
     eprintln!("max |ℓ − μ| = {max_diff:e} over {} tokens", ids.len());
     assert_eq!(f.logprobs, raw, "ℓ equals the engine's raw logprob bitwise");
@@ -210,18 +210,18 @@ fn a_tiny_model_learns_a_toy_reward() {
     let dir = tests::temp_dir("learner-toy");
     TinySpec { seed: 61, ..Default::default() }.write(&dir);
     let tok = Arc::new(engine::Tokenizer::from_dir(&dir).unwrap());
-    let mut model = Arc::new(Model::load(&dir, &Device::Cpu).unwrap());
+    let model = engine::SharedModel::new(Model::load(&dir, &Device::Cpu).unwrap());
     let prompt = vec![1u32, 2, 3];
     let p_good = |m: &Model| {
         let lp = kernels::ops::log_softmax(&m.forward(&prompt, &mut m.new_cache(8), false).unwrap()).unwrap();
         lp.as_slice().unwrap()[..128].iter().map(|x| x.exp()).sum::<f32>()
     };
-    let start = p_good(&model);
+    let start = p_good(&model.read());
     let cfg = TrainConfig {
         optim: engine::learner::optim::OptimConfig { learning_rate: 2e-2, ..Default::default() },
         ..Default::default()
     };
-    let mut trainer = Trainer::new(&model, cfg).unwrap();
+    let mut trainer = Trainer::new(&model.read(), cfg).unwrap();
     for step in 0..12u64 {
         let mut e =
             LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() });
@@ -255,11 +255,11 @@ fn a_tiny_model_learns_a_toy_reward() {
         for s in &mut samples {
             s.reward = Some(if s.completion_ids[0] < 128 { 1.0 } else { 0.0 });
         }
-        let m = Arc::get_mut(&mut model).expect("the engine is gone");
-        let (metrics, _) = trainer.step(m, &samples).unwrap();
+        let (metrics, _) = trainer.step(&model, &samples).unwrap();
+        assert_eq!((metrics.version, model.version()), (step + 1, step + 1));
         assert!(metrics.loss.loss.is_finite() && metrics.grad_norm.is_finite());
     }
-    let end = p_good(&model);
+    let end = p_good(&model.read());
     eprintln!("P(first token < 128): {start:.3} → {end:.3}");
     assert!(end > 0.9 && end > start + 0.3, "P(first token < 128) went {start} → {end}");
 }
@@ -270,7 +270,7 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-ckpt-model");
     TinySpec { seed: 62, tied: false, ..Default::default() }.write(&dir);
-    let mut model = Model::load(&dir, &Device::Cpu).unwrap();
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
     let mut trainer = Trainer::new(
         &model,
         TrainConfig {
@@ -289,16 +289,24 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
         versions: None,
         finish_reason: None,
     }];
-    trainer.step(&mut model, &batch).unwrap();
+    let initial = model.named_weights().unwrap();
+    let model = engine::SharedModel::new(model);
+    trainer.step(&model, &batch).unwrap();
     let out = tests::temp_dir("learner-ckpt").join("step-1");
-    let shapes = model.named_weights().unwrap().into_iter().map(|(k, v)| (k, v.0)).collect();
-    checkpoint::save(&out, &dir, &trainer.params, &shapes, &trainer.optimizer).unwrap();
+    checkpoint::save(&out, &dir, &model.read(), &trainer.optimizer, serde_json::json!({"position": 7})).unwrap();
     assert!(!out.with_extension("partial").exists());
-    // The engine loads the checkpoint and sees exactly the trained weights.
+    // The engine loads the checkpoint and sees exactly the trained weights, which moved.
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
+    let trained = model.read().named_weights().unwrap();
     for (name, (_, v)) in loaded.named_weights().unwrap() {
-        assert_eq!(&v, &trainer.params[&name], "{name}");
+        assert_eq!(&v, &trained[&name].1, "{name}");
+        assert_ne!(&v, &initial[&name].1, "{name} was updated in place");
     }
+    let state = checkpoint::load_state(&out).unwrap();
+    assert_eq!(
+        (state["step"].as_u64(), state["version"].as_u64(), state["position"].as_u64()),
+        (Some(1), Some(1), Some(7))
+    );
     let opt = checkpoint::load_optimizer(&out).unwrap();
     assert_eq!(opt.step, 1);
     assert_eq!(opt.m, trainer.optimizer.m);
@@ -311,7 +319,7 @@ fn staleness_truncation_and_overlong_shaping() {
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-stale");
     TinySpec { seed: 63, ..Default::default() }.write(&dir);
-    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    let mut model = Model::load(&dir, &Device::Cpu).unwrap();
     let mut cfg = TrainConfig {
         max_staleness: Some(1),
         mask_truncated_completions: true,
@@ -319,10 +327,10 @@ fn staleness_truncation_and_overlong_shaping() {
         ..Default::default()
     };
     cfg.loss.max_completion_length = 10;
-    let mut t = Trainer::new(&model, cfg).unwrap();
+    let t = Trainer::new(&model, cfg).unwrap();
     // Overlong: L − B = 6; |y| = 8 → (6 − 8)/4 = −0.5; |y| = 12 → −1 (capped); |y| ≤ 6 → 0.
     assert_eq!((t.overlong_penalty(6), t.overlong_penalty(8), t.overlong_penalty(12)), (0.0, -0.5, -1.0));
-    t.version = 3;
+    model.version = 3;
     let s = |versions: Vec<u64>, finish: &str| TrainSample {
         prompt_ids: vec![1],
         completion_ids: vec![5; versions.len()],

@@ -1,24 +1,23 @@
 //! Checkpoints: `model.safetensors` with HF names (loadable by the engine and by
 //! transformers, with the model's `config.json` and tokenizer files copied beside it),
 //! `optimizer.safetensors` (AdamW moments `exp_avg.<name>`, `exp_avg_sq.<name>`) and
-//! `trainer_state.json` (step). Written into `<dir>.partial`, synced, then renamed over
+//! `trainer_state.json` (optimizer step, policy version, and whatever the caller adds: a
+//! job's RNG and dataset position). Written into `<dir>.partial`, synced, then renamed over
 //! `<dir>`: a crash never leaves a half-written checkpoint under the final name.
 
 use super::optim::AdamW;
 use crate::error::{ModelError, Result};
 pub use crate::model::write_f32_safetensors as write_tensors;
+use crate::model::Model;
 use std::collections::BTreeMap;
 use std::path::Path;
 
-/// Saves weights (with `shapes` by name), optimizer state and step to `dir`, copying the
-/// config and tokenizer files from `source` (the model folder).
-pub fn save(
-    dir: &Path,
-    source: &Path,
-    params: &BTreeMap<String, Vec<f32>>,
-    shapes: &BTreeMap<String, Vec<usize>>,
-    opt: &AdamW,
-) -> Result<()> {
+/// Saves the model's weights (HF names), the optimizer state and `state` (merged into
+/// `{"step", "version"}`) to `dir`, copying the config and tokenizer files from `source`
+/// (the model folder). Hold a read guard on a shared model while calling.
+pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_json::Value) -> Result<()> {
+    let named = model.named_weights()?;
+    let shapes: BTreeMap<&String, &Vec<usize>> = named.iter().map(|(n, (s, _))| (n, s)).collect();
     let tmp = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
@@ -28,8 +27,9 @@ pub fn save(
         }
     }
     let w: BTreeMap<String, (Vec<usize>, &[f32])> =
-        params.iter().map(|(n, v)| (n.clone(), (shapes[n].clone(), v.as_slice()))).collect();
+        named.iter().map(|(n, (s, v))| (n.clone(), (s.clone(), v.as_slice()))).collect();
     write_tensors(&tmp.join("model.safetensors"), &w)?;
+    drop(w);
     let mut o: BTreeMap<String, (Vec<usize>, &[f32])> = BTreeMap::new();
     for (n, v) in &opt.m {
         o.insert(format!("exp_avg.{n}"), (shapes[n].clone(), v.as_slice()));
@@ -38,12 +38,34 @@ pub fn save(
         o.insert(format!("exp_avg_sq.{n}"), (shapes[n].clone(), v.as_slice()));
     }
     write_tensors(&tmp.join("optimizer.safetensors"), &o)?;
-    let state = serde_json::json!({ "step": opt.step });
-    std::fs::write(tmp.join("trainer_state.json"), state.to_string()).map_err(|e| ModelError::io(&tmp, e))?;
+    let mut st = serde_json::json!({ "step": opt.step, "version": model.version });
+    if let (Some(o), serde_json::Value::Object(extra)) = (st.as_object_mut(), state) {
+        o.extend(extra);
+    }
+    write_synced(&tmp.join("trainer_state.json"), st.to_string().as_bytes())?;
     if dir.exists() {
         std::fs::remove_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
     }
-    std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))
+    std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+    // The rename itself is durable once the parent directory is synced.
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
+    }
+    Ok(())
+}
+
+/// Writes `bytes` to `path` and fsyncs it.
+fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
+    use std::io::Write;
+    let mut f = std::fs::File::create(path).map_err(|e| ModelError::io(path, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| ModelError::io(path, e))
+}
+
+/// The `trainer_state.json` saved by [`save`].
+pub fn load_state(dir: &Path) -> Result<serde_json::Value> {
+    let sp = dir.join("trainer_state.json");
+    serde_json::from_str(&std::fs::read_to_string(&sp).map_err(|e| ModelError::io(&sp, e))?)
+        .map_err(|source| ModelError::Json { path: sp, source })
 }
 
 /// Loads the AdamW state saved by [`save`].
@@ -61,10 +83,6 @@ pub fn load_optimizer(dir: &Path) -> Result<AdamW> {
             opt.m.insert(n.to_string(), v);
         }
     }
-    let sp = dir.join("trainer_state.json");
-    let state: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&sp).map_err(|e| ModelError::io(&sp, e))?)
-            .map_err(|source| ModelError::Json { path: sp, source })?;
-    opt.step = state["step"].as_u64().unwrap_or(0);
+    opt.step = load_state(dir)?["step"].as_u64().unwrap_or(0);
     Ok(opt)
 }

@@ -201,7 +201,8 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, 
             }
             let mut lt = -weight * unclipped_obj.min(clipped_obj);
             let mut dlt_dl = if use_unclipped { -weight * a * dratio } else { 0.0 };
-            if cfg.beta > 0.0 {
+            // KL is reported whenever a reference is present (also at beta = 0: a drift signal).
+            if cfg.beta > 0.0 || s.ref_logp.is_some() {
                 let lr = s.ref_logp.map(|r| r[t] as f64).unwrap_or(s.logp[t] as f64);
                 let x = s.logp[t] as f64 - lr;
                 let (kl, dkl) = match cfg.kl_estimator {

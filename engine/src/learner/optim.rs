@@ -74,39 +74,60 @@ pub struct AdamW {
     pub v: BTreeMap<String, Vec<f32>>,
 }
 
+/// The step-wide factors of one AdamW step (from [`AdamW::begin_step`]).
+#[derive(Debug, Clone, Copy)]
+pub struct StepScale {
+    /// Global gradient norm before clipping.
+    pub grad_norm: f64,
+    /// Factor applied to every gradient (1 when not clipped).
+    pub clip: f64,
+    pub lr: f64,
+}
+
 impl AdamW {
-    /// One update of `params` (f32 master weights) with `grads`; clips the global norm
-    /// first. Returns `(grad_norm before clipping, learning rate used)`.
-    pub fn step(&mut self, params: &mut BTreeMap<String, Vec<f32>>, grads: &Grads, cfg: &OptimConfig) -> (f64, f64) {
+    /// Starts a step: global norm, clip factor, step count + 1, learning rate.
+    pub fn begin_step(&mut self, grads: &Grads, cfg: &OptimConfig) -> StepScale {
         let norm = grads.global_norm();
         let clip =
             if cfg.max_grad_norm > 0.0 && norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
         self.step += 1;
-        let lr = cfg.lr_at(self.step);
-        let (b1, b2) = (cfg.adam_beta1, cfg.adam_beta2);
+        StepScale { grad_norm: norm, clip, lr: cfg.lr_at(self.step) }
+    }
+
+    /// Updates one parameter tensor `p` in place with its gradient `g` (same length).
+    pub fn update(&mut self, name: &str, p: &mut [f32], g: &[f32], s: &StepScale, cfg: &OptimConfig) {
+        let (b1, b2, lr, clip) = (cfg.adam_beta1, cfg.adam_beta2, s.lr, s.clip);
         let (bc1, bc2) = (1.0 - b1.powi(self.step as i32), 1.0 - b2.powi(self.step as i32));
+        let m = self.m.entry(name.to_string()).or_insert_with(|| vec![0.0; p.len()]);
+        let v = self.v.entry(name.to_string()).or_insert_with(|| vec![0.0; p.len()]);
+        const CHUNK: usize = 1 << 16;
+        p.par_chunks_mut(CHUNK)
+            .zip(m.par_chunks_mut(CHUNK))
+            .zip(v.par_chunks_mut(CHUNK))
+            .zip(g.par_chunks(CHUNK))
+            .for_each(|(((p, m), v), g)| {
+                for i in 0..p.len() {
+                    let gi = g[i] as f64 * clip;
+                    let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
+                    let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
+                    m[i] = mi as f32;
+                    v[i] = vi as f32;
+                    let pi = p[i] as f64 * (1.0 - lr * cfg.weight_decay)
+                        - lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon);
+                    p[i] = pi as f32;
+                }
+            });
+    }
+
+    /// One whole step over a name → values map ([`Self::begin_step`] + [`Self::update`]).
+    /// Returns `(grad_norm before clipping, learning rate used)`.
+    pub fn step(&mut self, params: &mut BTreeMap<String, Vec<f32>>, grads: &Grads, cfg: &OptimConfig) -> (f64, f64) {
+        let s = self.begin_step(grads, cfg);
         for (name, (_, g)) in &grads.tensors {
-            let Some(p) = params.get_mut(name) else { continue };
-            let m = self.m.entry(name.clone()).or_insert_with(|| vec![0.0; p.len()]);
-            let v = self.v.entry(name.clone()).or_insert_with(|| vec![0.0; p.len()]);
-            const CHUNK: usize = 1 << 16;
-            p.par_chunks_mut(CHUNK)
-                .zip(m.par_chunks_mut(CHUNK))
-                .zip(v.par_chunks_mut(CHUNK))
-                .zip(g.par_chunks(CHUNK))
-                .for_each(|(((p, m), v), g)| {
-                    for i in 0..p.len() {
-                        let gi = g[i] as f64 * clip;
-                        let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
-                        let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
-                        m[i] = mi as f32;
-                        v[i] = vi as f32;
-                        let pi = p[i] as f64 * (1.0 - lr * cfg.weight_decay)
-                            - lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon);
-                        p[i] = pi as f32;
-                    }
-                });
+            if let Some(p) = params.get_mut(name) {
+                self.update(name, p, g, &s, cfg);
+            }
         }
-        (norm, lr)
+        (s.grad_norm, s.lr)
     }
 }

@@ -1,15 +1,14 @@
 //! One optimizer step on a batch of samples: advantages → learner forward (ℓ, and ℓ_ref
 //! when `beta > 0`) → policy loss → backward → global-norm clipping → AdamW on f32 master
-//! weights → the model's weights replaced.
+//! weights, in place, under the shared model's write guard (DESIGN-NOTES §1) → version + 1.
 
 use super::advantages::{compute_advantages, ScaleRewards};
 use super::loss::{policy_loss, token_weights, LossConfig, SampleLogprobs};
 use super::optim::{AdamW, OptimConfig};
 use super::{forward_batch, forward_batch_with, Grads};
 use crate::error::Result;
-use crate::model::Model;
+use crate::model::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// Learner settings: loss, optimizer and advantage options (TRL names), flattened.
@@ -36,6 +35,9 @@ pub struct TrainConfig {
     pub overlong_penalty_factor: f32,
     /// Keep only each layer's input in the forward and recompute the rest in backward.
     pub gradient_checkpointing: bool,
+    /// Keep a frozen copy of the initial weights even when `beta` is 0, to report `kl`
+    /// (k3 by default) on the trained tokens: a reward-hacking / drift signal.
+    pub log_kl_to_initial: bool,
 }
 
 impl Default for TrainConfig {
@@ -51,6 +53,7 @@ impl Default for TrainConfig {
             overlong_buffer_len: None,
             overlong_penalty_factor: 1.0,
             gradient_checkpointing: false,
+            log_kl_to_initial: false,
         }
     }
 }
@@ -138,23 +141,27 @@ pub struct StepMetrics {
     /// Samples dropped for exceeding `max_staleness`, and masked as truncated.
     pub num_stale_dropped: usize,
     pub num_truncated_masked: usize,
+    /// Policy version after this step.
+    pub version: u64,
+    /// How long the optimizer held the write guard (the engine's pause), seconds.
+    pub pause_seconds: f64,
 }
 
-/// The learner: f32 master weights, AdamW state, and the frozen reference when `beta > 0`.
+/// The learner: AdamW state and, when `beta > 0` or `log_kl_to_initial`, a frozen
+/// reference copy. The weights it trains are the served ones ([`SharedModel`]); it keeps
+/// no master copy (they are f32 already).
 pub struct Trainer {
     pub config: TrainConfig,
-    /// Policy version of the weights (starts at 0; +1 per optimizer step).
-    pub version: u64,
-    pub params: BTreeMap<String, Vec<f32>>,
     pub optimizer: AdamW,
     reference: Option<Model>,
 }
 
 impl Trainer {
-    /// Starts from the model's current weights; loads a frozen reference copy only when `beta > 0`.
+    /// Starts from the model's current weights; copies them into a frozen reference only
+    /// when `beta > 0` or `log_kl_to_initial`.
     pub fn new(model: &Model, config: TrainConfig) -> Result<Self> {
-        let named = model.named_weights()?;
-        let reference = if config.loss.beta > 0.0 {
+        let reference = if config.loss.beta > 0.0 || config.log_kl_to_initial {
+            let named = model.named_weights()?;
             let get = |n: &str, s: &[usize]| -> Result<kernels::Tensor> {
                 let v = named.get(n).ok_or_else(|| crate::error::ModelError::MissingTensor {
                     path: "<reference>".into(),
@@ -167,13 +174,7 @@ impl Trainer {
         } else {
             None
         };
-        Ok(Self {
-            config,
-            version: 0,
-            params: named.into_iter().map(|(k, v)| (k, v.1)).collect(),
-            optimizer: AdamW::default(),
-            reference,
-        })
+        Ok(Self { config, optimizer: AdamW::default(), reference })
     }
 
     /// DAPO soft overlong punishment for a completion of `len` tokens (0 when off).
@@ -201,7 +202,7 @@ impl Trainer {
         let adv = compute_advantages(&rewards, &groups, c.scale_rewards, c.filter_zero_std_groups);
         let staleness: Vec<Option<u64>> = batch
             .iter()
-            .map(|s| s.versions.as_ref().and_then(|v| v.iter().min()).map(|&m| self.version.saturating_sub(m)))
+            .map(|s| s.versions.as_ref().and_then(|v| v.iter().min()).map(|&m| model.version.saturating_sub(m)))
             .collect();
         let stale = |i: usize| c.max_staleness.is_some_and(|k| staleness[i].is_some_and(|s| s > k));
         let truncated = |s: &TrainSample| c.mask_truncated_completions && s.finish_reason.as_deref() == Some("length");
@@ -280,15 +281,36 @@ impl Trainer {
         Ok((m, grads))
     }
 
-    /// One optimizer step; the model's weights are replaced by the updated master weights.
-    pub fn step(&mut self, model: &mut Model, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
+    /// One optimizer step: gradients under a read guard (the engine keeps stepping), then
+    /// AdamW applied to the served weights in place under the write guard, and the version
+    /// bumped before the guard is released.
+    pub fn step(&mut self, model: &SharedModel, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
         let t0 = Instant::now();
-        let (mut m, grads) = self.gradients(model, batch)?;
-        let (norm, lr) = self.optimizer.step(&mut self.params, &grads, &self.config.optim);
-        model.set_weights(&self.params)?;
-        self.version += 1;
-        m.grad_norm = norm;
-        m.learning_rate = lr;
+        let (mut m, grads) = self.gradients(&model.read(), batch)?;
+        let cfg = &self.config.optim;
+        let scale = self.optimizer.begin_step(&grads, cfg);
+        let mut missing = None;
+        let t_write = Instant::now();
+        {
+            let mut w = model.write();
+            let opt = &mut self.optimizer;
+            w.update_weights(|name, p| match grads.tensors.get(name) {
+                Some((_, g)) if g.len() == p.len() => opt.update(name, p, g, &scale, cfg),
+                Some(_) => missing = Some(name.to_string()),
+                None => {}
+            })?;
+            w.version += 1;
+            m.version = w.version;
+        }
+        m.pause_seconds = t_write.elapsed().as_secs_f64();
+        if let Some(name) = missing {
+            return Err(crate::error::ModelError::Config {
+                path: "<gradients>".into(),
+                msg: format!("gradient of {name} has the wrong length"),
+            });
+        }
+        m.grad_norm = scale.grad_norm;
+        m.learning_rate = scale.lr;
         m.step = self.optimizer.step;
         m.step_seconds = t0.elapsed().as_secs_f64();
         m.tokens_per_s =

@@ -7,10 +7,12 @@
 
 pub mod config;
 mod kv_cache;
+mod shared;
 mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
+pub use shared::SharedModel;
 pub use weights::{write_f32_safetensors, WeightFiles};
 
 use crate::error::Result;
@@ -42,6 +44,9 @@ pub struct Model {
     pub norm: Tensor,
     /// The LM head (a packed copy of `embed_tokens` when tied).
     pub lm_head: PackedWeight,
+    /// Policy version (DESIGN-NOTES §2): 0 for loaded weights (or the checkpoint's version
+    /// on resume), +1 per optimizer step. Every generated token records it.
+    pub version: u64,
     rope_cos: Tensor,
     rope_sin: Tensor,
     device: Device,
@@ -110,7 +115,17 @@ impl Model {
         };
         let norm = get("model.norm.weight", &[h])?;
         let (rope_cos, rope_sin) = rope_tables(c, device)?;
-        Ok(Model { config, embed_tokens, layers, norm, lm_head, rope_cos, rope_sin, device: device.clone() })
+        Ok(Model {
+            config,
+            embed_tokens,
+            layers,
+            norm,
+            lm_head,
+            version: 0,
+            rope_cos,
+            rope_sin,
+            device: device.clone(),
+        })
     }
 
     pub fn device(&self) -> &Device {
@@ -190,17 +205,48 @@ impl Model {
         Ok(out)
     }
 
-    /// Replaces every weight with the HF-named `weights` (shapes checked).
-    pub fn set_weights(&mut self, weights: &BTreeMap<String, Vec<f32>>) -> Result<()> {
-        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            let v = weights.get(name).ok_or_else(|| crate::error::ModelError::MissingTensor {
-                path: "<weights>".into(),
-                name: name.into(),
-                expected: shape.to_vec(),
+    /// Updates every weight in place: `f(hf_name, values)` gets each HF tensor's row-major
+    /// values (the names and order of [`Self::named_weights`]); the fused and packed
+    /// projections are repacked into their own buffers and a tied LM head follows the
+    /// embedding. Peak extra memory is one fused tensor, never a copy of the model.
+    pub fn update_weights(&mut self, mut f: impl FnMut(&str, &mut [f32])) -> Result<()> {
+        let c = self.config.clone();
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        f("model.embed_tokens.weight", self.embed_tokens.as_mut_slice()?);
+        if c.tie_word_embeddings {
+            let e = self.embed_tokens.as_slice()?;
+            ops::update_weight(&mut self.lm_head, |w| w.copy_from_slice(e))?;
+        } else {
+            ops::update_weight(&mut self.lm_head, |w| f("lm_head.weight", w))?;
+        }
+        f("model.norm.weight", self.norm.as_mut_slice()?);
+        for (l, w) in self.layers.iter_mut().enumerate() {
+            let p = format!("model.layers.{l}.");
+            f(&format!("{p}input_layernorm.weight"), w.input_layernorm.as_mut_slice()?);
+            f(&format!("{p}post_attention_layernorm.weight"), w.post_attention_layernorm.as_mut_slice()?);
+            ops::update_weight(&mut w.qkv_proj, |x| {
+                let (wq, rest) = x.split_at_mut(q * h);
+                let (wk, wv) = rest.split_at_mut(kv * h);
+                f(&format!("{p}self_attn.q_proj.weight"), wq);
+                f(&format!("{p}self_attn.k_proj.weight"), wk);
+                f(&format!("{p}self_attn.v_proj.weight"), wv);
             })?;
-            Ok(Tensor::from_vec(v.clone(), shape)?)
-        };
-        *self = Model::from_source(self.config.clone(), &get, &self.device)?;
+            if let Some(b) = &mut w.qkv_bias {
+                let (bq, rest) = b.as_mut_slice()?.split_at_mut(q);
+                let (bk, bv) = rest.split_at_mut(kv);
+                f(&format!("{p}self_attn.q_proj.bias"), bq);
+                f(&format!("{p}self_attn.k_proj.bias"), bk);
+                f(&format!("{p}self_attn.v_proj.bias"), bv);
+            }
+            ops::update_weight(&mut w.o_proj, |x| f(&format!("{p}self_attn.o_proj.weight"), x))?;
+            ops::update_weight(&mut w.gate_up_proj, |x| {
+                let (g, u) = x.split_at_mut(i * h);
+                f(&format!("{p}mlp.gate_proj.weight"), g);
+                f(&format!("{p}mlp.up_proj.weight"), u);
+            })?;
+            ops::update_weight(&mut w.down_proj, |x| f(&format!("{p}mlp.down_proj.weight"), x))?;
+        }
         Ok(())
     }
 
