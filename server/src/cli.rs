@@ -24,6 +24,9 @@ pub enum Command {
     FetchModel,
     /// Serve the OpenAI-compatible HTTP API (the main job).
     Serve(ServeCommand),
+    /// Run a training job (online RL on the served model) from a TOML config; serves the
+    /// HTTP API meanwhile unless --no-serve.
+    Train(crate::train::TrainArgs),
     /// One learner step on a JSONL batch; prints the step metrics as JSON.
     TrainStep(crate::train_step::TrainStepArgs),
     /// Generate a completion for one prompt, streaming it to stdout.

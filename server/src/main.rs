@@ -6,6 +6,7 @@ mod bench_serve;
 mod bench_throughput;
 mod bench_train;
 mod cli;
+mod train;
 mod train_step;
 
 use anyhow::Result;
@@ -44,17 +45,24 @@ fn run(args: cli::Cli) -> Result<()> {
             Ok(())
         }
         cli::Command::Serve(s) => {
-            tracing_subscriber::fmt()
-                .with_env_filter(
-                    tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-                )
-                .init();
+            init_tracing();
             let dir = s.model.resolve()?;
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(server::serve::run(&dir, s.serve))
         }
         cli::Command::Generate(g) => cli::generate(g),
         cli::Command::TrainStep(t) => train_step::run(t),
+        cli::Command::Train(t) => {
+            init_tracing();
+            train::run(t)
+        }
         cli::Command::Bench(b) => bench::run(b),
     }
+}
+
+fn init_tracing() {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
 }

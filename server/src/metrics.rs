@@ -61,6 +61,48 @@ impl Metrics {
         counter!("rlserve:num_preemptions_total", vec![m()]).absolute(s.num_preemptions);
     }
 
+    /// One training step (a job's or the feedback learner's): every learner metric as a
+    /// `rlserve:train_*` gauge, the engine pause and the staleness of every trained token.
+    pub fn learner_step(&self, r: &crate::rl::report::StepRecord, samples: &[engine::learner::TrainSample]) {
+        let m = || metrics::Label::new("model_name", self.model.clone());
+        if r.updated {
+            histogram!("rlserve:engine_pause_seconds", vec![m()]).record(r.learner.pause_seconds);
+            counter!("rlserve:train_steps_total", vec![m()]).increment(1);
+            counter!("rlserve:train_tokens_total", vec![m()]).increment(r.learner.loss.tokens as u64);
+        }
+        if let Ok(serde_json::Value::Object(o)) = serde_json::to_value(r) {
+            for (k, v) in o {
+                let x = match v {
+                    serde_json::Value::Number(n) => n.as_f64(),
+                    serde_json::Value::Bool(b) => Some(b as u8 as f64),
+                    _ => None,
+                };
+                if let Some(x) = x {
+                    gauge!(format!("rlserve:train_{k}"), vec![m()]).set(x);
+                }
+            }
+        }
+        gauge!("rlserve:entropy_collapse_alarm", vec![m()]).set(r.entropy_collapse as u8 as f64);
+        for s in samples {
+            if let (Some(v), true) = (s.versions.as_ref().and_then(|v| v.iter().min()), r.updated) {
+                let staleness = r.learner.version.saturating_sub(1).saturating_sub(*v) as f64;
+                let h = histogram!("rlserve:trained_token_staleness", vec![m()]);
+                for _ in 0..s.completion_ids.len() {
+                    h.record(staleness);
+                }
+            }
+        }
+    }
+
+    /// A greedy evaluation of a training job.
+    pub fn eval(&self, r: &crate::rl::job::EvalRecord) {
+        let m = || metrics::Label::new("model_name", self.model.clone());
+        gauge!("rlserve:eval_reward", vec![m()]).set(r.eval_reward);
+        if let Some(a) = r.eval_accuracy {
+            gauge!("rlserve:eval_accuracy", vec![m()]).set(a);
+        }
+    }
+
     pub fn render(&self) -> String {
         self.handle.render()
     }

@@ -107,6 +107,61 @@ pub struct ServeArgs {
     /// Seconds running requests may take to finish after SIGINT/SIGTERM.
     #[arg(long, default_value_t = 30)]
     pub shutdown_grace_seconds: u64,
+    /// Require `Authorization: Bearer <KEY>` on the RL endpoints (rollouts, training jobs,
+    /// feedback). Without it they are enabled only when --host is a loopback address.
+    #[arg(long, env = "RLSERVE_ADMIN_KEY")]
+    pub admin_key: Option<String>,
+    #[command(flatten)]
+    pub feedback: FeedbackArgs,
+}
+
+/// `--learn-from-feedback` and its learner settings.
+#[derive(Args, Clone, Debug)]
+pub struct FeedbackArgs {
+    /// Keep finished responses for `POST /v1/feedback` and train on the ratings.
+    #[arg(long)]
+    pub learn_from_feedback: bool,
+    /// Responses kept for rating (oldest evicted first).
+    #[arg(long, default_value_t = 1024)]
+    pub feedback_window: usize,
+    /// Rated samples per learner step.
+    #[arg(long, default_value_t = 8)]
+    pub feedback_batch_size: usize,
+    /// Folder of the durable feedback log and the feedback learner's checkpoint.
+    #[arg(long, default_value = "feedback")]
+    pub feedback_dir: std::path::PathBuf,
+    /// TOML with learner settings (TRL names, as `rlserve train-step --config`).
+    #[arg(long)]
+    pub learner_config: Option<std::path::PathBuf>,
+    /// Learner learning rate (overrides --learner-config).
+    #[arg(long)]
+    pub learning_rate: Option<f64>,
+}
+
+impl FeedbackArgs {
+    fn config(&self) -> Result<crate::rl::feedback::FeedbackConfig> {
+        let mut train: engine::learner::TrainConfig = match &self.learner_config {
+            Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
+                .with_context(|| format!("--learner-config {}", p.display()))?,
+            None => engine::learner::TrainConfig::default(),
+        };
+        if let Some(lr) = self.learning_rate {
+            train.optim.learning_rate = lr;
+        }
+        anyhow::ensure!(self.feedback_batch_size >= 1, "--feedback-batch-size must be >= 1");
+        anyhow::ensure!(self.feedback_window >= 1, "--feedback-window must be >= 1");
+        Ok(crate::rl::feedback::FeedbackConfig {
+            window: self.feedback_window,
+            batch_size: self.feedback_batch_size,
+            dir: self.feedback_dir.clone(),
+            train,
+        })
+    }
+}
+
+/// Whether `host` names only the local machine.
+pub fn is_loopback(host: &str) -> bool {
+    host == "localhost" || host.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback())
 }
 
 impl Default for ServeArgs {
@@ -132,8 +187,15 @@ pub struct Server {
 /// Loads the model in `dir` and builds the shared state (engine thread started).
 pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
     let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+    let admin_enabled = args.admin_key.is_some() || is_loopback(&args.host);
+    if args.feedback.learn_from_feedback && !admin_enabled {
+        anyhow::bail!(
+            "refusing --learn-from-feedback on --host {} without --admin-key: anyone could train the model",
+            args.host
+        );
+    }
     let model = SharedModel::new(Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?);
-    let engine = LLMEngine::new(model, tokenizer.clone(), args.engine.config());
+    let engine = LLMEngine::new(model.clone(), tokenizer.clone(), args.engine.config());
     let max_model_len = engine.max_model_len();
     tracing::info!(
         kv_capacity_tokens = engine.kv_capacity_tokens(),
@@ -147,16 +209,40 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         .served_model_name
         .clone()
         .unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let engine = EngineHandle::spawn(engine);
+    let metrics = Metrics::new(&model_name);
+    let learner = crate::rl::job::LearnerSlot::default();
+    let feedback = if args.feedback.learn_from_feedback {
+        let ctx = crate::rl::job::JobContext {
+            engine: engine.clone(),
+            model: model.clone(),
+            tokenizer: tokenizer.clone(),
+            model_dir: dir.to_path_buf(),
+            runtime: tokio::runtime::Handle::try_current().context("feedback learning needs the tokio runtime")?,
+            metrics: metrics.clone(),
+            learner: learner.clone(),
+        };
+        Some(crate::rl::feedback::FeedbackStore::open(args.feedback.config()?, ctx).map_err(anyhow::Error::msg)?)
+    } else {
+        None
+    };
     Ok(Arc::new(AppState {
-        engine: EngineHandle::spawn(engine),
+        engine,
         tokenizer,
-        metrics: Metrics::new(&model_name),
+        metrics,
         model_name,
         max_model_len,
         api_key: args.api_key.clone(),
         max_queued_requests: args.max_queued_requests.max(1),
         in_flight: AtomicUsize::new(0),
         created: crate::api::generation_time(),
+        model,
+        model_dir: dir.to_path_buf(),
+        admin_key: args.admin_key.clone(),
+        admin_enabled,
+        jobs: Default::default(),
+        learner,
+        feedback,
     }))
 }
 
@@ -190,7 +276,7 @@ impl Server {
 }
 
 /// Resolves on SIGINT or SIGTERM.
-async fn shutdown_signal() {
+pub async fn shutdown_signal() {
     let ctrl_c = async {
         let _ = tokio::signal::ctrl_c().await;
     };

@@ -86,8 +86,8 @@ pub async fn chat_completions(
         return Err(ApiError::bad("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
     }
     let params = sampling_params(&req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs);
-    let gen = submit(&state, vec![prompt.clone()], params)?;
     let id = response_id("chatcmpl-");
+    let gen = submit(&state, vec![prompt.clone()], params, &id)?;
     let created = unix_now();
     if req.sampling.stream {
         return Ok(stream(state, req, gen, id, created).into_response());

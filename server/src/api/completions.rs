@@ -59,8 +59,8 @@ pub async fn completions(
     } else {
         vec![]
     };
-    let gen = submit(&state, ps.clone(), params)?;
     let id = response_id("cmpl-");
+    let gen = submit(&state, ps.clone(), params, &id)?;
     let created = unix_now();
     if req.sampling.stream {
         return Ok(stream(state, req, gen, id, created, echo).into_response());

@@ -16,7 +16,15 @@ pub enum ApiError {
     #[error("{0}")]
     Unauthorized(String),
     #[error("{0}")]
+    Forbidden(String),
+    #[error("{0}")]
     NotFound(String),
+    /// The resource is busy or the request repeats one already applied (409).
+    #[error("{0}")]
+    Conflict(String),
+    /// The id existed but has expired (410).
+    #[error("{0}")]
+    Gone(String),
     #[error("{0}")]
     PayloadTooLarge(String),
     #[error("{0}")]
@@ -36,7 +44,10 @@ impl ApiError {
         match self {
             ApiError::BadRequest { param, .. } => (StatusCode::BAD_REQUEST, "invalid_request_error", param.as_deref()),
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "authentication_error", None),
+            ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", None),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found_error", None),
+            ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict_error", None),
+            ApiError::Gone(_) => (StatusCode::GONE, "invalid_request_error", None),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None),
             ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None),

@@ -6,6 +6,7 @@ use super::protocol::SamplingFields;
 use super::protocol::Usage;
 use super::{AppState, InFlight};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use crate::rl::rollout::RolloutSet;
 use engine::{RequestStream, SamplingParams, SeqOutput};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde_json::{json, Value};
@@ -60,16 +61,35 @@ pub struct Generation {
     _in_flight: InFlight,
 }
 
+/// Admitted requests: one engine stream per prompt, counted in flight until dropped.
+pub struct Submitted {
+    pub streams: Vec<RequestStream>,
+    pub in_flight: InFlight,
+}
+
 /// Submits every prompt (each with `params.n` samples). A validation error of any prompt
 /// fails the whole request; the already submitted ones are aborted when their streams drop.
-pub fn submit(state: &Arc<AppState>, prompts: Vec<Vec<u32>>, params: SamplingParams) -> Result<Generation, ApiError> {
+pub fn submit_streams(state: &Arc<AppState>, prompts: Vec<Vec<u32>>, params: SamplingParams) -> Result<Submitted, ApiError> {
     let in_flight = state.admit()?;
+    let streams = prompts
+        .into_iter()
+        .map(|p| state.engine.add_request(p, params.clone()))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Submitted { streams, in_flight })
+}
+
+/// [`submit_streams`], merged into one event stream with latency metrics. With feedback
+/// learning on, the finished response is kept under `id` for `POST /v1/feedback`.
+pub fn submit(
+    state: &Arc<AppState>,
+    prompts: Vec<Vec<u32>>,
+    params: SamplingParams,
+    id: &str,
+) -> Result<Generation, ApiError> {
     let n = params.n;
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let mut streams: Vec<RequestStream> = Vec::with_capacity(prompts.len());
-    for p in prompts {
-        streams.push(state.engine.add_request(p, params.clone())?);
-    }
+    let recorder = state.feedback.clone().map(|fb| (fb, RolloutSet::new(&prompts, n), id.to_string(), prompts.len()));
+    let Submitted { streams, in_flight } = submit_streams(state, prompts, params)?;
     let metrics = state.metrics.clone();
     let start = Instant::now();
     let per_prompt = streams.into_iter().enumerate().map(move |(i, s)| {
@@ -91,7 +111,23 @@ pub fn submit(state: &Arc<AppState>, prompts: Vec<Vec<u32>>, params: SamplingPar
         })
         .boxed()
     });
-    Ok(Generation { events: stream::select_all(per_prompt).boxed(), prompt_lens, n, _in_flight: in_flight })
+    let mut events = stream::select_all(per_prompt).boxed();
+    if let Some((fb, mut set, id, mut left)) = recorder {
+        events = events
+            .inspect(move |ev: &Event| {
+                let done = ev.out.request_finished;
+                let aborted = ev.out.finish_reason == Some(engine::FinishReason::Abort);
+                set.push(ev.prompt, ev.out.clone());
+                if done && !aborted {
+                    left -= 1;
+                    if left == 0 {
+                        fb.register(&id, &std::mem::replace(&mut set, RolloutSet::new(&[], 1)).rollouts);
+                    }
+                }
+            })
+            .boxed();
+    }
+    Ok(Generation { events, prompt_lens, n, _in_flight: in_flight })
 }
 
 impl Generation {

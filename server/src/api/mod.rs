@@ -7,6 +7,7 @@ pub mod error;
 mod generation;
 pub mod misc;
 pub mod protocol;
+pub mod rl;
 
 use crate::metrics::Metrics;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -14,7 +15,11 @@ use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use engine::{EngineHandle, Tokenizer};
+use crate::rl::job::{Job, LearnerSlot};
+use engine::{EngineHandle, SharedModel, Tokenizer};
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
 use error::ApiError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -32,6 +37,17 @@ pub struct AppState {
     pub metrics: Metrics,
     /// Unix time the server started (the `created` of `/v1/models`).
     pub created: u64,
+    /// The served (and trained) weights, and their folder.
+    pub model: SharedModel,
+    pub model_dir: PathBuf,
+    /// Bearer key of the RL endpoints (rollouts, jobs, feedback).
+    pub admin_key: Option<String>,
+    /// Whether the RL endpoints are enabled: an admin key is set, or the server listens on
+    /// a loopback address only.
+    pub admin_enabled: bool,
+    pub jobs: Mutex<BTreeMap<String, Arc<Job>>>,
+    pub learner: LearnerSlot,
+    pub feedback: Option<Arc<crate::rl::feedback::FeedbackStore>>,
 }
 
 /// Counts one request in flight until dropped.
@@ -85,8 +101,17 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
+    let admin = Router::new()
+        .route("/v1/rollouts", post(rl::rollouts))
+        .route("/v1/train/jobs", post(rl::create_job).get(rl::list_jobs))
+        .route("/v1/train/jobs/{id}", get(rl::get_job))
+        .route("/v1/train/jobs/{id}/stop", post(rl::stop_job))
+        .route("/v1/train/jobs/{id}/plot", get(rl::job_plot))
+        .route("/v1/feedback", post(rl::feedback))
+        .route_layer(middleware::from_fn_with_state(state.clone(), admin));
     Router::new()
         .merge(v1)
+        .merge(admin)
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .fallback(|req: Request| async move {
@@ -104,6 +129,26 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
         if got != Some(key.as_str()) {
             return Err(ApiError::Unauthorized(
                 "missing or invalid API key: send `Authorization: Bearer <key>`".into(),
+            ));
+        }
+    }
+    Ok(next.run(req).await)
+}
+
+/// The RL endpoints: `Authorization: Bearer <admin key>` when `--admin-key` is set; without
+/// one they work only on a loopback-only server (403 otherwise).
+async fn admin(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Result<Response, ApiError> {
+    if !state.admin_enabled {
+        return Err(ApiError::Forbidden(
+            "the RL endpoints are disabled: the server listens on a non-loopback address without --admin-key".into(),
+        ));
+    }
+    if let Some(key) = &state.admin_key {
+        let got =
+            req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        if got != Some(key.as_str()) {
+            return Err(ApiError::Unauthorized(
+                "this endpoint needs the admin key: send `Authorization: Bearer <--admin-key>`".into(),
             ));
         }
     }

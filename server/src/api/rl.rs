@@ -1,0 +1,205 @@
+//! The RL endpoints (admin only, see [`super::admin`]): `POST /v1/rollouts`, training jobs
+//! (`POST /v1/train/jobs`, `GET /v1/train/jobs[/{id}]`, `POST /v1/train/jobs/{id}/stop`,
+//! `GET /v1/train/jobs/{id}/plot`) and `POST /v1/feedback`.
+
+use super::chat::chat_prompt;
+use super::error::{ApiError, ApiJson};
+use super::generation::{response_id, sampling_params};
+use super::protocol::{ChatMessageIn, SamplingFields};
+use super::AppState;
+use crate::rl::config::JobConfig;
+use crate::rl::job::{Job, JobContext, JobError};
+use crate::rl::rollout::RolloutSet;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use serde::Deserialize;
+use serde_json::{json, Value};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// One prompt of a rollout request: text, token ids, or chat messages.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(untagged)]
+pub enum RolloutPrompt {
+    Text(String),
+    Tokens(Vec<u32>),
+    Chat { messages: Vec<ChatMessageIn> },
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct RolloutRequest {
+    pub model: Option<String>,
+    pub prompts: Vec<RolloutPrompt>,
+    /// Samples per prompt (a GRPO group); `n` is accepted as an alias.
+    pub num_generations: Option<usize>,
+    pub max_tokens: Option<usize>,
+    /// Wrap text prompts as a user message in the chat template.
+    #[serde(default)]
+    pub apply_chat_template: bool,
+    #[serde(flatten)]
+    pub sampling: SamplingFields,
+}
+
+/// `POST /v1/rollouts`: every prompt × `num_generations`, submitted at once (the group's
+/// samples share the prompt's KV blocks); token ids, μ, raw logprobs and versions per token.
+pub async fn rollouts(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<RolloutRequest>) -> Result<Response, ApiError> {
+    state.check_model(req.model.as_deref())?;
+    if req.prompts.is_empty() {
+        return Err(ApiError::bad("`prompts` must hold at least one prompt", Some("prompts")));
+    }
+    if req.sampling.stream {
+        return Err(ApiError::bad("`stream` is not supported for rollouts", Some("stream")));
+    }
+    let tok = &state.tokenizer;
+    let prompts = req
+        .prompts
+        .iter()
+        .enumerate()
+        .map(|(i, p)| {
+            let ids = match p {
+                RolloutPrompt::Tokens(ids) => ids.clone(),
+                RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, true)?,
+                RolloutPrompt::Text(t) if req.apply_chat_template => {
+                    let msgs = [ChatMessageIn { role: "user".into(), content: Some(super::protocol::Content::Text(t.clone())) }];
+                    chat_prompt(tok, &msgs, true)?
+                }
+                RolloutPrompt::Text(t) => tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?,
+            };
+            if ids.is_empty() {
+                return Err(ApiError::bad(format!("`prompts[{i}]` is empty"), Some("prompts")));
+            }
+            Ok(ids)
+        })
+        .collect::<Result<Vec<_>, ApiError>>()?;
+    let mut fields = req.sampling.clone();
+    fields.n = req.num_generations.or(fields.n);
+    let params = sampling_params(&fields, req.max_tokens, None);
+    let t0 = Instant::now();
+    let sub = super::generation::submit_streams(&state, prompts.clone(), params.clone())?;
+    let rollouts = RolloutSet::new(&prompts, params.n).collect_async(sub.streams).await;
+    drop(sub.in_flight);
+    let secs = t0.elapsed().as_secs_f64();
+    let completion_tokens: usize = rollouts.iter().map(|r| r.completion_ids.len()).sum();
+    let prompt_tokens: usize = prompts.iter().map(Vec::len).sum();
+    Ok(axum::Json(json!({
+        "id": response_id("rollout-"),
+        "object": "rollouts",
+        "model": state.model_name,
+        "version": state.model.version(),
+        "rollouts": rollouts,
+        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": completion_tokens, "total_tokens": prompt_tokens + completion_tokens},
+        "seconds": secs,
+        "completion_tokens_per_s": completion_tokens as f64 / secs.max(1e-9),
+    }))
+    .into_response())
+}
+
+/// `POST /v1/train/jobs` with the JSON form of the job config: 201 and the job's status.
+pub async fn create_job(State(state): State<Arc<AppState>>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+    let cfg = JobConfig::from_json(body).map_err(|m| ApiError::bad(m, None))?;
+    if let Some(m) = &cfg.model {
+        if m != &state.model_dir {
+            return Err(ApiError::bad(
+                format!("`model` must be the served model ({}); a job trains the weights being served", state.model_dir.display()),
+                Some("model"),
+            ));
+        }
+    }
+    let id = format!("job-{:016x}", rand::random::<u64>());
+    let ctx = state.job_context();
+    let job = tokio::task::spawn_blocking(move || Job::start(id, cfg, ctx, false))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))?
+        .map_err(|e| match e {
+            JobError::Invalid(m) => ApiError::bad(m, None),
+            JobError::Busy => ApiError::Conflict(e.to_string()),
+        })?;
+    let status = job.status();
+    state.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(job.id.clone(), job);
+    Ok((StatusCode::CREATED, axum::Json(status)).into_response())
+}
+
+fn find(state: &AppState, id: &str) -> Result<Arc<Job>, ApiError> {
+    state
+        .jobs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .get(id)
+        .cloned()
+        .ok_or_else(|| ApiError::NotFound(format!("no training job with id `{id}`")))
+}
+
+pub async fn list_jobs(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let jobs: Vec<Value> = state
+        .jobs
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .values()
+        .map(|j| {
+            let s = j.status();
+            json!({"id": s.id, "status": s.status, "step": s.step, "max_steps": s.max_steps, "version": s.version})
+        })
+        .collect();
+    axum::Json(json!({"object": "list", "data": jobs}))
+}
+
+pub async fn get_job(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    Ok(axum::Json(find(&state, &id)?.status()).into_response())
+}
+
+pub async fn stop_job(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let job = find(&state, &id)?;
+    job.request_stop();
+    Ok(axum::Json(job.status()).into_response())
+}
+
+/// The job's `metrics.png`, redrawn from its history now.
+pub async fn job_plot(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    let st = find(&state, &id)?.status();
+    let path = st.output_dir.join("metrics.png");
+    let bytes = tokio::task::spawn_blocking(move || {
+        crate::rl::report::plot(&path, &st.history, &st.evals)?;
+        std::fs::read(&path).map_err(|e| e.to_string())
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+    .map_err(ApiError::Internal)?;
+    Ok(([(header::CONTENT_TYPE, "image/png")], bytes).into_response())
+}
+
+impl AppState {
+    /// What a training job started over HTTP runs against.
+    pub fn job_context(&self) -> JobContext {
+        JobContext {
+            engine: self.engine.clone(),
+            model: self.model.clone(),
+            tokenizer: self.tokenizer.clone(),
+            model_dir: self.model_dir.clone(),
+            runtime: tokio::runtime::Handle::current(),
+            metrics: self.metrics.clone(),
+            learner: self.learner.clone(),
+        }
+    }
+}
+
+/// `POST /v1/feedback`: `{"id", "choice", "reward"}` or `{"id", "preferred"}`. 200 only
+/// after the rating is in the durable log.
+pub async fn feedback(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<crate::rl::feedback::FeedbackRequest>,
+) -> Result<Response, ApiError> {
+    use crate::rl::feedback::FeedbackError as F;
+    let store = state.feedback.clone().ok_or_else(|| {
+        ApiError::NotFound("feedback learning is off: start the server with --learn-from-feedback".into())
+    })?;
+    let r = tokio::task::spawn_blocking(move || store.submit(&req)).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    match r {
+        Ok(v) => Ok(axum::Json(v).into_response()),
+        Err(e @ F::Invalid(_)) => Err(ApiError::bad(e.to_string(), None)),
+        Err(e @ F::Unknown(_)) => Err(ApiError::NotFound(e.to_string())),
+        Err(e @ F::Expired(_)) => Err(ApiError::Gone(e.to_string())),
+        Err(e @ F::Duplicate(_)) => Err(ApiError::Conflict(e.to_string())),
+        Err(e @ F::Io(_)) => Err(ApiError::Internal(e.to_string())),
+    }
+}

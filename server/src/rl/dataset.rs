@@ -1,0 +1,106 @@
+//! Prompt datasets of a training job: JSONL files (`prompt` or `messages` per line, other
+//! fields passed to the rewards) or the built-in `builtin:arithmetic` task. Prompts are
+//! tokenized once, through the chat template unless `apply_chat_template = false`.
+
+use engine::{ChatMessage, Tokenizer};
+use serde_json::{Map, Value};
+
+/// One prompt: its token ids and the line's fields (`answer`, ...) for the rewards.
+#[derive(Debug, Clone)]
+pub struct Example {
+    pub prompt_ids: Vec<u32>,
+    /// The prompt as text (what the chat template produced), for `http` rewards and logs.
+    pub prompt_text: String,
+    pub fields: Map<String, Value>,
+}
+
+/// The built-in task: two-number addition with the answer after `####`. Train and eval
+/// split by pair, so eval prompts are never trained on: pairs `(a, b)` with
+/// `(7a + b) % 5 == 0` are the eval set.
+fn arithmetic(eval: bool) -> Vec<Map<String, Value>> {
+    let mut rows = Vec::new();
+    for a in 0..20u32 {
+        for b in 0..10u32 {
+            if ((7 * a + b) % 5 == 0) != eval {
+                continue;
+            }
+            let q = format!("What is {a} + {b}? Give only the final answer after ####, like this: #### 42");
+            let mut m = Map::new();
+            m.insert("prompt".into(), q.into());
+            m.insert("answer".into(), (a + b).to_string().into());
+            rows.push(m);
+        }
+    }
+    rows
+}
+
+/// Loads `spec` (`builtin:arithmetic`, `builtin:arithmetic-eval` or a JSONL path).
+/// Errors name the file and line.
+pub fn load(
+    spec: &str,
+    tok: &Tokenizer,
+    apply_chat_template: bool,
+    system_prompt: Option<&str>,
+) -> Result<Vec<Example>, String> {
+    let rows: Vec<Map<String, Value>> = match spec {
+        "builtin:arithmetic" => arithmetic(false),
+        "builtin:arithmetic-eval" => arithmetic(true),
+        path => {
+            let text = std::fs::read_to_string(path).map_err(|e| format!("dataset {path}: {e}"))?;
+            let mut rows = Vec::new();
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                match serde_json::from_str::<Value>(line) {
+                    Ok(Value::Object(m)) => rows.push(m),
+                    Ok(_) => return Err(format!("dataset {path} line {}: expected a JSON object", i + 1)),
+                    Err(e) => return Err(format!("dataset {path} line {}: {e}", i + 1)),
+                }
+            }
+            rows
+        }
+    };
+    if rows.is_empty() {
+        return Err(format!("dataset {spec} has no examples"));
+    }
+    rows.into_iter()
+        .enumerate()
+        .map(|(i, fields)| {
+            let mut msgs: Vec<ChatMessage> = system_prompt.map(|s| ChatMessage::new("system", s)).into_iter().collect();
+            let text = match (fields.get("messages"), fields.get("prompt")) {
+                (Some(Value::Array(m)), _) => {
+                    for (j, v) in m.iter().enumerate() {
+                        let (Some(role), Some(content)) = (v["role"].as_str(), v["content"].as_str()) else {
+                            return Err(format!("dataset {spec} line {}: messages[{j}] needs string `role` and `content`", i + 1));
+                        };
+                        msgs.push(ChatMessage::new(role, content));
+                    }
+                    tok.apply_chat_template(&msgs, true).map_err(|e| e.to_string())?
+                }
+                (_, Some(Value::String(p))) if apply_chat_template => {
+                    msgs.push(ChatMessage::new("user", p));
+                    tok.apply_chat_template(&msgs, true).map_err(|e| e.to_string())?
+                }
+                (_, Some(Value::String(p))) => p.clone(),
+                _ => return Err(format!("dataset {spec} line {}: needs a string `prompt` or a `messages` list", i + 1)),
+            };
+            let prompt_ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
+            if prompt_ids.is_empty() {
+                return Err(format!("dataset {spec} line {}: the prompt is empty", i + 1));
+            }
+            Ok(Example { prompt_ids, prompt_text: text, fields })
+        })
+        .collect()
+}
+
+/// The example at global position `pos` of a seeded shuffle that is redrawn every epoch:
+/// resuming at a saved position continues the same order.
+pub fn at(examples: &[Example], seed: u64, pos: u64) -> &Example {
+    let n = examples.len() as u64;
+    let (epoch, i) = (pos / n, pos % n);
+    let mut order: Vec<u64> = (0..n).collect();
+    let mut s = engine::sampling::splitmix64(seed ^ epoch.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+    for k in (1..n as usize).rev() {
+        s = engine::sampling::splitmix64(s);
+        order.swap(k, (s % (k as u64 + 1)) as usize);
+    }
+    &examples[order[i as usize] as usize]
+}

@@ -1,0 +1,46 @@
+//! `metrics.png`: three stacked panels over steps, top to bottom: training reward (blue)
+//! with eval reward (red dots), mean token entropy (green), KL to the initial weights
+//! (purple). Drawn with `plotters`' bitmap backend; no text (no font is assumed on the
+//! machine), so the panel order above is the legend; the numbers are in `metrics.jsonl`.
+
+use super::job::EvalRecord;
+use super::report::StepRecord;
+use plotters::prelude::*;
+use std::path::Path;
+
+type Series = Vec<(f64, f64)>;
+
+pub fn write_png(path: &Path, history: &[StepRecord], evals: &[EvalRecord]) -> Result<(), String> {
+    let e = |x: &dyn std::fmt::Display| format!("{}: {x}", path.display());
+    let root = BitMapBackend::new(path, (900, 900)).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let panels = root.split_evenly((3, 1));
+    let pts = |f: &dyn Fn(&StepRecord) -> f64| -> Series { history.iter().map(|r| (r.step as f64, f(r))).collect() };
+    let reward = pts(&|r| r.reward);
+    let eval: Series = evals.iter().map(|r| (r.step as f64, r.eval_reward)).collect();
+    let entropy = pts(&|r| r.learner.entropy);
+    let kl = pts(&|r| r.kl_to_initial);
+    let x_max = history.iter().map(|r| r.step).max().unwrap_or(1).max(1) as f64;
+    let specs: [(&[&Series], RGBColor); 3] = [(&[&reward, &eval], BLUE), (&[&entropy], GREEN), (&[&kl], MAGENTA)];
+    for (area, (series, color)) in panels.iter().zip(specs) {
+        let ys = series.iter().flat_map(|s| s.iter().map(|p| p.1)).filter(|y| y.is_finite());
+        let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
+        let (lo, hi) = if lo.is_finite() { (lo, if hi > lo { hi } else { lo + 1.0 }) } else { (0.0, 1.0) };
+        let pad = (hi - lo) * 0.05;
+        let mut chart = ChartBuilder::on(area)
+            .margin(12)
+            .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))
+            .map_err(|x| e(&x))?;
+        chart.plotting_area().fill(&RGBColor(250, 250, 250)).map_err(|x| e(&x))?;
+        chart
+            .draw_series(LineSeries::new(series[0].iter().cloned(), color.stroke_width(2)))
+            .map_err(|x| e(&x))?;
+        if let Some(dots) = series.get(1) {
+            chart
+                .draw_series(dots.iter().map(|&p| Circle::new(p, 5, RED.filled())))
+                .map_err(|x| e(&x))?;
+        }
+        area.draw(&Rectangle::new([(0, 0), (899, 299)], BLACK.stroke_width(1))).map_err(|x| e(&x))?;
+    }
+    root.present().map_err(|x| e(&x))
+}

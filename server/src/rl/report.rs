@@ -1,0 +1,194 @@
+//! What a job reports per step: the learner's metrics plus the job's own (rollout and train
+//! throughput, waits, reward-hacking signals, the entropy-collapse alarm), appended to
+//! `output_dir/metrics.jsonl`, shown on a progress bar, and plotted at the end.
+
+use super::job::EvalRecord;
+use engine::learner::{StepMetrics, TrainSample};
+use indicatif::{ProgressBar, ProgressStyle};
+use serde::Serialize;
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+/// Steps whose mean entropy and completion length are the baselines of the alarms.
+const BASELINE_STEPS: usize = 3;
+
+/// One step of a job (`metrics.jsonl` line with `"kind": "train"`).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct StepRecord {
+    pub step: u64,
+    /// False when every sample was filtered out (no optimizer step, version unchanged).
+    pub updated: bool,
+    #[serde(flatten)]
+    pub learner: StepMetrics,
+    /// Mean and std of the job reward over the step's samples (before any filtering).
+    pub reward: f64,
+    pub reward_std: f64,
+    pub rollout_tokens: usize,
+    pub rollout_tokens_per_s: f64,
+    pub generation_seconds: f64,
+    /// Generator time waiting for admission (staleness bound), learner time waiting for a batch.
+    pub admission_wait_seconds: f64,
+    pub learner_wait_seconds: f64,
+    pub reward_errors: usize,
+    /// k3 KL to the initial weights on the trained tokens (= the learner's `kl`).
+    pub kl_to_initial: f64,
+    /// Mean completion length over its mean in the first steps.
+    pub completion_length_drift: f64,
+    /// Mean entropy below `entropy_collapse_fraction` × its first-steps mean.
+    pub entropy_collapse: bool,
+    /// Training reward minus the latest eval reward (None before any eval).
+    pub train_eval_reward_gap: Option<f64>,
+    pub elapsed_seconds: f64,
+}
+
+/// The job's metrics log, progress bar and alarm baselines.
+pub struct JobLog {
+    file: Option<std::fs::File>,
+    dir: PathBuf,
+    bar: Option<ProgressBar>,
+    start: std::time::Instant,
+    entropies: Vec<f64>,
+    lengths: Vec<f64>,
+    last_eval_reward: Option<f64>,
+}
+
+impl JobLog {
+    /// Appends to `dir/metrics.jsonl`; a progress bar over `max_steps` when given.
+    pub fn open(dir: &Path, start_step: u64, max_steps: Option<u64>) -> Result<Self, String> {
+        let path = dir.join("metrics.jsonl");
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .map_err(|e| format!("{}: {e}", path.display()))?;
+        let bar = max_steps.map(|n| {
+            let b = ProgressBar::new(n);
+            b.set_style(
+                ProgressStyle::with_template("{elapsed_precise} [{bar:30}] step {pos}/{len} {msg}")
+                    .expect("valid template")
+                    .progress_chars("=> "),
+            );
+            b.set_position(start_step);
+            b
+        });
+        Ok(Self {
+            file: Some(file),
+            dir: dir.to_path_buf(),
+            bar,
+            start: std::time::Instant::now(),
+            entropies: vec![],
+            lengths: vec![],
+            last_eval_reward: None,
+        })
+    }
+
+    /// A log that only builds records (no file, no bar): the feedback learner's.
+    pub fn detached() -> Self {
+        Self {
+            file: None,
+            dir: PathBuf::new(),
+            bar: None,
+            start: std::time::Instant::now(),
+            entropies: vec![],
+            lengths: vec![],
+            last_eval_reward: None,
+        }
+    }
+
+    fn write(&mut self, kind: &str, v: &impl Serialize) -> Result<(), String> {
+        let Some(f) = &mut self.file else { return Ok(()) };
+        let mut j = serde_json::to_value(v).map_err(|e| e.to_string())?;
+        j["kind"] = kind.into();
+        writeln!(f, "{j}").and_then(|_| f.flush()).map_err(|e| format!("metrics.jsonl: {e}"))
+    }
+
+    /// Builds, logs and shows the record of one step.
+    #[allow(clippy::too_many_arguments)]
+    pub fn step(
+        &mut self,
+        step: u64,
+        learner: Option<StepMetrics>,
+        samples: &[TrainSample],
+        rollout_tokens: usize,
+        generation_seconds: f64,
+        admission_wait_seconds: f64,
+        learner_wait_seconds: f64,
+        reward_errors: usize,
+        entropy_collapse_fraction: f64,
+    ) -> StepRecord {
+        let rewards: Vec<f64> = samples.iter().filter_map(|s| s.reward).map(f64::from).collect();
+        let n = rewards.len().max(1) as f64;
+        let mean = rewards.iter().sum::<f64>() / n;
+        let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let len = samples.iter().map(|s| s.completion_ids.len()).sum::<usize>() as f64 / samples.len().max(1) as f64;
+        let updated = learner.is_some();
+        let learner = learner.unwrap_or_default();
+        if updated && self.entropies.len() < BASELINE_STEPS {
+            self.entropies.push(learner.entropy);
+        }
+        if self.lengths.len() < BASELINE_STEPS {
+            self.lengths.push(len);
+        }
+        let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
+        let (h0, l0) = (avg(&self.entropies), avg(&self.lengths));
+        let entropy_collapse = updated && self.entropies.len() >= BASELINE_STEPS && learner.entropy < entropy_collapse_fraction * h0;
+        if entropy_collapse {
+            tracing::warn!(step, entropy = learner.entropy, baseline = h0, "entropy collapse: mean entropy fell below {entropy_collapse_fraction} × its first-steps value");
+        }
+        let rec = StepRecord {
+            step,
+            updated,
+            kl_to_initial: learner.loss.kl,
+            learner,
+            reward: mean,
+            reward_std: std,
+            rollout_tokens,
+            rollout_tokens_per_s: rollout_tokens as f64 / generation_seconds.max(1e-9),
+            generation_seconds,
+            admission_wait_seconds,
+            learner_wait_seconds,
+            reward_errors,
+            completion_length_drift: if l0 > 0.0 { len / l0 } else { 1.0 },
+            entropy_collapse,
+            train_eval_reward_gap: self.last_eval_reward.map(|e| mean - e),
+            elapsed_seconds: self.start.elapsed().as_secs_f64(),
+        };
+        if let Err(e) = self.write("train", &rec) {
+            tracing::warn!("{e}");
+        }
+        if let Some(b) = &self.bar {
+            b.set_position(step);
+            b.set_message(format!(
+                "reward {:.3} kl {:.4} entropy {:.3} staleness {:.1} v{}",
+                rec.reward, rec.kl_to_initial, rec.learner.entropy, rec.learner.staleness_mean, rec.learner.version
+            ));
+        }
+        rec
+    }
+
+    pub fn eval(&mut self, rec: &EvalRecord) -> Result<(), String> {
+        self.last_eval_reward = Some(rec.eval_reward);
+        if let Some(b) = &self.bar {
+            b.println(format!(
+                "eval at step {}: reward {:.3}{}",
+                rec.step,
+                rec.eval_reward,
+                rec.eval_accuracy.map(|a| format!(", accuracy {a:.3}")).unwrap_or_default()
+            ));
+        }
+        self.write("eval", rec)
+    }
+
+    /// Finishes the bar and writes `metrics.png`.
+    pub fn finish(&mut self, history: &[StepRecord], evals: &[EvalRecord]) -> Result<(), String> {
+        if let Some(b) = &self.bar {
+            b.finish();
+        }
+        plot(&self.dir.join("metrics.png"), history, evals)
+    }
+}
+
+/// Writes the job's PNG plot (see `plot.rs` for the layout).
+pub fn plot(path: &Path, history: &[StepRecord], evals: &[EvalRecord]) -> Result<(), String> {
+    super::plot::write_png(path, history, evals)
+}

@@ -1,0 +1,179 @@
+//! Reward functions of a training job, combined as a weighted sum. A function that fails
+//! (an `http` timeout or error, a bad reply) skips the sample, and the failure is counted;
+//! it never crashes the job. DAPO's soft overlong shaping is the learner's
+//! `overlong_buffer_len` / `overlong_penalty_factor`, applied on top.
+
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value};
+use std::time::Duration;
+
+fn one() -> f32 {
+    1.0
+}
+
+fn five() -> f64 {
+    5.0
+}
+
+/// One reward function and its weight in the sum.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
+pub enum RewardSpec {
+    /// 1 when the completion's final answer equals the example's `answer`, else 0. The
+    /// answer is the number after the last `####` (GSM8K), else the last `\boxed{}`, else
+    /// the last number in the text; numbers compare numerically (`1,000` = `1000.0`).
+    ExactAnswer {
+        #[serde(default = "one")]
+        weight: f32,
+    },
+    /// 1 when `pattern` (Rust `regex` syntax) matches the completion, else 0.
+    Regex {
+        pattern: String,
+        #[serde(default = "one")]
+        weight: f32,
+    },
+    /// Length shaping toward `target` completion tokens: `−|len − target| / target`, at least −1.
+    Length {
+        target: usize,
+        #[serde(default = "one")]
+        weight: f32,
+    },
+    /// `POST url` with `{"prompt", "completion", ...the example's fields}`; the reply must be
+    /// `{"reward": float}`. Plain `http://` only.
+    Http {
+        url: String,
+        #[serde(default = "five")]
+        timeout_s: f64,
+        #[serde(default = "one")]
+        weight: f32,
+    },
+}
+
+impl RewardSpec {
+    pub fn validate(&self) -> Result<(), String> {
+        match self {
+            RewardSpec::Regex { pattern, .. } => {
+                regex::Regex::new(pattern).map(|_| ()).map_err(|e| format!("reward regex `pattern`: {e}"))
+            }
+            RewardSpec::Length { target: 0, .. } => Err("reward length `target` must be >= 1".into()),
+            RewardSpec::Http { url, timeout_s, .. } => {
+                if !url.starts_with("http://") {
+                    return Err(format!("reward http `url` must start with http://, got {url:?}"));
+                }
+                if !(*timeout_s > 0.0 && timeout_s.is_finite()) {
+                    return Err(format!("reward http `timeout_s` must be > 0, got {timeout_s}"));
+                }
+                Ok(())
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// What a reward sees of one sample.
+pub struct Scored<'a> {
+    pub prompt: &'a str,
+    pub completion: &'a str,
+    pub completion_tokens: usize,
+    pub fields: &'a Map<String, Value>,
+}
+
+/// The job's reward functions, ready to score.
+pub struct Rewards {
+    specs: Vec<(RewardSpec, Option<regex::Regex>)>,
+    client: reqwest::Client,
+    runtime: tokio::runtime::Handle,
+}
+
+impl Rewards {
+    /// `runtime` runs the `http` rewards' requests (the caller is a plain thread).
+    pub fn new(specs: &[RewardSpec], runtime: tokio::runtime::Handle) -> Result<Self, String> {
+        let specs = specs
+            .iter()
+            .map(|s| {
+                s.validate()?;
+                let re = match s {
+                    RewardSpec::Regex { pattern, .. } => Some(regex::Regex::new(pattern).map_err(|e| e.to_string())?),
+                    _ => None,
+                };
+                Ok((s.clone(), re))
+            })
+            .collect::<Result<_, String>>()?;
+        Ok(Self { specs, client: reqwest::Client::new(), runtime })
+    }
+
+    /// The weighted sum, or why the sample must be skipped.
+    pub fn score(&self, s: &Scored) -> Result<f32, String> {
+        let mut total = 0.0;
+        for (spec, re) in &self.specs {
+            total += match spec {
+                RewardSpec::ExactAnswer { weight } => weight * exact_answer(s.completion, s.fields.get("answer")) as u8 as f32,
+                RewardSpec::Regex { weight, .. } => {
+                    weight * re.as_ref().is_some_and(|r| r.is_match(s.completion)) as u8 as f32
+                }
+                RewardSpec::Length { target, weight } => {
+                    let d = (s.completion_tokens as f32 - *target as f32).abs() / *target as f32;
+                    weight * -d.min(1.0)
+                }
+                RewardSpec::Http { url, timeout_s, weight } => weight * self.http(url, *timeout_s, s)?,
+            };
+        }
+        Ok(total)
+    }
+
+    fn http(&self, url: &str, timeout_s: f64, s: &Scored) -> Result<f32, String> {
+        let mut body = s.fields.clone();
+        body.insert("prompt".into(), s.prompt.into());
+        body.insert("completion".into(), s.completion.into());
+        let req = self.client.post(url).timeout(Duration::from_secs_f64(timeout_s)).json(&body);
+        let reply: Value = self.runtime.block_on(async move {
+            let r = req.send().await.map_err(|e| format!("reward http {url}: {e}"))?;
+            if !r.status().is_success() {
+                return Err(format!("reward http {url}: status {}", r.status()));
+            }
+            r.json().await.map_err(|e| format!("reward http {url}: bad reply: {e}"))
+        })?;
+        reply["reward"]
+            .as_f64()
+            .filter(|r| r.is_finite())
+            .map(|r| r as f32)
+            .ok_or_else(|| format!("reward http {url}: reply has no finite `reward`"))
+    }
+}
+
+/// The final answer of a completion (see [`RewardSpec::ExactAnswer`]) equals `answer`.
+pub fn exact_answer(completion: &str, answer: Option<&Value>) -> bool {
+    let want = match answer {
+        Some(Value::String(s)) => s.clone(),
+        Some(Value::Number(n)) => n.to_string(),
+        _ => return false,
+    };
+    let got = if let Some(i) = completion.rfind("####") {
+        first_number(&completion[i + 4..])
+    } else if let Some(i) = completion.rfind("\\boxed{") {
+        let rest = &completion[i + 7..];
+        rest.find('}').map(|j| rest[..j].trim().to_string())
+    } else {
+        last_number(completion)
+    };
+    let Some(got) = got else { return false };
+    let num = |s: &str| s.trim().trim_start_matches('$').replace(',', "").parse::<f64>().ok();
+    match (num(&got), num(&want)) {
+        (Some(a), Some(b)) => a == b,
+        _ => got.trim() == want.trim(),
+    }
+}
+
+fn numbers(text: &str) -> impl Iterator<Item = String> + '_ {
+    static RE: std::sync::OnceLock<regex::Regex> = std::sync::OnceLock::new();
+    let re = RE.get_or_init(|| regex::Regex::new(r"-?\d[\d,]*(\.\d+)?").expect("valid regex"));
+    re.find_iter(text).map(|m| m.as_str().trim_end_matches(',').to_string())
+}
+
+fn first_number(text: &str) -> Option<String> {
+    numbers(text).next()
+}
+
+fn last_number(text: &str) -> Option<String> {
+    numbers(text).last()
+}
