@@ -23,7 +23,8 @@ pub struct TrainArgs {
 }
 
 pub fn run(a: TrainArgs) -> Result<()> {
-    let text = std::fs::read_to_string(&a.config).with_context(|| format!("reading --config {}", a.config.display()))?;
+    let text =
+        std::fs::read_to_string(&a.config).with_context(|| format!("reading --config {}", a.config.display()))?;
     let cfg = JobConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", a.config.display()))?;
     let dir = match &cfg.model {
         Some(p) => p.clone(),

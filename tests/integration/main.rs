@@ -6,5 +6,6 @@ mod kernels;
 mod learner;
 mod model;
 mod reference;
+mod rl;
 mod sampling;
 mod server;

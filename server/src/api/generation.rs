@@ -5,8 +5,8 @@ use super::error::ApiError;
 use super::protocol::SamplingFields;
 use super::protocol::Usage;
 use super::{AppState, InFlight};
-use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use crate::rl::rollout::RolloutSet;
+use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use engine::{RequestStream, SamplingParams, SeqOutput};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde_json::{json, Value};
@@ -69,12 +69,14 @@ pub struct Submitted {
 
 /// Submits every prompt (each with `params.n` samples). A validation error of any prompt
 /// fails the whole request; the already submitted ones are aborted when their streams drop.
-pub fn submit_streams(state: &Arc<AppState>, prompts: Vec<Vec<u32>>, params: SamplingParams) -> Result<Submitted, ApiError> {
+pub fn submit_streams(
+    state: &Arc<AppState>,
+    prompts: Vec<Vec<u32>>,
+    params: SamplingParams,
+) -> Result<Submitted, ApiError> {
     let in_flight = state.admit()?;
-    let streams = prompts
-        .into_iter()
-        .map(|p| state.engine.add_request(p, params.clone()))
-        .collect::<Result<Vec<_>, _>>()?;
+    let streams =
+        prompts.into_iter().map(|p| state.engine.add_request(p, params.clone())).collect::<Result<Vec<_>, _>>()?;
     Ok(Submitted { streams, in_flight })
 }
 

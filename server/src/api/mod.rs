@@ -10,19 +10,19 @@ pub mod protocol;
 pub mod rl;
 
 use crate::metrics::Metrics;
+use crate::rl::job::{Job, LearnerSlot};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
-use crate::rl::job::{Job, LearnerSlot};
 use engine::{EngineHandle, SharedModel, Tokenizer};
+use error::ApiError;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::Mutex;
-use error::ApiError;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
+use std::sync::Mutex;
 
 /// Shared state of all handlers.
 pub struct AppState {

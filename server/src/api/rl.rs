@@ -43,7 +43,10 @@ pub struct RolloutRequest {
 
 /// `POST /v1/rollouts`: every prompt × `num_generations`, submitted at once (the group's
 /// samples share the prompt's KV blocks); token ids, μ, raw logprobs and versions per token.
-pub async fn rollouts(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<RolloutRequest>) -> Result<Response, ApiError> {
+pub async fn rollouts(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<RolloutRequest>,
+) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
     if req.prompts.is_empty() {
         return Err(ApiError::bad("`prompts` must hold at least one prompt", Some("prompts")));
@@ -61,10 +64,15 @@ pub async fn rollouts(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<
                 RolloutPrompt::Tokens(ids) => ids.clone(),
                 RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, true)?,
                 RolloutPrompt::Text(t) if req.apply_chat_template => {
-                    let msgs = [ChatMessageIn { role: "user".into(), content: Some(super::protocol::Content::Text(t.clone())) }];
+                    let msgs = [ChatMessageIn {
+                        role: "user".into(),
+                        content: Some(super::protocol::Content::Text(t.clone())),
+                    }];
                     chat_prompt(tok, &msgs, true)?
                 }
-                RolloutPrompt::Text(t) => tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?,
+                RolloutPrompt::Text(t) => {
+                    tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?
+                }
             };
             if ids.is_empty() {
                 return Err(ApiError::bad(format!("`prompts[{i}]` is empty"), Some("prompts")));
@@ -96,12 +104,18 @@ pub async fn rollouts(State(state): State<Arc<AppState>>, ApiJson(req): ApiJson<
 }
 
 /// `POST /v1/train/jobs` with the JSON form of the job config: 201 and the job's status.
-pub async fn create_job(State(state): State<Arc<AppState>>, ApiJson(body): ApiJson<Value>) -> Result<Response, ApiError> {
+pub async fn create_job(
+    State(state): State<Arc<AppState>>,
+    ApiJson(body): ApiJson<Value>,
+) -> Result<Response, ApiError> {
     let cfg = JobConfig::from_json(body).map_err(|m| ApiError::bad(m, None))?;
     if let Some(m) = &cfg.model {
         if m != &state.model_dir {
             return Err(ApiError::bad(
-                format!("`model` must be the served model ({}); a job trains the weights being served", state.model_dir.display()),
+                format!(
+                    "`model` must be the served model ({}); a job trains the weights being served",
+                    state.model_dir.display()
+                ),
                 Some("model"),
             ));
         }
@@ -193,7 +207,8 @@ pub async fn feedback(
     let store = state.feedback.clone().ok_or_else(|| {
         ApiError::NotFound("feedback learning is off: start the server with --learn-from-feedback".into())
     })?;
-    let r = tokio::task::spawn_blocking(move || store.submit(&req)).await.map_err(|e| ApiError::Internal(e.to_string()))?;
+    let r =
+        tokio::task::spawn_blocking(move || store.submit(&req)).await.map_err(|e| ApiError::Internal(e.to_string()))?;
     match r {
         Ok(v) => Ok(axum::Json(v).into_response()),
         Err(e @ F::Invalid(_)) => Err(ApiError::bad(e.to_string(), None)),

@@ -118,7 +118,10 @@ impl JobConfig {
             (!self.rewards.is_empty(), "`rewards` must name at least one reward function".into()),
             (
                 t.temperature > 0.0,
-                format!("`temperature` must be > 0 for RL sampling (greedy samples are not on-policy), got {}", t.temperature),
+                format!(
+                    "`temperature` must be > 0 for RL sampling (greedy samples are not on-policy), got {}",
+                    t.temperature
+                ),
             ),
             (
                 (0.0..=1.0).contains(&self.entropy_collapse_fraction),

@@ -69,7 +69,10 @@ pub fn load(
                 (Some(Value::Array(m)), _) => {
                     for (j, v) in m.iter().enumerate() {
                         let (Some(role), Some(content)) = (v["role"].as_str(), v["content"].as_str()) else {
-                            return Err(format!("dataset {spec} line {}: messages[{j}] needs string `role` and `content`", i + 1));
+                            return Err(format!(
+                                "dataset {spec} line {}: messages[{j}] needs string `role` and `content`",
+                                i + 1
+                            ));
                         };
                         msgs.push(ChatMessage::new(role, content));
                     }
@@ -80,7 +83,9 @@ pub fn load(
                     tok.apply_chat_template(&msgs, true).map_err(|e| e.to_string())?
                 }
                 (_, Some(Value::String(p))) => p.clone(),
-                _ => return Err(format!("dataset {spec} line {}: needs a string `prompt` or a `messages` list", i + 1)),
+                _ => {
+                    return Err(format!("dataset {spec} line {}: needs a string `prompt` or a `messages` list", i + 1))
+                }
             };
             let prompt_ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
             if prompt_ids.is_empty() {

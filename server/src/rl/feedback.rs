@@ -192,7 +192,9 @@ impl FeedbackStore {
         let ready = inner.ready.len();
         drop(inner);
         self.cv.notify_all();
-        Ok(serde_json::json!({"id": req.id, "accepted": true, "seq": line.seq, "samples_ready": ready, "feedback_batch_size": self.cfg.batch_size}))
+        Ok(
+            serde_json::json!({"id": req.id, "accepted": true, "seq": line.seq, "samples_ready": ready, "feedback_batch_size": self.cfg.batch_size}),
+        )
     }
 
     /// Counters for metrics: (accepted, rejected, trained samples, ready samples).
@@ -243,7 +245,13 @@ impl FeedbackStore {
             let rec = log.step(trainer.optimizer.step, record, &samples, 0, 0.0, 0.0, 0.0, 0, 0.0);
             ctx.metrics.learner_step(&rec, &samples);
             let state = serde_json::json!({"feedback_seq": through});
-            let saved = checkpoint::save(&self.cfg.dir.join("checkpoint"), &ctx.model_dir, &ctx.model.read(), &trainer.optimizer, state);
+            let saved = checkpoint::save(
+                &self.cfg.dir.join("checkpoint"),
+                &ctx.model_dir,
+                &ctx.model.read(),
+                &trainer.optimizer,
+                state,
+            );
             drop(guard);
             if let Err(e) = saved {
                 tracing::error!("feedback learner: saving the checkpoint failed: {e}");
@@ -253,7 +261,12 @@ impl FeedbackStore {
                 inner.ready.pop_front();
             }
             inner.trained += batch.len() as u64;
-            tracing::info!(version = rec.learner.version, loss = rec.learner.loss.loss, secs = t0.elapsed().as_secs_f64(), "feedback learner step");
+            tracing::info!(
+                version = rec.learner.version,
+                loss = rec.learner.loss.loss,
+                secs = t0.elapsed().as_secs_f64(),
+                "feedback learner step"
+            );
         }
     }
 }
@@ -280,7 +293,9 @@ impl Inner {
         let ratings = match (req.choice, req.reward, req.preferred) {
             (Some(c), Some(r), None) => {
                 if c >= n {
-                    return Err(FeedbackError::Invalid(format!("`choice` {c} is out of range: the response has {n} choice(s)")));
+                    return Err(FeedbackError::Invalid(format!(
+                        "`choice` {c} is out of range: the response has {n} choice(s)"
+                    )));
                 }
                 if !(r.is_finite() && (-1.0..=1.0).contains(&r)) {
                     return Err(FeedbackError::Invalid(format!("`reward` must be a number in [-1, 1], got {r}")));
@@ -292,7 +307,9 @@ impl Inner {
             }
             (None, None, Some(p)) => {
                 if p >= n {
-                    return Err(FeedbackError::Invalid(format!("`preferred` {p} is out of range: the response has {n} choice(s)")));
+                    return Err(FeedbackError::Invalid(format!(
+                        "`preferred` {p} is out of range: the response has {n} choice(s)"
+                    )));
                 }
                 if k.rewards.iter().any(Option::is_some) {
                     return Err(FeedbackError::Duplicate(format!("response `{}` already has ratings", req.id)));
@@ -314,7 +331,11 @@ impl Inner {
         self.next_seq = self.next_seq.max(line.seq + 1);
         if !self.kept.contains_key(&line.id) {
             let n = line.choices.len();
-            self.insert(line.id.clone(), Kept { choices: line.choices.clone(), rewards: vec![None; n], seq: 0 }, window);
+            self.insert(
+                line.id.clone(),
+                Kept { choices: line.choices.clone(), rewards: vec![None; n], seq: 0 },
+                window,
+            );
         }
         let Some(k) = self.kept.get_mut(&line.id) else { return };
         for &(c, r) in &line.ratings {

@@ -51,7 +51,10 @@ pub struct LearnerGuard(Arc<AtomicBool>);
 
 impl LearnerSlot {
     pub fn try_acquire(&self) -> Option<LearnerGuard> {
-        self.0.compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst).ok().map(|_| LearnerGuard(self.0.clone()))
+        self.0
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
+            .ok()
+            .map(|_| LearnerGuard(self.0.clone()))
     }
 }
 
@@ -201,7 +204,10 @@ fn resolve_resume(cfg: &JobConfig) -> Result<Option<PathBuf>, String> {
         Some(p) => {
             let p = PathBuf::from(p);
             if !p.join("trainer_state.json").exists() {
-                return Err(format!("`resume_from_checkpoint`: {} is not a checkpoint (no trainer_state.json)", p.display()));
+                return Err(format!(
+                    "`resume_from_checkpoint`: {} is not a checkpoint (no trainer_state.json)",
+                    p.display()
+                ));
             }
             Ok(Some(p))
         }
@@ -335,8 +341,17 @@ fn run(
                     None
                 }
             };
-            let record = log.step(s + 1, rec, &batch.samples, batch.rollout_tokens, batch.generation_seconds,
-                batch.admission_wait_seconds, learner_wait, batch.reward_errors, cfg.entropy_collapse_fraction);
+            let record = log.step(
+                s + 1,
+                rec,
+                &batch.samples,
+                batch.rollout_tokens,
+                batch.generation_seconds,
+                batch.admission_wait_seconds,
+                learner_wait,
+                batch.reward_errors,
+                cfg.entropy_collapse_fraction,
+            );
             ctx.metrics.learner_step(&record, &batch.samples);
             {
                 let mut st = job.status.lock().unwrap_or_else(|e| e.into_inner());
@@ -380,8 +395,9 @@ fn eval_due(cfg: &JobConfig, step: u64) -> bool {
 /// Submits step `s`'s prompts (× `num_generations`), waits for the completions and scores them.
 fn generate(ctx: &JobContext, cfg: &JobConfig, train: &[Example], rewards: &Rewards, s: u64) -> Result<Batch, String> {
     let t0 = Instant::now();
-    let examples: Vec<&Example> =
-        (0..cfg.prompts_per_step as u64).map(|j| dataset::at(train, cfg.seed, s * cfg.prompts_per_step as u64 + j)).collect();
+    let examples: Vec<&Example> = (0..cfg.prompts_per_step as u64)
+        .map(|j| dataset::at(train, cfg.seed, s * cfg.prompts_per_step as u64 + j))
+        .collect();
     let rollouts = rollouts(ctx, &examples, cfg.sampling_params(s))?;
     let generation_seconds = t0.elapsed().as_secs_f64();
     let mut samples = Vec::with_capacity(rollouts.len());
@@ -420,7 +436,14 @@ fn rollouts(ctx: &JobContext, examples: &[&Example], params: SamplingParams) -> 
 }
 
 /// Greedy completions of the eval prompts, scored with the job's rewards.
-fn record_eval(job: &Job, ctx: &JobContext, eval: &[Example], rewards: &Rewards, step: u64, log: &mut JobLog) -> Result<(), String> {
+fn record_eval(
+    job: &Job,
+    ctx: &JobContext,
+    eval: &[Example],
+    rewards: &Rewards,
+    step: u64,
+    log: &mut JobLog,
+) -> Result<(), String> {
     if eval.is_empty() {
         return Ok(());
     }
@@ -437,7 +460,12 @@ fn record_eval(job: &Job, ctx: &JobContext, eval: &[Example], rewards: &Rewards,
     let (mut total, mut correct, mut with_answer) = (0.0f64, 0usize, 0usize);
     for r in &rs {
         let ex = &eval[r.prompt_index];
-        let sc = Scored { prompt: &ex.prompt_text, completion: &r.text, completion_tokens: r.completion_ids.len(), fields: &ex.fields };
+        let sc = Scored {
+            prompt: &ex.prompt_text,
+            completion: &r.text,
+            completion_tokens: r.completion_ids.len(),
+            fields: &ex.fields,
+        };
         total += rewards.score(&sc).unwrap_or(0.0) as f64;
         if ex.fields.contains_key("answer") {
             with_answer += 1;

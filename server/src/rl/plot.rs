@@ -32,13 +32,9 @@ pub fn write_png(path: &Path, history: &[StepRecord], evals: &[EvalRecord]) -> R
             .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))
             .map_err(|x| e(&x))?;
         chart.plotting_area().fill(&RGBColor(250, 250, 250)).map_err(|x| e(&x))?;
-        chart
-            .draw_series(LineSeries::new(series[0].iter().cloned(), color.stroke_width(2)))
-            .map_err(|x| e(&x))?;
+        chart.draw_series(LineSeries::new(series[0].iter().cloned(), color.stroke_width(2))).map_err(|x| e(&x))?;
         if let Some(dots) = series.get(1) {
-            chart
-                .draw_series(dots.iter().map(|&p| Circle::new(p, 5, RED.filled())))
-                .map_err(|x| e(&x))?;
+            chart.draw_series(dots.iter().map(|&p| Circle::new(p, 5, RED.filled()))).map_err(|x| e(&x))?;
         }
         area.draw(&Rectangle::new([(0, 0), (899, 299)], BLACK.stroke_width(1))).map_err(|x| e(&x))?;
     }

@@ -131,9 +131,15 @@ impl JobLog {
         }
         let avg = |v: &[f64]| v.iter().sum::<f64>() / v.len().max(1) as f64;
         let (h0, l0) = (avg(&self.entropies), avg(&self.lengths));
-        let entropy_collapse = updated && self.entropies.len() >= BASELINE_STEPS && learner.entropy < entropy_collapse_fraction * h0;
+        let entropy_collapse =
+            updated && self.entropies.len() >= BASELINE_STEPS && learner.entropy < entropy_collapse_fraction * h0;
         if entropy_collapse {
-            tracing::warn!(step, entropy = learner.entropy, baseline = h0, "entropy collapse: mean entropy fell below {entropy_collapse_fraction} × its first-steps value");
+            tracing::warn!(
+                step,
+                entropy = learner.entropy,
+                baseline = h0,
+                "entropy collapse: mean entropy fell below {entropy_collapse_fraction} × its first-steps value"
+            );
         }
         let rec = StepRecord {
             step,

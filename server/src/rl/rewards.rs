@@ -107,7 +107,9 @@ impl Rewards {
         let mut total = 0.0;
         for (spec, re) in &self.specs {
             total += match spec {
-                RewardSpec::ExactAnswer { weight } => weight * exact_answer(s.completion, s.fields.get("answer")) as u8 as f32,
+                RewardSpec::ExactAnswer { weight } => {
+                    weight * exact_answer(s.completion, s.fields.get("answer")) as u8 as f32
+                }
                 RewardSpec::Regex { weight, .. } => {
                     weight * re.as_ref().is_some_and(|r| r.is_match(s.completion)) as u8 as f32
                 }

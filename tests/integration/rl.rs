@@ -1,0 +1,261 @@
+//! Online RL on the tiny model: training jobs with max_staleness 0 and 2 learn a toy reward
+//! within bounds on staleness, ℓ = μ at sampling, rollouts, feedback durability across a
+//! restart, and a 4xx for each malformed rollout, feedback or job request.
+
+use engine::{EngineConfig, EngineHandle, LLMEngine, Model, SharedModel, Tokenizer};
+use kernels::Device;
+use serde_json::{json, Value};
+use server::rl::config::JobConfig;
+use server::rl::job::{Job, JobContext, JobState, LearnerSlot};
+use server::serve::{build_state, ServeArgs, Server};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use tests::temp_dir;
+use tests::tiny::TinySpec;
+
+fn tiny(name: &str, seed: u64) -> PathBuf {
+    let dir = temp_dir(name);
+    TinySpec { seed, ..Default::default() }.write(&dir);
+    dir
+}
+
+/// P(first completion byte is ASCII) after the prompt "abc", from the model's logits.
+fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
+    let ids = tok.encode("abc", false).unwrap();
+    let lp = kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16), false).unwrap()).unwrap();
+    (0..lp.len() as u32)
+        .filter(|&t| tok.decode(&[t], false).is_ok_and(|s| s.len() == 1 && s.is_ascii()))
+        .map(|t| lp.as_slice().unwrap()[t as usize].exp())
+        .sum()
+}
+
+/// Runs a job on the tiny model: reward 1 when the completion starts with an ASCII character.
+fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
+    let dir = tiny(name, 71);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+    let model = SharedModel::new(Model::load(&dir, &Device::Cpu).unwrap());
+    let start = p_ascii(&model.read(), &tok);
+    let engine =
+        LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() });
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let ctx = JobContext {
+        engine: EngineHandle::spawn(engine),
+        model: model.clone(),
+        tokenizer: tok.clone(),
+        model_dir: dir.clone(),
+        runtime: rt.handle().clone(),
+        metrics: server::metrics::Metrics::new("tiny"),
+        learner: LearnerSlot::default(),
+    };
+    let cfg = JobConfig::from_toml(&format!(
+        r#"
+        dataset = "{}"
+        apply_chat_template = false
+        num_generations = 8
+        prompts_per_step = 1
+        max_steps = 12
+        max_completion_length = 2
+        max_staleness = {max_staleness}
+        learning_rate = 2e-2
+        output_dir = "{}"
+        rewards = [{{ type = "regex", pattern = '^[\x00-\x7F]' }}]
+        "#,
+        data.display(),
+        dir.join("run").display()
+    ))
+    .unwrap();
+    let job = Job::start(format!("job-{name}"), cfg, ctx, false).unwrap();
+    job.wait();
+    let end = p_ascii(&model.read(), &tok);
+    (job, start, end)
+}
+
+fn check_job(job: &Job, k: u64, start: f32, end: f32) {
+    let st = job.status();
+    assert_eq!((st.status, st.error.as_deref(), st.step, st.version), (JobState::Completed, None, 12, 12));
+    eprintln!("max_staleness {k}: P(ASCII first byte) {start:.3} → {end:.3}");
+    assert!(end > 0.9 && end > start + 0.3, "P(ASCII first byte) went {start} → {end}");
+    for r in &st.history {
+        assert!(r.learner.staleness_max <= k, "step {}: staleness {} > {k}", r.step, r.learner.staleness_max);
+        assert_eq!(r.learner.num_stale_dropped, 0, "nothing is generated and then thrown away");
+        assert!(r.learner.pause_seconds > 0.0 && r.learner.loss.loss.is_finite());
+    }
+    // The job's outputs: the JSONL log, the plot, and the final checkpoint.
+    let log = std::fs::read_to_string(st.output_dir.join("metrics.jsonl")).unwrap();
+    assert_eq!(log.lines().filter(|l| l.contains("\"kind\":\"train\"")).count(), 12);
+    assert!(std::fs::read(st.output_dir.join("metrics.png")).unwrap().starts_with(b"\x89PNG"));
+    assert!(st.output_dir.join("checkpoint-12/model.safetensors").exists());
+}
+
+#[test]
+fn a_synchronous_job_learns_and_its_logprobs_equal_the_samplers() {
+    let (job, start, end) = run_job("rl-sync", 0);
+    check_job(&job, 0, start, end);
+    // Staleness 0, T = 1, no truncation: the learner's ℓ equals the recorded μ bitwise.
+    for r in &job.status().history {
+        assert_eq!((r.learner.staleness_max, r.learner.loss.mismatch_max), (0, 0.0), "step {}", r.step);
+    }
+}
+
+#[test]
+fn an_async_job_with_max_staleness_2_learns() {
+    let (job, start, end) = run_job("rl-async", 2);
+    check_job(&job, 2, start, end);
+}
+
+async fn start_server(dir: PathBuf, args: ServeArgs) -> (Server, String) {
+    let state = tokio::task::spawn_blocking(move || build_state(&dir, &args)).await.unwrap().unwrap();
+    let s = Server::start(state, "127.0.0.1", 0).await.unwrap();
+    let base = format!("http://{}", s.addr);
+    (s, base)
+}
+
+async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+    let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
+    let status = r.status().as_u16();
+    (status, r.json().await.unwrap_or(Value::Null))
+}
+
+fn feedback_args(dir: &Path, window: usize) -> ServeArgs {
+    let mut a = ServeArgs::default();
+    a.feedback.learn_from_feedback = true;
+    a.feedback.feedback_dir = dir.to_path_buf();
+    a.feedback.feedback_window = window;
+    a.feedback.feedback_batch_size = 1000; // no learner step in this test
+    a
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rollouts_return_tokens_logprobs_and_versions() {
+    let (s, base) = start_server(tiny("rl-rollouts", 72), ServeArgs::default()).await;
+    let (st, out) = post(
+        &base,
+        "/v1/rollouts",
+        json!({"prompts": ["ab", [1, 2, 3], {"messages": [{"role": "user", "content": "hi"}]}],
+               "num_generations": 3, "max_tokens": 5, "seed": 1, "ignore_eos": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{out}");
+    let rs = out["rollouts"].as_array().unwrap();
+    assert_eq!(rs.len(), 9);
+    for r in rs {
+        let n = r["completion_ids"].as_array().unwrap().len();
+        assert_eq!(n, 5);
+        for k in ["behavior_logprobs", "raw_logprobs", "versions"] {
+            assert_eq!(r[k].as_array().unwrap().len(), n, "{k}");
+        }
+        assert_eq!(r["finish_reason"], "length");
+        // T = 1, no truncation: μ = raw logprob.
+        assert_eq!(r["behavior_logprobs"], r["raw_logprobs"]);
+        assert!(r["versions"].as_array().unwrap().iter().all(|v| v == 0));
+    }
+    assert_eq!(rs[3]["prompt_token_ids"], json!([1, 2, 3]));
+    assert_eq!(rs[8]["prompt_token_ids"][0], 257, "chat prompts go through the template");
+    assert_eq!((rs[4]["prompt_index"].as_u64(), rs[4]["index"].as_u64()), (Some(1), Some(1)));
+    assert_eq!(out["usage"]["completion_tokens"], 45);
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_rl_requests_get_a_4xx_that_says_why() {
+    let (s, base) = start_server(tiny("rl-bad", 73), ServeArgs::default()).await;
+    let cases: Vec<(&str, Value, u16, &str)> = vec![
+        ("/v1/rollouts", json!({"prompts": []}), 400, "`prompts`"),
+        ("/v1/rollouts", json!({"max_tokens": 3}), 400, "prompts"),
+        ("/v1/rollouts", json!({"prompts": [[1, 99999]]}), 400, "99999"),
+        ("/v1/rollouts", json!({"prompts": ["a"], "temperature": -1}), 400, "temperature"),
+        ("/v1/rollouts", json!({"prompts": ["a"], "num_generations": 0}), 400, "n"),
+        ("/v1/train/jobs", json!({"num_generations": 0}), 400, "`num_generations`"),
+        ("/v1/train/jobs", json!({"learning_rat": 1e-5}), 400, "unknown field `learning_rat`"),
+        ("/v1/train/jobs", json!({"dataset": "/nonexistent.jsonl"}), 400, "/nonexistent.jsonl"),
+        ("/v1/train/jobs", json!({"rewards": [{"type": "regex", "pattern": "("}]}), 400, "regex"),
+        ("/v1/train/jobs", json!({"rewards": [{"type": "http", "url": "ftp://x"}]}), 400, "http://"),
+        ("/v1/train/jobs", json!({"temperature": 0}), 400, "`temperature`"),
+        ("/v1/train/jobs", json!({"model": "/elsewhere"}), 400, "served model"),
+        ("/v1/train/jobs/nope/stop", json!({}), 404, "nope"),
+        ("/v1/feedback", json!({"id": "x", "preferred": 0}), 404, "--learn-from-feedback"),
+    ];
+    for (path, body, status, needle) in cases {
+        let (st, out) = post(&base, path, body.clone()).await;
+        let msg = out["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(st, status, "{path} {body}: {out}");
+        assert!(msg.contains(needle), "{path} {body}: {msg:?} lacks {needle:?}");
+    }
+    let r = reqwest::get(format!("{base}/v1/train/jobs/job-unknown")).await.unwrap();
+    assert_eq!(r.status(), 404);
+    s.shutdown(Duration::from_secs(5)).await;
+    // With --admin-key the RL endpoints need it; on a public address they need one at all.
+    let args = ServeArgs { admin_key: Some("sekret".into()), ..Default::default() };
+    let (s, base) = start_server(tiny("rl-admin", 74), args).await;
+    let (st, out) = post(&base, "/v1/rollouts", json!({"prompts": ["a"]})).await;
+    assert_eq!(st, 401, "{out}");
+    let r = reqwest::Client::new()
+        .post(format!("{base}/v1/rollouts"))
+        .bearer_auth("sekret")
+        .json(&json!({"prompts": ["a"], "max_tokens": 2}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(r.status(), 200);
+    s.shutdown(Duration::from_secs(5)).await;
+    let public = ServeArgs { host: "0.0.0.0".into(), ..Default::default() };
+    let (s, base) = start_server(tiny("rl-public", 75), public).await;
+    let (st, out) = post(&base, "/v1/rollouts", json!({"prompts": ["a"]})).await;
+    assert_eq!(st, 403, "{out}");
+    s.shutdown(Duration::from_secs(5)).await;
+    let dir = tiny("rl-public-fb", 76);
+    let mut a = feedback_args(&temp_dir("rl-public-fb-log"), 8);
+    a.host = "0.0.0.0".into();
+    let err = tokio::task::spawn_blocking(move || build_state(&dir, &a).err().unwrap().to_string()).await.unwrap();
+    assert!(err.contains("--admin-key"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn feedback_is_durable_and_validated() {
+    let dir = tiny("rl-feedback", 77);
+    let log = temp_dir("rl-feedback-log");
+    let (s, base) = start_server(dir.clone(), feedback_args(&log, 2)).await;
+    let body = json!({"prompt": "ab", "max_tokens": 3, "n": 2, "seed": 4});
+    let (_, a) = post(&base, "/v1/completions", body.clone()).await;
+    let a = a["id"].as_str().unwrap().to_string();
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": a, "choice": 0, "reward": 1.0})).await;
+    assert_eq!(st, 200, "{out}");
+    let cases: Vec<(Value, u16, &str)> = vec![
+        (json!({"id": a, "choice": 0, "reward": 0.5}), 409, "already rated"),
+        (json!({"id": a, "choice": 5, "reward": 0.5}), 400, "`choice` 5"),
+        (json!({"id": a, "choice": 1, "reward": 3.0}), 400, "[-1, 1]"),
+        (json!({"id": a, "choice": 1}), 400, "`preferred`"),
+        (json!({"id": "cmpl-nope", "preferred": 0}), 404, "unknown response id"),
+        (json!({"id": a, "choice": 1, "reward": 0.5, "extra": 1}), 400, "extra"),
+    ];
+    for (b, status, needle) in &cases {
+        let (st, out) = post(&base, "/v1/feedback", b.clone()).await;
+        let msg = out["error"]["message"].as_str().unwrap_or_default();
+        assert_eq!(st, *status, "{b}: {out}");
+        assert!(msg.contains(needle), "{b}: {msg:?} lacks {needle:?}");
+    }
+    s.shutdown(Duration::from_secs(5)).await;
+    // Restart: the log is replayed, so the rating is remembered and the response still known.
+    let (s, base) = start_server(dir, feedback_args(&log, 2)).await;
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": a, "choice": 0, "reward": 0.5})).await;
+    assert_eq!(st, 409, "{out}");
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": a, "choice": 1, "reward": -1.0})).await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["samples_ready"], 2, "both choices rated: one group of two");
+    // The window holds 2 responses: a third pushes the oldest out (410 Gone).
+    let mut ids = vec![];
+    for _ in 0..3 {
+        let (_, r) = post(&base, "/v1/completions", body.clone()).await;
+        ids.push(r["id"].as_str().unwrap().to_string());
+    }
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": ids[0], "preferred": 1})).await;
+    assert_eq!(st, 410, "{out}");
+    let (st, _) = post(&base, "/v1/feedback", json!({"id": ids[2], "preferred": 1})).await;
+    assert_eq!(st, 200);
+    s.shutdown(Duration::from_secs(5)).await;
+    let lines = std::fs::read_to_string(log.join("feedback.jsonl")).unwrap();
+    assert_eq!(lines.lines().count(), 3, "one durable line per accepted rating");
+}
