@@ -88,6 +88,35 @@ pub fn update_weight(w: &mut PackedWeight, f: impl FnOnce(&mut [f32])) -> Result
     Ok(())
 }
 
+/// The packed storage of `w`, for an elementwise in-place change whose operand was laid out
+/// by [`pack_rows`] (the learner's `p ← s·p + Δ`). Drops the cached `Wᵀ`.
+pub fn packed_data_mut(w: &mut PackedWeight) -> Result<&mut [f32]> {
+    w.transposed = Default::default();
+    w.data.as_mut_slice()
+}
+
+/// `[n, k]` row-major values laid out like a packed weight's storage (zero padding).
+pub fn pack_rows(w: &[f32], n: usize, k: usize) -> Result<Vec<f32>> {
+    if w.len() != n * k {
+        return Err(shape_err("pack_rows", format!("{} values for [{n}, {k}]", w.len())));
+    }
+    Ok(cpu::matmul::pack(w, n, k))
+}
+
+/// `p ← s·p + d`, elementwise, in parallel (equal lengths).
+pub fn scale_add_inplace(p: &mut [f32], s: f32, d: &[f32]) -> Result<()> {
+    use rayon::prelude::*;
+    if p.len() != d.len() {
+        return Err(shape_err("scale_add_inplace", format!("{} vs {} values", p.len(), d.len())));
+    }
+    p.par_chunks_mut(1 << 16).zip(d.par_chunks(1 << 16)).for_each(|(p, d)| {
+        for (p, d) in p.iter_mut().zip(d) {
+            *p = *p * s + d;
+        }
+    });
+    Ok(())
+}
+
 /// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w` packed `[n, k]`, `bias [n]` → `[m, n]`.
 /// Batch-invariant: row `i` of `y` is bitwise the same for any `m`.
 pub fn linear(x: &Tensor, w: &PackedWeight, bias: Option<&Tensor>) -> Result<Tensor> {

@@ -20,6 +20,8 @@ pub enum BenchCommand {
     Serve(crate::bench_serve::BenchServeArgs),
     /// One learner step (forward + backward + AdamW): tokens/s and peak RSS.
     Train(crate::bench_train::TrainBenchArgs),
+    /// A short RL job at max_staleness 0 vs 2: steps/s, tokens/s, engine pause, idle fractions.
+    Rl(crate::bench_rl::RlBenchArgs),
 }
 
 pub fn run(cmd: BenchCommand) -> Result<()> {
@@ -28,6 +30,7 @@ pub fn run(cmd: BenchCommand) -> Result<()> {
         BenchCommand::Throughput(a) => crate::bench_throughput::run(a),
         BenchCommand::Serve(a) => crate::bench_serve::run(a),
         BenchCommand::Train(a) => crate::bench_train::run(a),
+        BenchCommand::Rl(a) => crate::bench_rl::run(a),
     }
 }
 

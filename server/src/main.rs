@@ -2,6 +2,7 @@
 //! `generate`, `bench`.
 
 mod bench;
+mod bench_rl;
 mod bench_serve;
 mod bench_throughput;
 mod bench_train;

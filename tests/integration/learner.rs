@@ -291,7 +291,14 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     }];
     let initial = model.named_weights().unwrap();
     let model = engine::SharedModel::new(model);
-    trainer.step(&model, &batch).unwrap();
+    let (_, grads) = trainer.step(&model, &batch).unwrap();
+    // The in-place update of the fused, packed storage equals AdamW on the HF tensors.
+    let mut params: std::collections::BTreeMap<String, Vec<f32>> =
+        initial.iter().map(|(k, v)| (k.clone(), v.1.clone())).collect();
+    engine::learner::optim::AdamW::default().step(&mut params, &grads, &trainer.config.optim);
+    for (name, (_, v)) in model.read().named_weights().unwrap() {
+        assert_eq!(v, params[&name], "{name}");
+    }
     let out = tests::temp_dir("learner-ckpt").join("step-1");
     checkpoint::save(&out, &dir, &model.read(), &trainer.optimizer, serde_json::json!({"position": 7})).unwrap();
     assert!(!out.with_extension("partial").exists());

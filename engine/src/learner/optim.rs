@@ -94,38 +94,48 @@ impl AdamW {
         StepScale { grad_norm: norm, clip, lr: cfg.lr_at(self.step) }
     }
 
-    /// Updates one parameter tensor `p` in place with its gradient `g` (same length).
-    pub fn update(&mut self, name: &str, p: &mut [f32], g: &[f32], s: &StepScale, cfg: &OptimConfig) {
+    /// Advances the moments of `name` with its gradient `g` and returns the Adam step
+    /// `Δ = −lr · m̂ / (√v̂ + ε)`; the parameter update is `p ← (1 − lr·weight_decay)·p + Δ`
+    /// (decoupled decay first, as PyTorch). Needs no access to `p`: the learner computes it
+    /// while the engine keeps serving and applies it under the write guard in one pass.
+    pub fn delta(&mut self, name: &str, g: &[f32], s: &StepScale, cfg: &OptimConfig) -> Vec<f32> {
         let (b1, b2, lr, clip) = (cfg.adam_beta1, cfg.adam_beta2, s.lr, s.clip);
         let (bc1, bc2) = (1.0 - b1.powi(self.step as i32), 1.0 - b2.powi(self.step as i32));
-        let m = self.m.entry(name.to_string()).or_insert_with(|| vec![0.0; p.len()]);
-        let v = self.v.entry(name.to_string()).or_insert_with(|| vec![0.0; p.len()]);
+        let m = self.m.entry(name.to_string()).or_insert_with(|| vec![0.0; g.len()]);
+        let v = self.v.entry(name.to_string()).or_insert_with(|| vec![0.0; g.len()]);
+        let mut d = vec![0.0f32; g.len()];
         const CHUNK: usize = 1 << 16;
-        p.par_chunks_mut(CHUNK)
+        d.par_chunks_mut(CHUNK)
             .zip(m.par_chunks_mut(CHUNK))
             .zip(v.par_chunks_mut(CHUNK))
             .zip(g.par_chunks(CHUNK))
-            .for_each(|(((p, m), v), g)| {
-                for i in 0..p.len() {
+            .for_each(|(((d, m), v), g)| {
+                for i in 0..d.len() {
                     let gi = g[i] as f64 * clip;
                     let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
                     let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
                     m[i] = mi as f32;
                     v[i] = vi as f32;
-                    let pi = p[i] as f64 * (1.0 - lr * cfg.weight_decay)
-                        - lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon);
-                    p[i] = pi as f32;
+                    d[i] = (-lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon)) as f32;
                 }
             });
+        d
+    }
+
+    /// The decoupled weight-decay factor `1 − lr·weight_decay` of this step.
+    pub fn decay(s: &StepScale, cfg: &OptimConfig) -> f32 {
+        (1.0 - s.lr * cfg.weight_decay) as f32
     }
 
     /// One whole step over a name → values map ([`Self::begin_step`] + [`Self::update`]).
     /// Returns `(grad_norm before clipping, learning rate used)`.
     pub fn step(&mut self, params: &mut BTreeMap<String, Vec<f32>>, grads: &Grads, cfg: &OptimConfig) -> (f64, f64) {
         let s = self.begin_step(grads, cfg);
+        let decay = Self::decay(&s, cfg);
         for (name, (_, g)) in &grads.tensors {
             if let Some(p) = params.get_mut(name) {
-                self.update(name, p, g, &s, cfg);
+                let d = self.delta(name, g, &s, cfg);
+                p.iter_mut().zip(d).for_each(|(p, d)| *p = *p * decay + d);
             }
         }
         (s.grad_norm, s.lr)

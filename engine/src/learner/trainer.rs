@@ -9,6 +9,7 @@ use super::{forward_batch, forward_batch_with, Grads};
 use crate::error::Result;
 use crate::model::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
+use std::collections::BTreeMap;
 use std::time::Instant;
 
 /// Learner settings: loss, optimizer and advantage options (TRL names), flattened.
@@ -281,34 +282,31 @@ impl Trainer {
         Ok((m, grads))
     }
 
-    /// One optimizer step: gradients under a read guard (the engine keeps stepping), then
-    /// AdamW applied to the served weights in place under the write guard, and the version
-    /// bumped before the guard is released.
+    /// One optimizer step: gradients under a read guard (the engine keeps stepping), the AdamW
+    /// step prepared outside any guard, then applied to the served weights in place under the
+    /// write guard, and the version bumped before the guard is released.
     pub fn step(&mut self, model: &SharedModel, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
         let t0 = Instant::now();
         let (mut m, grads) = self.gradients(&model.read(), batch)?;
         let cfg = &self.config.optim;
         let scale = self.optimizer.begin_step(&grads, cfg);
-        let mut missing = None;
+        // AdamW's step Δ is computed and laid out like the served storage while the engine
+        // keeps serving; the write guard covers one elementwise pass `w ← decay·w + Δ`.
+        let deltas: BTreeMap<&str, Vec<f32>> = grads
+            .tensors
+            .iter()
+            .map(|(name, (_, g))| (name.as_str(), self.optimizer.delta(name, g, &scale, cfg)))
+            .collect();
+        let laid = model.read().lay_out(&|n| deltas.get(n).map(Vec::as_slice))?;
+        drop(deltas);
         let t_write = Instant::now();
         {
             let mut w = model.write();
-            let opt = &mut self.optimizer;
-            w.update_weights(|name, p| match grads.tensors.get(name) {
-                Some((_, g)) if g.len() == p.len() => opt.update(name, p, g, &scale, cfg),
-                Some(_) => missing = Some(name.to_string()),
-                None => {}
-            })?;
+            w.apply_deltas(&laid, AdamW::decay(&scale, cfg))?;
             w.version += 1;
             m.version = w.version;
         }
         m.pause_seconds = t_write.elapsed().as_secs_f64();
-        if let Some(name) = missing {
-            return Err(crate::error::ModelError::Config {
-                path: "<gradients>".into(),
-                msg: format!("gradient of {name} has the wrong length"),
-            });
-        }
         m.grad_norm = scale.grad_norm;
         m.learning_rate = scale.lr;
         m.step = self.optimizer.step;

@@ -205,6 +205,73 @@ impl Model {
         Ok(out)
     }
 
+    /// Every storage buffer (fused, packed), in the order of [`Self::lay_out`].
+    fn storage_mut(&mut self) -> Result<Vec<&mut [f32]>> {
+        let mut out: Vec<&mut [f32]> = vec![
+            self.embed_tokens.as_mut_slice()?,
+            self.norm.as_mut_slice()?,
+            ops::packed_data_mut(&mut self.lm_head)?,
+        ];
+        for w in &mut self.layers {
+            out.push(w.input_layernorm.as_mut_slice()?);
+            out.push(w.post_attention_layernorm.as_mut_slice()?);
+            out.push(ops::packed_data_mut(&mut w.qkv_proj)?);
+            if let Some(b) = &mut w.qkv_bias {
+                out.push(b.as_mut_slice()?);
+            }
+            out.push(ops::packed_data_mut(&mut w.o_proj)?);
+            out.push(ops::packed_data_mut(&mut w.gate_up_proj)?);
+            out.push(ops::packed_data_mut(&mut w.down_proj)?);
+        }
+        Ok(out)
+    }
+
+    /// HF-named tensors (`hf(name)`, row-major; `None` = zeros) laid out like this model's
+    /// storage: fused, packed, the tied LM head a packed copy of the embedding. With
+    /// [`Self::apply_deltas`] the optimizer's update is prepared outside the write guard.
+    pub fn lay_out<'a>(&self, hf: &dyn Fn(&str) -> Option<&'a [f32]>) -> Result<Vec<Vec<f32>>> {
+        let c = &self.config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let get = |name: &str, len: usize| -> Vec<f32> {
+            hf(name).filter(|v| v.len() == len).map(<[f32]>::to_vec).unwrap_or_else(|| vec![0.0; len])
+        };
+        let cat = |names: &[(String, usize)]| -> Vec<f32> { names.iter().flat_map(|(n, len)| get(n, *len)).collect() };
+        let embed = get("model.embed_tokens.weight", c.vocab_size * h);
+        let head = if c.tie_word_embeddings { embed.clone() } else { get("lm_head.weight", c.vocab_size * h) };
+        let mut out = vec![embed, get("model.norm.weight", h), ops::pack_rows(&head, c.vocab_size, h)?];
+        for (l, w) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}.");
+            out.push(get(&format!("{p}input_layernorm.weight"), h));
+            out.push(get(&format!("{p}post_attention_layernorm.weight"), h));
+            let qkv = [("q", q), ("k", kv), ("v", kv)];
+            let rows = cat(&qkv.map(|(n, r)| (format!("{p}self_attn.{n}_proj.weight"), r * h)));
+            out.push(ops::pack_rows(&rows, q + 2 * kv, h)?);
+            if w.qkv_bias.is_some() {
+                out.push(cat(&qkv.map(|(n, r)| (format!("{p}self_attn.{n}_proj.bias"), r))));
+            }
+            out.push(ops::pack_rows(&get(&format!("{p}self_attn.o_proj.weight"), h * q), h, q)?);
+            let gu = cat(&[(format!("{p}mlp.gate_proj.weight"), i * h), (format!("{p}mlp.up_proj.weight"), i * h)]);
+            out.push(ops::pack_rows(&gu, 2 * i, h)?);
+            out.push(ops::pack_rows(&get(&format!("{p}mlp.down_proj.weight"), h * i), h, i)?);
+        }
+        Ok(out)
+    }
+
+    /// `w ← scale · w + Δ` for every weight, `deltas` from [`Self::lay_out`]: one
+    /// elementwise pass over the storage, the shortest possible write-guard hold.
+    pub fn apply_deltas(&mut self, deltas: &[Vec<f32>], scale: f32) -> Result<()> {
+        let storage = self.storage_mut()?;
+        if storage.len() != deltas.len() {
+            let detail = format!("{} deltas for {} weight buffers", deltas.len(), storage.len());
+            return Err(kernels::KernelError::Shape { op: "apply_deltas", detail }.into());
+        }
+        for (p, d) in storage.into_iter().zip(deltas) {
+            ops::scale_add_inplace(p, scale, d)?;
+        }
+        Ok(())
+    }
+
     /// Updates every weight in place: `f(hf_name, values)` gets each HF tensor's row-major
     /// values (the names and order of [`Self::named_weights`]); the fused and packed
     /// projections are repacked into their own buffers and a tied LM head follows the

@@ -88,9 +88,11 @@ impl JobConfig {
     /// Parses TOML; unknown keys are errors (a typo must not silently use a default).
     pub fn from_toml(text: &str) -> Result<Self, String> {
         let raw: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
-        let cfg: JobConfig = toml::Value::Table(raw.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
+        let mut cfg: JobConfig =
+            toml::Value::Table(raw.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
         let known = serde_json::to_value(&cfg).map_err(|e| e.to_string())?;
         check_keys(raw.keys(), &known)?;
+        cfg.job_defaults(|k| raw.contains_key(k));
         cfg.validate()?;
         Ok(cfg)
     }
@@ -98,10 +100,30 @@ impl JobConfig {
     /// Parses the JSON body of `POST /v1/train/jobs` (unknown keys are errors).
     pub fn from_json(v: serde_json::Value) -> Result<Self, String> {
         let keys: Vec<String> = v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
-        let cfg: JobConfig = serde_json::from_value(v).map_err(|e| e.to_string())?;
+        let mut cfg: JobConfig = serde_json::from_value(v).map_err(|e| e.to_string())?;
         check_keys(keys.iter(), &serde_json::to_value(&cfg).map_err(|e| e.to_string())?)?;
+        cfg.job_defaults(|k| keys.iter().any(|x| x == k));
         cfg.validate()?;
         Ok(cfg)
+    }
+
+    /// A flattened struct takes its own defaults when deserialized, so the job's defaults
+    /// for learner keys (see [`Default`]) are applied here to the keys the input left out.
+    fn job_defaults(&mut self, given: impl Fn(&str) -> bool) {
+        let d = JobConfig::default().train;
+        let t = &mut self.train;
+        if !given("learning_rate") {
+            t.optim.learning_rate = d.optim.learning_rate;
+        }
+        if !given("max_completion_length") {
+            t.loss.max_completion_length = d.loss.max_completion_length;
+        }
+        if !given("max_staleness") {
+            t.max_staleness = d.max_staleness;
+        }
+        if !given("log_kl_to_initial") {
+            t.log_kl_to_initial = d.log_kl_to_initial;
+        }
     }
 
     /// The allowed ranges; messages name the field, the value and the limit.

@@ -1,0 +1,101 @@
+//! `rlserve bench rl`: the same short training job on the built-in arithmetic task with
+//! `max_staleness` 0 (synchronous) and 2 (generation overlaps training), each from the
+//! freshly loaded model: RL steps/s, rollout and train tokens/s, the engine's pause per
+//! update (write-guard hold: mean, max), and the learner's and the engine's idle fractions.
+
+use crate::cli::ModelArgs;
+use anyhow::Result;
+use clap::Args;
+use engine::{EngineConfig, EngineHandle, LLMEngine, Model, SharedModel, Tokenizer};
+use kernels::Device;
+use server::rl::config::JobConfig;
+use server::rl::job::{Job, JobContext, LearnerSlot};
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct RlBenchArgs {
+    #[command(flatten)]
+    pub model: ModelArgs,
+    /// Steps per job (the first is included: it builds the learner's caches).
+    #[arg(long, default_value_t = 6)]
+    pub steps: u64,
+    #[arg(long, default_value_t = 4)]
+    pub prompts_per_step: usize,
+    #[arg(long, default_value_t = 8)]
+    pub num_generations: usize,
+    #[arg(long, default_value_t = 32)]
+    pub max_completion_length: usize,
+    /// The staleness bounds to compare.
+    #[arg(long, value_delimiter = ',', default_value = "0,2")]
+    pub max_staleness: Vec<u64>,
+}
+
+pub fn run(a: RlBenchArgs) -> Result<()> {
+    let dir = a.model.resolve()?;
+    let tok = Arc::new(Tokenizer::from_dir(&dir)?);
+    let rt = tokio::runtime::Runtime::new()?;
+    println!(
+        "bench rl: {} steps × {} prompts × {} generations, ≤ {} completion tokens, {} threads",
+        a.steps,
+        a.prompts_per_step,
+        a.num_generations,
+        a.max_completion_length,
+        rayon::current_num_threads()
+    );
+    println!(
+        "| max_staleness | steps/s | rollout tok/s | train tok/s | pause mean (s) | pause max (s) | learner idle | engine idle | staleness max |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+    for &k in &a.max_staleness {
+        let model = SharedModel::new(Model::load(&dir, &Device::Cpu)?);
+        let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default());
+        let out = tempdir(k)?;
+        let ctx = JobContext {
+            engine: EngineHandle::spawn(engine),
+            model,
+            tokenizer: tok.clone(),
+            model_dir: dir.clone(),
+            runtime: rt.handle().clone(),
+            metrics: server::metrics::Metrics::new("bench"),
+            learner: LearnerSlot::default(),
+        };
+        let cfg = JobConfig::from_toml(&format!(
+            "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\nmax_completion_length = {}\nmax_staleness = {k}\noutput_dir = {:?}\nsave_steps = 1000000\n",
+            a.steps, a.prompts_per_step, a.num_generations, a.max_completion_length, out.display().to_string()
+        ))
+        .map_err(anyhow::Error::msg)?;
+        let t0 = Instant::now();
+        let job = Job::start(format!("bench-{k}"), cfg, ctx, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+        job.wait();
+        let wall = t0.elapsed().as_secs_f64();
+        let st = job.status();
+        if let Some(e) = st.error {
+            anyhow::bail!("max_staleness {k}: the job failed: {e}");
+        }
+        let h = &st.history;
+        let sum = |f: &dyn Fn(&server::rl::report::StepRecord) -> f64| h.iter().map(f).sum::<f64>();
+        let pauses: Vec<f64> = h.iter().filter(|r| r.updated).map(|r| r.learner.pause_seconds).collect();
+        println!(
+            "| {k} | {:.3} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
+            h.len() as f64 / wall,
+            sum(&|r| r.rollout_tokens as f64) / wall,
+            sum(&|r| r.learner.tokens_per_s * r.learner.step_seconds) / wall,
+            pauses.iter().sum::<f64>() / pauses.len().max(1) as f64,
+            pauses.iter().cloned().fold(0.0, f64::max),
+            sum(&|r| r.learner_wait_seconds) / wall,
+            sum(&|r| r.admission_wait_seconds) / wall,
+            h.iter().map(|r| r.learner.staleness_max).max().unwrap_or(0),
+        );
+        let _ = std::fs::remove_dir_all(&out);
+    }
+    println!("train tok/s counts prompt + completion tokens through forward + backward + AdamW;");
+    println!("learner idle = time waiting for a batch, engine idle = generator time waiting for admission (staleness bound).");
+    Ok(())
+}
+
+fn tempdir(k: u64) -> Result<std::path::PathBuf> {
+    let d = std::env::temp_dir().join(format!("rlserve-bench-rl-{}-{k}", std::process::id()));
+    std::fs::create_dir_all(&d)?;
+    Ok(d)
+}
