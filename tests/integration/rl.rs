@@ -33,6 +33,15 @@ fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
 /// Runs a job on the tiny model: reward 1 when the completion starts with an ASCII character.
 fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
     let dir = tiny(name, 71);
+    let (job, start, end, _) = run_job_in(&dir, &format!("max_staleness = {max_staleness}\nmax_steps = 12"));
+    (job, start, end)
+}
+
+/// A job on the tiny model in `dir` with extra TOML lines; also returns the final weights.
+fn run_job_in(
+    dir: &Path,
+    extra: &str,
+) -> (Arc<Job>, f32, f32, std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>) {
     let data = dir.join("data.jsonl");
     std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
     let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
@@ -45,7 +54,7 @@ fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
         engine: EngineHandle::spawn(engine),
         model: model.clone(),
         tokenizer: tok.clone(),
-        model_dir: dir.clone(),
+        model_dir: dir.to_path_buf(),
         runtime: rt.handle().clone(),
         metrics: server::metrics::Metrics::new("tiny"),
         learner: LearnerSlot::default(),
@@ -56,10 +65,9 @@ fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
         apply_chat_template = false
         num_generations = 8
         prompts_per_step = 1
-        max_steps = 12
         max_completion_length = 2
-        max_staleness = {max_staleness}
         learning_rate = 2e-2
+        {extra}
         output_dir = "{}"
         rewards = [{{ type = "regex", pattern = '^[\x00-\x7F]' }}]
         "#,
@@ -67,10 +75,11 @@ fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
         dir.join("run").display()
     ))
     .unwrap();
-    let job = Job::start(format!("job-{name}"), cfg, ctx, false).unwrap();
+    let job = Job::start("job".into(), cfg, ctx, false).unwrap();
     job.wait();
     let end = p_ascii(&model.read(), &tok);
-    (job, start, end)
+    let weights = model.read().named_weights().unwrap();
+    (job, start, end, weights)
 }
 
 fn check_job(job: &Job, k: u64, start: f32, end: f32) {
@@ -97,6 +106,24 @@ fn a_synchronous_job_learns_and_its_logprobs_equal_the_samplers() {
     // Staleness 0, T = 1, no truncation: the learner's ℓ equals the recorded μ bitwise.
     for r in &job.status().history {
         assert_eq!((r.learner.staleness_max, r.learner.loss.mismatch_max), (0, 0.0), "step {}", r.step);
+    }
+}
+
+#[test]
+fn a_job_resumed_from_a_checkpoint_ends_where_an_uninterrupted_one_does() {
+    // Uninterrupted: 6 steps. Interrupted: 3 steps (checkpoint-3), then a new process-like
+    // start from the original weights with resume_from_checkpoint = "latest" up to 6.
+    let whole = tiny("rl-resume-whole", 78);
+    let (_, _, _, want) = run_job_in(&whole, "max_steps = 6");
+    let cut = tiny("rl-resume-cut", 78);
+    let (first, ..) = run_job_in(&cut, "max_steps = 3");
+    assert!(cut.join("run/checkpoint-3/trainer_state.json").exists());
+    let (job, _, _, got) = run_job_in(&cut, "max_steps = 6\nresume_from_checkpoint = \"latest\"");
+    let st = job.status();
+    assert_eq!((st.status, st.step, st.version, st.history.len()), (JobState::Completed, 6, 6, 3), "{:?}", st.error);
+    assert_eq!(first.status().version, 3);
+    for (name, (_, v)) in &want {
+        assert_eq!(v, &got[name].1, "{name}: resumed weights differ");
     }
 }
 

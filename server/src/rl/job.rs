@@ -236,7 +236,7 @@ pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<(),
     let files = engine::model::WeightFiles::open(dir).map_err(|e| e.to_string())?;
     let mut m = model.write();
     let mut err = None;
-    m.update_weights(|name, p| match files.load(name, &[p.len()]) {
+    m.update_weights(|name, shape, p| match files.load(name, shape) {
         Ok(t) => p.copy_from_slice(t.as_slice().expect("host tensor")),
         Err(x) => err = Some(x.to_string()),
     })
