@@ -171,10 +171,10 @@ pub async fn stop_job(State(state): State<Arc<AppState>>, Path(id): Path<String>
 /// The job's `metrics.png`, redrawn from its history now.
 pub async fn job_plot(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let st = find(&state, &id)?.status();
-    let path = st.output_dir.join("metrics.png");
+    let dir = st.output_dir;
     let bytes = tokio::task::spawn_blocking(move || {
-        crate::rl::report::plot(&path, &st.history, &st.evals)?;
-        std::fs::read(&path).map_err(|e| e.to_string())
+        crate::rl::report::plot(&dir)?;
+        std::fs::read(dir.join("metrics.png")).map_err(|e| e.to_string())
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?

@@ -293,7 +293,8 @@ fn run(
     let prog = Arc::new(Progress::default());
     *prog.done.lock().unwrap() = start;
     let (tx, rx) = flume::bounded::<Result<Batch, String>>(k as usize + 1);
-    if start == 0 || eval_due(cfg, start) {
+    // A resumed run keeps the evals it logged up to its checkpoint.
+    if start == 0 {
         record_eval(job, ctx, eval, rewards, start, &mut log)?;
     }
     std::thread::scope(|scope| -> Result<(), String> {
@@ -385,7 +386,7 @@ fn run(
         prog.cv.notify_all();
         out
     })?;
-    log.finish(&job.status().history, &job.status().evals)
+    log.finish()
 }
 
 fn eval_due(cfg: &JobConfig, step: u64) -> bool {

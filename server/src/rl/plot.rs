@@ -3,24 +3,27 @@
 //! (purple). Drawn with `plotters`' bitmap backend; no text (no font is assumed on the
 //! machine), so the panel order above is the legend; the numbers are in `metrics.jsonl`.
 
-use super::job::EvalRecord;
-use super::report::StepRecord;
 use plotters::prelude::*;
 use std::path::Path;
 
 type Series = Vec<(f64, f64)>;
 
-pub fn write_png(path: &Path, history: &[StepRecord], evals: &[EvalRecord]) -> Result<(), String> {
+/// Plots the `metrics.jsonl` lines (`kind` train/eval) of a whole run, resumes included.
+pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<(), String> {
     let e = |x: &dyn std::fmt::Display| format!("{}: {x}", path.display());
+    let pts = |kind: &str, key: &str| -> Series {
+        lines
+            .iter()
+            .filter(|l| l["kind"] == kind)
+            .filter_map(|l| Some((l["step"].as_f64()?, l[key].as_f64()?)))
+            .collect()
+    };
     let root = BitMapBackend::new(path, (900, 900)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
     let panels = root.split_evenly((3, 1));
-    let pts = |f: &dyn Fn(&StepRecord) -> f64| -> Series { history.iter().map(|r| (r.step as f64, f(r))).collect() };
-    let reward = pts(&|r| r.reward);
-    let eval: Series = evals.iter().map(|r| (r.step as f64, r.eval_reward)).collect();
-    let entropy = pts(&|r| r.learner.entropy);
-    let kl = pts(&|r| r.kl_to_initial);
-    let x_max = history.iter().map(|r| r.step).max().unwrap_or(1).max(1) as f64;
+    let (reward, eval) = (pts("train", "reward"), pts("eval", "eval_reward"));
+    let (entropy, kl) = (pts("train", "entropy"), pts("train", "kl_to_initial"));
+    let x_max = reward.iter().chain(&eval).map(|p| p.0).fold(1.0, f64::max);
     let specs: [(&[&Series], RGBColor); 3] = [(&[&reward, &eval], BLUE), (&[&entropy], GREEN), (&[&kl], MAGENTA)];
     for (area, (series, color)) in panels.iter().zip(specs) {
         let ys = series.iter().flat_map(|s| s.iter().map(|p| p.1)).filter(|y| y.is_finite());

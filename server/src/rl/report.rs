@@ -53,9 +53,17 @@ pub struct JobLog {
 }
 
 impl JobLog {
-    /// Appends to `dir/metrics.jsonl`; a progress bar over `max_steps` when given.
+    /// Appends to `dir/metrics.jsonl`, first dropping lines after `start_step` (a resumed
+    /// run redoes those steps); a progress bar over `max_steps` when given.
     pub fn open(dir: &Path, start_step: u64, max_steps: Option<u64>) -> Result<Self, String> {
         let path = dir.join("metrics.jsonl");
+        let kept: Vec<serde_json::Value> =
+            read_lines(&path).into_iter().filter(|l| l["step"].as_u64().is_some_and(|s| s <= start_step)).collect();
+        let tmp = path.with_extension("jsonl.partial");
+        let text: String = kept.iter().map(|l| format!("{l}\n")).collect();
+        std::fs::write(&tmp, text)
+            .and_then(|_| std::fs::rename(&tmp, &path))
+            .map_err(|e| format!("{}: {e}", path.display()))?;
         let file = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -186,15 +194,24 @@ impl JobLog {
     }
 
     /// Finishes the bar and writes `metrics.png`.
-    pub fn finish(&mut self, history: &[StepRecord], evals: &[EvalRecord]) -> Result<(), String> {
+    pub fn finish(&mut self) -> Result<(), String> {
         if let Some(b) = &self.bar {
             b.finish();
         }
-        plot(&self.dir.join("metrics.png"), history, evals)
+        plot(&self.dir)
     }
 }
 
-/// Writes the job's PNG plot (see `plot.rs` for the layout).
-pub fn plot(path: &Path, history: &[StepRecord], evals: &[EvalRecord]) -> Result<(), String> {
-    super::plot::write_png(path, history, evals)
+/// The JSON lines of a `metrics.jsonl` (unreadable lines skipped).
+fn read_lines(path: &Path) -> Vec<serde_json::Value> {
+    std::fs::read_to_string(path)
+        .unwrap_or_default()
+        .lines()
+        .filter_map(|l| serde_json::from_str(l).ok())
+        .collect()
+}
+
+/// Writes `dir/metrics.png` from `dir/metrics.jsonl` (see `plot.rs` for the layout).
+pub fn plot(dir: &Path) -> Result<(), String> {
+    super::plot::write_png(&dir.join("metrics.png"), &read_lines(&dir.join("metrics.jsonl")))
 }
