@@ -94,6 +94,15 @@ impl Metrics {
         }
     }
 
+    /// Feedback counters: (accepted, rejected, trained samples, samples ready).
+    pub fn feedback(&self, (accepted, rejected, trained, ready): (u64, u64, u64, usize)) {
+        let m = || metrics::Label::new("model_name", self.model.clone());
+        counter!("rlserve:feedback_accepted_total", vec![m()]).absolute(accepted);
+        counter!("rlserve:feedback_rejected_total", vec![m()]).absolute(rejected);
+        counter!("rlserve:feedback_trained_samples_total", vec![m()]).absolute(trained);
+        gauge!("rlserve:feedback_samples_ready", vec![m()]).set(ready as f64);
+    }
+
     /// A greedy evaluation of a training job.
     pub fn eval(&self, r: &crate::rl::job::EvalRecord) {
         let m = || metrics::Label::new("model_name", self.model.clone());

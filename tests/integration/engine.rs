@@ -358,3 +358,34 @@ fn dropping_a_stream_aborts_and_frees_blocks() {
         Err(engine::handle::AddError::Invalid(ValidationError::EmptyPrompt))
     ));
 }
+
+#[test]
+fn in_flight_sequences_keep_or_recompute_their_kv_after_an_update() {
+    let prompt: Vec<u32> = (0..10).map(|i| (i * 7 % 250) as u32).collect();
+    let mut outs = vec![];
+    for mode in [engine::KvOnUpdate::Keep, engine::KvOnUpdate::Recompute] {
+        let m = tiny(44);
+        let mut e =
+            engine(&m, EngineConfig { block_size: 4, num_blocks: Some(64), kv_on_update: mode, ..Default::default() });
+        e.add_request("r", prompt.clone(), greedy(6)).unwrap();
+        let (mut tokens, mut versions, mut steps) = (vec![], vec![], 0);
+        while e.has_unfinished() {
+            for o in e.step().unwrap() {
+                tokens.extend(o.tokens.iter().map(|t| t.token_id));
+                versions.extend(o.tokens.iter().map(|t| t.version));
+            }
+            steps += 1;
+            if steps == 3 {
+                m.0.write().version += 1; // an update lands between two steps
+            }
+        }
+        // Each token records the version of the step that computed it.
+        assert_eq!(versions, [0, 0, 0, 1, 1, 1], "{mode:?}");
+        let recomputes = if mode == engine::KvOnUpdate::Recompute { 1 } else { 0 };
+        assert_eq!(e.stats().num_kv_recomputes, recomputes, "{mode:?}");
+        assert_eq!(e.num_free_blocks(), 64);
+        outs.push(tokens);
+    }
+    // The weights did not change, so recomputed KV gives the same tokens (batch invariance).
+    assert_eq!(outs[0], outs[1]);
+}

@@ -286,3 +286,43 @@ async fn feedback_is_durable_and_validated() {
     let lines = std::fs::read_to_string(log.join("feedback.jsonl")).unwrap();
     assert_eq!(lines.lines().count(), 3, "one durable line per accepted rating");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rated_responses_train_the_served_model_and_survive_a_restart() {
+    let dir = tiny("rl-feedback-train", 79);
+    let log = temp_dir("rl-feedback-train-log");
+    let mut args = feedback_args(&log, 16);
+    args.feedback.feedback_batch_size = 2;
+    args.feedback.learning_rate = Some(1e-2);
+    let (s, base) = start_server(dir.clone(), args.clone()).await;
+    let body = json!({"prompt": "ab", "max_tokens": 3, "n": 2, "seed": 4, "return_token_ids": true});
+    let (_, a) = post(&base, "/v1/completions", body.clone()).await;
+    assert_eq!(a["choices"][0]["versions"], json!([0, 0, 0]));
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": a["id"], "preferred": 1})).await;
+    assert_eq!((st, &out["samples_ready"]), (200, &json!(2)), "{out}");
+    // The learner steps on the group of two; later requests are answered by version 1.
+    let mut version = 0;
+    for _ in 0..200 {
+        let (_, r) = post(&base, "/v1/completions", body.clone()).await;
+        version = r["choices"][0]["versions"][0].as_u64().unwrap();
+        if version == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(version, 1, "the feedback learner did not update the served weights");
+    for _ in 0..200 {
+        if log.join("checkpoint/trainer_state.json").exists() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
+    assert!(metrics.contains("rlserve:feedback_accepted_total"), "{metrics}");
+    s.shutdown(Duration::from_secs(5)).await;
+    // A restart serves the trained weights (the feedback checkpoint) at version 1.
+    let (s, base) = start_server(dir, args).await;
+    let (_, r) = post(&base, "/v1/completions", body).await;
+    assert_eq!(r["choices"][0]["versions"], json!([1, 1, 1]));
+    s.shutdown(Duration::from_secs(5)).await;
+}

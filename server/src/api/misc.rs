@@ -61,5 +61,8 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     if let Ok(stats) = s.engine.stats() {
         s.metrics.engine(&stats);
     }
+    if let Some(fb) = &s.feedback {
+        s.metrics.feedback(fb.counts());
+    }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
 }

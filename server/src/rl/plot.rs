@@ -1,6 +1,7 @@
-//! `metrics.png`: three stacked panels over steps, top to bottom: training reward (blue)
+//! `metrics.png`: five stacked panels over steps, top to bottom: training reward (blue)
 //! with eval reward (red dots), mean token entropy (green), KL to the initial weights
-//! (purple). Drawn with `plotters`' bitmap backend; no text (no font is assumed on the
+//! (purple), completion-length drift against the first steps (orange), and the gap between
+//! training and eval reward (black dots). Drawn with `plotters`' bitmap backend; no text (no font is assumed on the
 //! machine), so the panel order above is the legend; the numbers are in `metrics.jsonl`.
 
 use plotters::prelude::*;
@@ -18,13 +19,21 @@ pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<(), String>
             .filter_map(|l| Some((l["step"].as_f64()?, l[key].as_f64()?)))
             .collect()
     };
-    let root = BitMapBackend::new(path, (900, 900)).into_drawing_area();
+    let root = BitMapBackend::new(path, (900, 1250)).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
-    let panels = root.split_evenly((3, 1));
+    let panels = root.split_evenly((5, 1));
     let (reward, eval) = (pts("train", "reward"), pts("eval", "eval_reward"));
     let (entropy, kl) = (pts("train", "entropy"), pts("train", "kl_to_initial"));
+    let (drift, gap) = (pts("train", "completion_length_drift"), pts("train", "train_eval_reward_gap"));
     let x_max = reward.iter().chain(&eval).map(|p| p.0).fold(1.0, f64::max);
-    let specs: [(&[&Series], RGBColor); 3] = [(&[&reward, &eval], BLUE), (&[&entropy], GREEN), (&[&kl], MAGENTA)];
+    let none = Series::new();
+    let specs: [(&[&Series], RGBColor); 5] = [
+        (&[&reward, &eval], BLUE),
+        (&[&entropy], GREEN),
+        (&[&kl], MAGENTA),
+        (&[&drift], RGBColor(230, 120, 0)),
+        (&[&none, &gap], BLACK),
+    ];
     for (area, (series, color)) in panels.iter().zip(specs) {
         let ys = series.iter().flat_map(|s| s.iter().map(|p| p.1)).filter(|y| y.is_finite());
         let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
@@ -37,9 +46,10 @@ pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<(), String>
         chart.plotting_area().fill(&RGBColor(250, 250, 250)).map_err(|x| e(&x))?;
         chart.draw_series(LineSeries::new(series[0].iter().cloned(), color.stroke_width(2))).map_err(|x| e(&x))?;
         if let Some(dots) = series.get(1) {
-            chart.draw_series(dots.iter().map(|&p| Circle::new(p, 5, RED.filled()))).map_err(|x| e(&x))?;
+            let dot = if color == BLACK { BLACK } else { RED };
+            chart.draw_series(dots.iter().map(|&p| Circle::new(p, 4, dot.filled()))).map_err(|x| e(&x))?;
         }
-        area.draw(&Rectangle::new([(0, 0), (899, 299)], BLACK.stroke_width(1))).map_err(|x| e(&x))?;
+        area.draw(&Rectangle::new([(0, 0), (899, 249)], BLACK.stroke_width(1))).map_err(|x| e(&x))?;
     }
     root.present().map_err(|x| e(&x))
 }

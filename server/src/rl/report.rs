@@ -204,11 +204,7 @@ impl JobLog {
 
 /// The JSON lines of a `metrics.jsonl` (unreadable lines skipped).
 fn read_lines(path: &Path) -> Vec<serde_json::Value> {
-    std::fs::read_to_string(path)
-        .unwrap_or_default()
-        .lines()
-        .filter_map(|l| serde_json::from_str(l).ok())
-        .collect()
+    std::fs::read_to_string(path).unwrap_or_default().lines().filter_map(|l| serde_json::from_str(l).ok()).collect()
 }
 
 /// Writes `dir/metrics.png` from `dir/metrics.jsonl` (see `plot.rs` for the layout).
