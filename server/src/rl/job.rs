@@ -286,6 +286,9 @@ fn run(
         load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
         trainer.optimizer = checkpoint::load_optimizer(dir).map_err(e)?;
         start = state["job_step"].as_u64().unwrap_or(0);
+        let mut st = job.status.lock().unwrap_or_else(|e| e.into_inner());
+        (st.step, st.version) = (start, ctx.model.version());
+        drop(st);
         tracing::info!("resumed from {} at step {start}", dir.display());
     }
     let mut log = JobLog::open(&cfg.output_dir, start, progress.then_some(cfg.max_steps))?;
