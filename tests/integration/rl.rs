@@ -37,15 +37,15 @@ fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
     (job, start, end)
 }
 
+/// HF-named weights: name → (shape, values).
+type Weights = std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>;
+
 /// A job on the tiny model in `dir` with extra TOML lines; also returns the final weights.
-fn run_job_in(
-    dir: &Path,
-    extra: &str,
-) -> (Arc<Job>, f32, f32, std::collections::BTreeMap<String, (Vec<usize>, Vec<f32>)>) {
+fn run_job_in(dir: &Path, extra: &str) -> (Arc<Job>, f32, f32, Weights) {
     let data = dir.join("data.jsonl");
     std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
-    let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
-    let model = SharedModel::new(Model::load(&dir, &Device::Cpu).unwrap());
+    let tok = Arc::new(Tokenizer::from_dir(dir).unwrap());
+    let model = SharedModel::new(Model::load(dir, &Device::Cpu).unwrap());
     let start = p_ascii(&model.read(), &tok);
     let engine =
         LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() });
