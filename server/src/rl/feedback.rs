@@ -26,6 +26,9 @@ use std::io::Write;
 use std::path::PathBuf;
 use std::sync::{Arc, Condvar, Mutex};
 
+/// The feedback learner's entropy-collapse alarm threshold (as a job's default).
+const ENTROPY_COLLAPSE_FRACTION: f64 = 0.3;
+
 /// Feedback learning settings.
 #[derive(Debug, Clone)]
 pub struct FeedbackConfig {
@@ -209,6 +212,8 @@ impl FeedbackStore {
 
     /// The learner loop: wait for a batch, take the learner slot, step, checkpoint.
     fn learn(self: Arc<Self>, ctx: JobContext, mut trainer: Trainer) {
+        // Kept across steps: the entropy-collapse and length-drift baselines.
+        let mut log = super::report::JobLog::detached();
         loop {
             let batch: Vec<(u64, TrainSample)> = {
                 let mut inner = self.lock();
@@ -241,8 +246,8 @@ impl FeedbackStore {
                     None
                 }
             };
-            let mut log = super::report::JobLog::detached();
-            let rec = log.step(trainer.optimizer.step, record, &samples, 0, 0.0, 0.0, 0.0, 0, 0.0);
+            let rec =
+                log.step(trainer.optimizer.step, record, &samples, 0, 0.0, 0.0, 0.0, 0, ENTROPY_COLLAPSE_FRACTION);
             ctx.metrics.learner_step(&rec, &samples);
             let state = serde_json::json!({"feedback_seq": through});
             let saved = checkpoint::save(

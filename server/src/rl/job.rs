@@ -4,9 +4,8 @@
 //! Two threads per job (DESIGN-NOTES §5). The **generator** submits step `s`'s prompts to
 //! the engine (which keeps serving other requests in the same batches), scores the
 //! completions and queues the batch; the **learner** trains on queued batches in order.
-//! Admission control: the generator starts step `s` only once the learner has finished
-//! step `s − max_staleness − 1`'s... precisely, once `done ≥ s − max_staleness`, where `done`
-//! counts finished learner steps. Every token of batch `s` is then computed by a version
+//! Admission control: the generator starts step `s` (0-based) only once `done ≥ s −
+//! max_staleness`, where `done` counts finished learner steps. Every token of batch `s` is then computed by a version
 //! ≥ `v0 + s − max_staleness`, and batch `s` is trained at version `v0 + s`: staleness ≤
 //! `max_staleness`, and nothing is generated only to be thrown away. With
 //! `max_staleness = 0` generation and training alternate (synchronous); with k ≥ 1 the
