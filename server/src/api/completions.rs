@@ -13,7 +13,7 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// OpenAI's default `max_tokens` for completions.
-const DEFAULT_MAX_TOKENS: usize = 16;
+pub const DEFAULT_MAX_TOKENS: usize = 16;
 
 /// The legacy completions `logprobs` object for `tokens`, starting at text offset `offset`.
 fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput], offset: &mut usize) -> Value {

@@ -82,7 +82,9 @@ pub async fn rollouts(
         .collect::<Result<Vec<_>, ApiError>>()?;
     let mut fields = req.sampling.clone();
     fields.n = req.num_generations.or(fields.n);
-    let params = sampling_params(&fields, req.max_tokens, None);
+    // As completions: 16 tokens unless `max_tokens` says otherwise.
+    let max_tokens = req.max_tokens.unwrap_or(super::completions::DEFAULT_MAX_TOKENS);
+    let params = sampling_params(&fields, Some(max_tokens), None);
     let t0 = Instant::now();
     let sub = super::generation::submit_streams(&state, prompts.clone(), params.clone())?;
     let rollouts = RolloutSet::new(&prompts, params.n).collect_async(sub.streams).await;
