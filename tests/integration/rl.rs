@@ -311,6 +311,15 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(version, 1, "the feedback learner did not update the served weights");
+    // The served weights export as a checkpoint the engine loads.
+    let out = temp_dir("rl-feedback-export").join("v1");
+    let (st, r) = post(&base, "/v1/checkpoints", json!({"path": out})).await;
+    assert_eq!((st, &r["version"]), (200, &json!(1)), "{r}");
+    let state = engine::learner::checkpoint::load_state(&out).unwrap();
+    assert_eq!(state["version"], 1);
+    assert!(Model::load(&out, &Device::Cpu).is_ok());
+    let (st, _) = post(&base, "/v1/checkpoints", json!({"path": ""})).await;
+    assert_eq!(st, 400);
     for _ in 0..200 {
         if log.join("checkpoint/trainer_state.json").exists() {
             break;

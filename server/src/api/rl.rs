@@ -1,6 +1,6 @@
 //! The RL endpoints (admin only, see [`super::admin`]): `POST /v1/rollouts`, training jobs
 //! (`POST /v1/train/jobs`, `GET /v1/train/jobs[/{id}]`, `POST /v1/train/jobs/{id}/stop`,
-//! `GET /v1/train/jobs/{id}/plot`) and `POST /v1/feedback`.
+//! `GET /v1/train/jobs/{id}/plot`), `POST /v1/feedback` and `POST /v1/checkpoints`.
 
 use super::chat::chat_prompt;
 use super::error::{ApiError, ApiJson};
@@ -219,4 +219,34 @@ pub async fn feedback(
         Err(e @ F::Duplicate(_)) => Err(ApiError::Conflict(e.to_string())),
         Err(e @ F::Io(_)) => Err(ApiError::Internal(e.to_string())),
     }
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct CheckpointRequest {
+    /// Folder to write (created; replaced atomically if it exists).
+    pub path: std::path::PathBuf,
+}
+
+/// `POST /v1/checkpoints {"path"}`: the served weights as they are now (HF names, with the
+/// model's config and tokenizer files), loadable by `rlserve serve --model` and by
+/// transformers; written to `<path>.partial` and renamed. The optimizer state of a job or of
+/// the feedback learner is in their own checkpoints.
+pub async fn save_checkpoint(
+    State(state): State<Arc<AppState>>,
+    ApiJson(req): ApiJson<CheckpointRequest>,
+) -> Result<Response, ApiError> {
+    if req.path.as_os_str().is_empty() {
+        return Err(ApiError::bad("`path` must name a folder", Some("path")));
+    }
+    let (model, src, path) = (state.model.clone(), state.model_dir.clone(), req.path.clone());
+    let version = tokio::task::spawn_blocking(move || {
+        let m = model.read();
+        let opt = engine::learner::optim::AdamW::default();
+        engine::learner::checkpoint::save(&path, &src, &m, &opt, json!({})).map(|_| m.version)
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?
+    .map_err(|e| ApiError::bad(format!("saving to {}: {e}", req.path.display()), Some("path")))?;
+    Ok(axum::Json(json!({"path": req.path, "version": version, "model": state.model_name})).into_response())
 }
