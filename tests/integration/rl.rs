@@ -272,6 +272,8 @@ async fn feedback_is_durable_and_validated() {
     let (st, out) = post(&base, "/v1/feedback", json!({"id": a, "choice": 1, "reward": -1.0})).await;
     assert_eq!(st, 200, "{out}");
     assert_eq!(out["samples_ready"], 2, "both choices rated: one group of two");
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": a, "preferred": 0})).await;
+    assert_eq!(st, 409, "a fully rated response: {out}");
     // The window holds 2 responses: a third pushes the oldest out (410 Gone).
     let mut ids = vec![];
     for _ in 0..3 {

@@ -96,7 +96,9 @@ struct Kept {
 struct Inner {
     order: VecDeque<String>,
     kept: HashMap<String, Kept>,
+    /// Ids evicted from the window (410), and ids whose every choice is rated (409).
     expired: HashSet<String>,
+    done: HashSet<String>,
     /// Trainable samples with the log position that made them.
     ready: VecDeque<(u64, TrainSample)>,
     next_seq: u64,
@@ -290,6 +292,9 @@ impl Inner {
     }
 
     fn check(&self, req: &FeedbackRequest) -> Result<(Vec<(usize, f32)>, Vec<KeptChoice>), FeedbackError> {
+        if self.done.contains(&req.id) {
+            return Err(FeedbackError::Duplicate(format!("every choice of `{}` is already rated", req.id)));
+        }
         if self.expired.contains(&req.id) {
             return Err(FeedbackError::Expired(req.id.clone()));
         }
@@ -354,7 +359,7 @@ impl Inner {
             if complete {
                 self.kept.remove(&line.id);
                 self.order.retain(|x| x != &line.id);
-                self.expired.insert(line.id.clone());
+                self.done.insert(line.id.clone());
             }
             return;
         }
@@ -363,14 +368,14 @@ impl Inner {
             if n == 1 {
                 let k = self.kept.remove(&line.id).expect("present");
                 self.order.retain(|x| x != &line.id);
-                self.expired.insert(line.id.clone());
+                self.done.insert(line.id.clone());
                 self.flush_partial(&k);
             }
             return;
         }
         let k = self.kept.remove(&line.id).expect("present");
         self.order.retain(|x| x != &line.id);
-        self.expired.insert(line.id.clone());
+        self.done.insert(line.id.clone());
         self.next_group += 1;
         for (c, r) in k.choices.iter().zip(&k.rewards) {
             self.ready.push_back((k.seq, sample(c, None, *r, Some(self.next_group))));
