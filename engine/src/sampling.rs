@@ -84,6 +84,10 @@ impl Default for SamplingParams {
 /// Most top log-probabilities a request may ask for (vLLM `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
 
+/// Most samples per request (`n`, `num_generations`): each sample is a sequence with its own
+/// state, so an unbounded `n` could exhaust memory.
+pub const MAX_N: usize = 256;
+
 impl SamplingParams {
     /// Greedy parameters (temperature 0).
     pub fn greedy() -> Self {
@@ -99,8 +103,8 @@ impl SamplingParams {
         let p = |param: &'static str, value: String, expected: &'static str| {
             Err(ValidationError::Param { param, value, expected })
         };
-        if self.n == 0 {
-            return p("n", "0".into(), "at least 1");
+        if self.n == 0 || self.n > MAX_N {
+            return p("n", self.n.to_string(), "in [1, 256]");
         }
         if !(self.temperature >= 0.0 && self.temperature.is_finite()) {
             return p("temperature", self.temperature.to_string(), "a finite number >= 0");

@@ -50,6 +50,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
     for &k in &a.max_staleness {
         let model = SharedModel::new(Model::load(&dir, &Device::Cpu)?);
         let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default());
+        let max_model_len = engine.max_model_len();
         let out = tempdir(k)?;
         let ctx = JobContext {
             engine: EngineHandle::spawn(engine),
@@ -59,6 +60,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             runtime: rt.handle().clone(),
             metrics: server::metrics::Metrics::new("bench"),
             learner: LearnerSlot::default(),
+            max_model_len,
         };
         let cfg = JobConfig::from_toml(&format!(
             "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\nmax_completion_length = {}\nmax_staleness = {k}\noutput_dir = {:?}\nsave_steps = 1000000\n",

@@ -130,6 +130,10 @@ pub struct FeedbackArgs {
     /// Folder of the durable feedback log and the feedback learner's checkpoint.
     #[arg(long, default_value = "feedback")]
     pub feedback_dir: std::path::PathBuf,
+    /// Save the feedback learner's checkpoint every N steps (ratings after the last one are
+    /// replayed and retrained on restart).
+    #[arg(long, default_value_t = 10)]
+    pub feedback_save_steps: u64,
     /// TOML with learner settings (TRL names, as `rlserve train-step --config`).
     #[arg(long)]
     pub learner_config: Option<std::path::PathBuf>,
@@ -154,6 +158,7 @@ impl FeedbackArgs {
             window: self.feedback_window,
             batch_size: self.feedback_batch_size,
             dir: self.feedback_dir.clone(),
+            save_steps: self.feedback_save_steps.max(1),
             train,
         })
     }
@@ -194,7 +199,12 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
             args.host
         );
     }
-    let model = SharedModel::new(Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?);
+    let mut model = Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
+    // A checkpoint folder is served at the policy version it was saved at.
+    if let Ok(state) = engine::learner::checkpoint::load_state(dir) {
+        model.version = state["version"].as_u64().unwrap_or(0);
+    }
+    let model = SharedModel::new(model);
     let engine = LLMEngine::new(model.clone(), tokenizer.clone(), args.engine.config());
     let max_model_len = engine.max_model_len();
     tracing::info!(
@@ -221,6 +231,7 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
             runtime: tokio::runtime::Handle::try_current().context("feedback learning needs the tokio runtime")?,
             metrics: metrics.clone(),
             learner: learner.clone(),
+            max_model_len,
         };
         Some(crate::rl::feedback::FeedbackStore::open(args.feedback.config()?, ctx).map_err(anyhow::Error::msg)?)
     } else {

@@ -58,6 +58,7 @@ fn run_job_in(dir: &Path, extra: &str) -> (Arc<Job>, f32, f32, Weights) {
         runtime: rt.handle().clone(),
         metrics: server::metrics::Metrics::new("tiny"),
         learner: LearnerSlot::default(),
+        max_model_len: 128,
     };
     let cfg = JobConfig::from_toml(&format!(
         r#"
@@ -122,6 +123,13 @@ fn a_job_resumed_from_a_checkpoint_ends_where_an_uninterrupted_one_does() {
     let st = job.status();
     assert_eq!((st.status, st.step, st.version, st.history.len()), (JobState::Completed, 6, 6, 3), "{:?}", st.error);
     assert_eq!(first.status().version, 3);
+    let status = serde_json::to_value(st.latest.as_ref().unwrap()).unwrap();
+    assert_eq!((&status["step"], &status["optimizer_step"]), (&json!(6), &json!(6)));
+    // Loading a checkpoint never moves a live model's version back (no stale prefix-cache hits).
+    let live = SharedModel::new(Model::load(&cut, &Device::Cpu).unwrap());
+    live.write().version = 10;
+    server::rl::job::load_weights(&live, &cut.join("run/checkpoint-3"), 3).unwrap();
+    assert_eq!(live.version(), 11);
     for (name, (_, v)) in &want {
         assert_eq!(v, &got[name].1, "{name}: resumed weights differ");
     }
@@ -195,6 +203,19 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/rollouts", json!({"prompts": [[1, 99999]]}), 400, "99999"),
         ("/v1/rollouts", json!({"prompts": ["a"], "temperature": -1}), 400, "temperature"),
         ("/v1/rollouts", json!({"prompts": ["a"], "num_generations": 0}), 400, "n"),
+        ("/v1/rollouts", json!({"prompts": ["a"], "num_generations": 100000000}), 400, "[1, 256]"),
+        ("/v1/rollouts", json!({"prompts": vec!["a"; 20], "num_generations": 256}), 400, "at most 4096"),
+        ("/v1/train/jobs", json!({"num_generations": 1}), 400, "group needs two"),
+        ("/v1/train/jobs", json!({"max_completion_length": 100000}), 400, "context of 128"),
+        ("/v1/train/jobs", json!({"dataset": "builtin:nope"}), 400, "builtin:arithmetic"),
+        ("/v1/train/jobs", json!({"eval_dataset": "/nope.jsonl"}), 400, "eval_dataset /nope.jsonl"),
+        ("/v1/train/jobs", json!({"output_dir": "/proc/forbidden", "max_completion_length": 8}), 400, "`output_dir`"),
+        (
+            "/v1/train/jobs",
+            json!({"resume_from_checkpoint": "latest", "output_dir": temp_dir("rl-bad-resume"), "max_completion_length": 8}),
+            400,
+            "no checkpoint",
+        ),
         ("/v1/train/jobs", json!({"num_generations": 0}), 400, "`num_generations`"),
         ("/v1/train/jobs", json!({"learning_rat": 1e-5}), 400, "unknown field `learning_rat`"),
         ("/v1/train/jobs", json!({"dataset": "/nonexistent.jsonl"}), 400, "/nonexistent.jsonl"),
@@ -213,6 +234,10 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
     }
     let r = reqwest::get(format!("{base}/v1/train/jobs/job-unknown")).await.unwrap();
     assert_eq!(r.status(), 404);
+    let r = reqwest::get(format!("{base}/v1/rollouts")).await.unwrap();
+    assert_eq!(r.status(), 405);
+    let v: Value = r.json().await.unwrap();
+    assert!(v["error"]["message"].as_str().unwrap().contains("GET is not allowed"), "{v}");
     s.shutdown(Duration::from_secs(5)).await;
     // With --admin-key the RL endpoints need it; on a public address they need one at all.
     let args = ServeArgs { admin_key: Some("sekret".into()), ..Default::default() };
@@ -248,6 +273,8 @@ async fn feedback_is_durable_and_validated() {
     let body = json!({"prompt": "ab", "max_tokens": 3, "n": 2, "seed": 4});
     let (_, a) = post(&base, "/v1/completions", body.clone()).await;
     let a = a["id"].as_str().unwrap().to_string();
+    let (_, g) = post(&base, "/v1/completions", json!({"prompt": "ab", "max_tokens": 2, "temperature": 0})).await;
+    let greedy = g["id"].as_str().unwrap().to_string();
     let (st, out) = post(&base, "/v1/feedback", json!({"id": a, "choice": 0, "reward": 1.0})).await;
     assert_eq!(st, 200, "{out}");
     let cases: Vec<(Value, u16, &str)> = vec![
@@ -257,6 +284,7 @@ async fn feedback_is_durable_and_validated() {
         (json!({"id": a, "choice": 1}), 400, "`preferred`"),
         (json!({"id": "cmpl-nope", "preferred": 0}), 404, "unknown response id"),
         (json!({"id": a, "choice": 1, "reward": 0.5, "extra": 1}), 400, "extra"),
+        (json!({"id": greedy, "preferred": 0}), 400, "greedily"),
     ];
     for (b, status, needle) in &cases {
         let (st, out) = post(&base, "/v1/feedback", b.clone()).await;
@@ -295,6 +323,7 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     let log = temp_dir("rl-feedback-train-log");
     let mut args = feedback_args(&log, 16);
     args.feedback.feedback_batch_size = 2;
+    args.feedback.feedback_save_steps = 1;
     args.feedback.learning_rate = Some(1e-2);
     let (s, base) = start_server(dir.clone(), args.clone()).await;
     let body = json!({"prompt": "ab", "max_tokens": 3, "n": 2, "seed": 4, "return_token_ids": true});

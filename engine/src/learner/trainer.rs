@@ -122,6 +122,8 @@ impl TrainSample {
 /// Metrics of one step (TRL names).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StepMetrics {
+    /// Optimizer steps taken so far.
+    #[serde(rename = "optimizer_step")]
     pub step: u64,
     #[serde(flatten)]
     pub loss: super::loss::LossStats,

@@ -19,6 +19,8 @@ pub enum ApiError {
     Forbidden(String),
     #[error("{0}")]
     NotFound(String),
+    #[error("{0}")]
+    MethodNotAllowed(String),
     /// The resource is busy or the request repeats one already applied (409).
     #[error("{0}")]
     Conflict(String),
@@ -46,6 +48,7 @@ impl ApiError {
             ApiError::Unauthorized(_) => (StatusCode::UNAUTHORIZED, "authentication_error", None),
             ApiError::Forbidden(_) => (StatusCode::FORBIDDEN, "permission_error", None),
             ApiError::NotFound(_) => (StatusCode::NOT_FOUND, "not_found_error", None),
+            ApiError::MethodNotAllowed(_) => (StatusCode::METHOD_NOT_ALLOWED, "invalid_request_error", None),
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict_error", None),
             ApiError::Gone(_) => (StatusCode::GONE, "invalid_request_error", None),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None),

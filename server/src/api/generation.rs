@@ -90,6 +90,7 @@ pub fn submit(
 ) -> Result<Generation, ApiError> {
     let n = params.n;
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let greedy = params.temperature == 0.0;
     let recorder = state.feedback.clone().map(|fb| (fb, RolloutSet::new(&prompts, n), id.to_string(), prompts.len()));
     let Submitted { streams, in_flight } = submit_streams(state, prompts, params)?;
     let metrics = state.metrics.clone();
@@ -123,7 +124,7 @@ pub fn submit(
                 if done && !aborted {
                     left -= 1;
                     if left == 0 {
-                        fb.register(&id, &std::mem::replace(&mut set, RolloutSet::new(&[], 1)).rollouts);
+                        fb.register(&id, &std::mem::replace(&mut set, RolloutSet::new(&[], 1)).rollouts, greedy);
                     }
                 }
             })

@@ -18,6 +18,9 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Most sequences (prompts × num_generations) in one rollout request.
+pub const MAX_ROLLOUT_SEQS: usize = 4096;
+
 /// One prompt of a rollout request: text, token ids, or chat messages.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -85,6 +88,18 @@ pub async fn rollouts(
     // As completions: 16 tokens unless `max_tokens` says otherwise.
     let max_tokens = req.max_tokens.unwrap_or(super::completions::DEFAULT_MAX_TOKENS);
     let params = sampling_params(&fields, Some(max_tokens), None);
+    params.validate()?;
+    if prompts.len() * params.n > MAX_ROLLOUT_SEQS {
+        return Err(ApiError::bad(
+            format!(
+                "{} prompts × num_generations {} = {} sequences; at most {MAX_ROLLOUT_SEQS} per request",
+                prompts.len(),
+                params.n,
+                prompts.len() * params.n
+            ),
+            Some("prompts"),
+        ));
+    }
     let t0 = Instant::now();
     let sub = super::generation::submit_streams(&state, prompts.clone(), params.clone())?;
     let rollouts = RolloutSet::new(&prompts, params.n).collect_async(sub.streams).await;
@@ -174,6 +189,9 @@ pub async fn stop_job(State(state): State<Arc<AppState>>, Path(id): Path<String>
 pub async fn job_plot(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
     let st = find(&state, &id)?.status();
     let dir = st.output_dir;
+    if !dir.join("metrics.jsonl").exists() {
+        return Err(ApiError::NotFound(format!("training job `{id}` has no metrics to plot yet")));
+    }
     let bytes = tokio::task::spawn_blocking(move || {
         crate::rl::report::plot(&dir)?;
         std::fs::read(dir.join("metrics.png")).map_err(|e| e.to_string())
@@ -195,6 +213,7 @@ impl AppState {
             runtime: tokio::runtime::Handle::current(),
             metrics: self.metrics.clone(),
             learner: self.learner.clone(),
+            max_model_len: self.max_model_len,
         }
     }
 }

@@ -130,7 +130,10 @@ impl JobConfig {
     pub fn validate(&self) -> Result<(), String> {
         let t = &self.train;
         let checks: [(bool, String); 8] = [
-            (self.num_generations >= 1, format!("`num_generations` must be >= 1, got {}", self.num_generations)),
+            (
+                self.num_generations >= 2,
+                format!("`num_generations` must be >= 2 (a group needs two samples), got {}", self.num_generations),
+            ),
             (self.prompts_per_step >= 1, format!("`prompts_per_step` must be >= 1, got {}", self.prompts_per_step)),
             (self.max_steps >= 1, format!("`max_steps` must be >= 1, got {}", self.max_steps)),
             (

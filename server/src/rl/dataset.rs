@@ -35,8 +35,9 @@ fn arithmetic(eval: bool) -> Vec<Map<String, Value>> {
 }
 
 /// Loads `spec` (`builtin:arithmetic`, `builtin:arithmetic-eval` or a JSONL path).
-/// Errors name the file and line.
+/// Errors name the config key (`label`), the file and the line.
 pub fn load(
+    label: &str,
     spec: &str,
     tok: &Tokenizer,
     apply_chat_template: bool,
@@ -45,21 +46,24 @@ pub fn load(
     let rows: Vec<Map<String, Value>> = match spec {
         "builtin:arithmetic" => arithmetic(false),
         "builtin:arithmetic-eval" => arithmetic(true),
+        b if b.starts_with("builtin:") => {
+            return Err(format!("{label} {b:?} is not built in (builtin:arithmetic, builtin:arithmetic-eval)"))
+        }
         path => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("dataset {path}: {e}"))?;
+            let text = std::fs::read_to_string(path).map_err(|e| format!("{label} {path}: {e}"))?;
             let mut rows = Vec::new();
             for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
                 match serde_json::from_str::<Value>(line) {
                     Ok(Value::Object(m)) => rows.push(m),
-                    Ok(_) => return Err(format!("dataset {path} line {}: expected a JSON object", i + 1)),
-                    Err(e) => return Err(format!("dataset {path} line {}: {e}", i + 1)),
+                    Ok(_) => return Err(format!("{label} {path} line {}: expected a JSON object", i + 1)),
+                    Err(e) => return Err(format!("{label} {path} line {}: {e}", i + 1)),
                 }
             }
             rows
         }
     };
     if rows.is_empty() {
-        return Err(format!("dataset {spec} has no examples"));
+        return Err(format!("{label} {spec} has no examples"));
     }
     rows.into_iter()
         .enumerate()
@@ -70,7 +74,7 @@ pub fn load(
                     for (j, v) in m.iter().enumerate() {
                         let (Some(role), Some(content)) = (v["role"].as_str(), v["content"].as_str()) else {
                             return Err(format!(
-                                "dataset {spec} line {}: messages[{j}] needs string `role` and `content`",
+                                "{label} {spec} line {}: messages[{j}] needs string `role` and `content`",
                                 i + 1
                             ));
                         };
@@ -84,12 +88,12 @@ pub fn load(
                 }
                 (_, Some(Value::String(p))) => p.clone(),
                 _ => {
-                    return Err(format!("dataset {spec} line {}: needs a string `prompt` or a `messages` list", i + 1))
+                    return Err(format!("{label} {spec} line {}: needs a string `prompt` or a `messages` list", i + 1))
                 }
             };
             let prompt_ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
             if prompt_ids.is_empty() {
-                return Err(format!("dataset {spec} line {}: the prompt is empty", i + 1));
+                return Err(format!("{label} {spec} line {}: the prompt is empty", i + 1));
             }
             Ok(Example { prompt_ids, prompt_text: text, fields })
         })

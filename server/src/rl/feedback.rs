@@ -38,6 +38,8 @@ pub struct FeedbackConfig {
     pub batch_size: usize,
     /// `feedback.jsonl` and `checkpoint/` live here.
     pub dir: PathBuf,
+    /// Save `checkpoint/` every this many learner steps (ratings after it are replayed).
+    pub save_steps: u64,
     pub train: TrainConfig,
 }
 
@@ -87,6 +89,8 @@ struct KeptChoice {
 
 struct Kept {
     choices: Vec<KeptChoice>,
+    /// Sampled at temperature 0: μ is not a sampling probability, so it is not trained on.
+    greedy: bool,
     rewards: Vec<Option<f32>>,
     /// Log sequence number of the latest rating.
     seq: u64,
@@ -157,7 +161,7 @@ impl FeedbackStore {
     }
 
     /// Keeps a finished response for rating.
-    pub fn register(&self, id: &str, rollouts: &[Rollout]) {
+    pub fn register(&self, id: &str, rollouts: &[Rollout], greedy: bool) {
         let choices = rollouts
             .iter()
             .map(|r| KeptChoice {
@@ -170,7 +174,7 @@ impl FeedbackStore {
             .collect::<Vec<_>>();
         let mut inner = self.lock();
         let n = choices.len();
-        inner.insert(id.to_string(), Kept { choices, rewards: vec![None; n], seq: 0 }, self.cfg.window);
+        inner.insert(id.to_string(), Kept { choices, greedy, rewards: vec![None; n], seq: 0 }, self.cfg.window);
         drop(inner);
         self.cv.notify_all();
     }
@@ -252,13 +256,17 @@ impl FeedbackStore {
                 log.step(trainer.optimizer.step, record, &samples, 0, 0.0, 0.0, 0.0, 0, ENTROPY_COLLAPSE_FRACTION);
             ctx.metrics.learner_step(&rec, &samples);
             let state = serde_json::json!({"feedback_seq": through});
-            let saved = checkpoint::save(
-                &self.cfg.dir.join("checkpoint"),
-                &ctx.model_dir,
-                &ctx.model.read(),
-                &trainer.optimizer,
-                state,
-            );
+            let saved = if trainer.optimizer.step % self.cfg.save_steps.max(1) == 0 {
+                checkpoint::save(
+                    &self.cfg.dir.join("checkpoint"),
+                    &ctx.model_dir,
+                    &ctx.model.read(),
+                    &trainer.optimizer,
+                    state,
+                )
+            } else {
+                Ok(())
+            };
             drop(guard);
             if let Err(e) = saved {
                 tracing::error!("feedback learner: saving the checkpoint failed: {e}");
@@ -299,6 +307,13 @@ impl Inner {
             return Err(FeedbackError::Expired(req.id.clone()));
         }
         let k = self.kept.get(&req.id).ok_or_else(|| FeedbackError::Unknown(req.id.clone()))?;
+        if k.greedy {
+            return Err(FeedbackError::Invalid(format!(
+                "response `{}` was generated greedily (temperature 0): greedy tokens are not on-policy samples \
+                 and are not trained on; request with temperature > 0 to rate",
+                req.id
+            )));
+        }
         let n = k.choices.len();
         let ratings = match (req.choice, req.reward, req.preferred) {
             (Some(c), Some(r), None) => {
@@ -343,7 +358,7 @@ impl Inner {
             let n = line.choices.len();
             self.insert(
                 line.id.clone(),
-                Kept { choices: line.choices.clone(), rewards: vec![None; n], seq: 0 },
+                Kept { choices: line.choices.clone(), greedy: false, rewards: vec![None; n], seq: 0 },
                 window,
             );
         }

@@ -38,6 +38,8 @@ pub struct JobContext {
     pub metrics: Metrics,
     /// One learner at a time writes the weights (a job, or the feedback learner).
     pub learner: LearnerSlot,
+    /// The engine's context limit (prompt + completion).
+    pub max_model_len: usize,
 }
 
 /// The right to train the served weights: one holder at a time (a job, or one feedback
@@ -113,14 +115,26 @@ impl Job {
     /// job's threads. Errors with "busy" when another learner holds the weights.
     pub fn start(id: String, config: JobConfig, ctx: JobContext, progress: bool) -> Result<Arc<Job>, JobError> {
         let tok = &ctx.tokenizer;
-        let load = |s: &str| dataset::load(s, tok, config.apply_chat_template, config.system_prompt.as_deref());
-        let train = load(&config.dataset).map_err(JobError::Invalid)?;
+        let load = |key: &str, s: &str| {
+            dataset::load(key, s, tok, config.apply_chat_template, config.system_prompt.as_deref())
+        };
+        let train = load("dataset", &config.dataset).map_err(JobError::Invalid)?;
         let eval = match &config.eval_dataset {
-            Some(s) => load(s).map_err(JobError::Invalid)?.into_iter().take(config.eval_size).collect(),
+            Some(s) => load("eval_dataset", s).map_err(JobError::Invalid)?.into_iter().take(config.eval_size).collect(),
             None => vec![],
         };
         let rewards = Rewards::new(&config.rewards, ctx.runtime.clone()).map_err(JobError::Invalid)?;
         let resume = resolve_resume(&config).map_err(JobError::Invalid)?;
+        let longest = train.iter().chain(&eval).map(|e| e.prompt_ids.len()).max().unwrap_or(0);
+        let need = longest + config.train.loss.max_completion_length;
+        if need > ctx.max_model_len {
+            return Err(JobError::Invalid(format!(
+                "`max_completion_length` {} plus the longest prompt ({longest} tokens) exceeds the context of {} tokens",
+                config.train.loss.max_completion_length, ctx.max_model_len
+            )));
+        }
+        std::fs::create_dir_all(&config.output_dir)
+            .map_err(|e| JobError::Invalid(format!("`output_dir` {}: {e}", config.output_dir.display())))?;
         let guard = ctx.learner.try_acquire().ok_or(JobError::Busy)?;
         let job = Arc::new(Job {
             status: Mutex::new(JobStatus {
@@ -199,7 +213,13 @@ pub enum JobError {
 fn resolve_resume(cfg: &JobConfig) -> Result<Option<PathBuf>, String> {
     match cfg.resume_from_checkpoint.as_deref() {
         None => Ok(None),
-        Some("latest") => Ok(checkpoints(&cfg.output_dir).pop().map(|(_, p)| p)),
+        Some("latest") => match checkpoints(&cfg.output_dir).pop() {
+            Some((_, p)) => Ok(Some(p)),
+            None => Err(format!(
+                "`resume_from_checkpoint` = \"latest\": no checkpoint-<step> folder under {}",
+                cfg.output_dir.display()
+            )),
+        },
         Some(p) => {
             let p = PathBuf::from(p);
             if !p.join("trainer_state.json").exists() {
@@ -229,8 +249,10 @@ pub fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
     v
 }
 
-/// Loads a checkpoint's weights into the served model in place (under the write guard)
-/// and sets its policy version.
+/// Loads a checkpoint's weights into the served model in place (under the write guard).
+/// The policy version becomes the checkpoint's, or the current one + 1 if that is not
+/// newer: versions never go back, so no KV or prefix-cache block of other weights is
+/// ever taken for these.
 pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<(), String> {
     let files = engine::model::WeightFiles::open(dir).map_err(|e| e.to_string())?;
     let mut m = model.write();
@@ -243,7 +265,7 @@ pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<(),
     if let Some(x) = err {
         return Err(format!("loading weights from {}: {x}", dir.display()));
     }
-    m.version = version;
+    m.version = version.max(m.version + 1);
     Ok(())
 }
 
