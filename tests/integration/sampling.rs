@@ -102,7 +102,8 @@ fn validation_messages_name_parameter_value_and_range() {
     check(SamplingParams { temperature: -1.0, ..d() }, "`temperature` must be a finite number >= 0, got -1");
     check(SamplingParams { top_p: 0.0, ..d() }, "`top_p` must be in (0, 1], got 0");
     check(SamplingParams { top_p: 1.5, ..d() }, "`top_p` must be in (0, 1], got 1.5");
-    check(SamplingParams { n: 0, ..d() }, "`n` must be at least 1, got 0");
+    check(SamplingParams { n: 0, ..d() }, "`n` must be in [1, 256], got 0");
+    check(SamplingParams { n: 257, ..d() }, "`n` must be in [1, 256], got 257");
     check(SamplingParams { max_tokens: Some(0), ..d() }, "`max_tokens` must be at least 1, got 0");
     check(SamplingParams { top_k: -2, ..d() }, "`top_k` must be -1 (off), 0 (off) or a positive integer, got -2");
     check(SamplingParams { min_p: 1.5, ..d() }, "`min_p` must be in [0, 1], got 1.5");
