@@ -366,3 +366,39 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     assert_eq!(r["choices"][0]["versions"], json!([1, 1, 1]));
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+#[test]
+fn exact_answer_reads_the_final_answer() {
+    use server::rl::rewards::exact_answer;
+    let check = |completion: &str, answer: Value, want: bool| {
+        assert_eq!(exact_answer(completion, Some(&answer)), want, "{completion:?} vs {answer}");
+    };
+    check("#### 42", json!("42"), true);
+    check("so 3 + 4 = 7.\n#### 7 (and 8 later)", json!(7), true);
+    check("The answer is \\boxed{12}.", json!("12"), true);
+    check("1,000 apples", json!("1000"), true);
+    check("3 + 4 = 7.", json!("7"), true);
+    check("3 + 4 = 7. Then 9", json!("7"), false);
+    check("#### 5.0", json!("5"), true);
+    check("no number here", json!("5"), false);
+    assert!(!exact_answer("#### 5", None), "no `answer` field: no reward");
+}
+
+#[test]
+fn dataset_order_is_a_seeded_permutation_per_epoch() {
+    let dir = tiny("rl-dataset", 80);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let data = dir.join("d.jsonl");
+    std::fs::write(&data, (0..7).map(|i| format!("{{\"prompt\": \"p{i}\"}}\n")).collect::<String>()).unwrap();
+    let ex = server::rl::dataset::load("dataset", data.to_str().unwrap(), &tok, false, None).unwrap();
+    let order = |seed, epoch: u64| -> Vec<String> {
+        (0..7).map(|i| server::rl::dataset::at(&ex, seed, epoch * 7 + i).prompt_text.clone()).collect()
+    };
+    let mut e0 = order(1, 0);
+    assert_eq!(order(1, 0), e0, "deterministic: a resumed job continues the same order");
+    assert_ne!(order(1, 1), e0, "reshuffled each epoch");
+    e0.sort();
+    assert_eq!(e0, (0..7).map(|i| format!("p{i}")).collect::<Vec<_>>(), "each epoch visits every example once");
+    let err = server::rl::dataset::load("dataset", "builtin:nope", &tok, false, None).unwrap_err();
+    assert!(err.contains("builtin:arithmetic"), "{err}");
+}

@@ -169,7 +169,7 @@ impl FeedbackStore {
                 completion_ids: r.completion_ids.clone(),
                 behavior_logprobs: r.behavior_logprobs.clone(),
                 versions: r.versions.clone(),
-                finish_reason: r.to_sample(0.0, 0).finish_reason,
+                finish_reason: r.finish_reason_str(),
             })
             .collect::<Vec<_>>();
         let mut inner = self.lock();

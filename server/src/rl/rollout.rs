@@ -37,6 +37,15 @@ impl Rollout {
         }
     }
 
+    /// `finish_reason` as the learner's string (`stop`, `length`, `abort`).
+    pub fn finish_reason_str(&self) -> Option<String> {
+        self.finish_reason.map(|f| match f {
+            FinishReason::Stop => "stop".into(),
+            FinishReason::Length => "length".into(),
+            FinishReason::Abort => "abort".into(),
+        })
+    }
+
     /// The learner's sample, with the reward and group (GRPO) it was scored with.
     pub fn to_sample(&self, reward: f32, group: u64) -> TrainSample {
         TrainSample {
@@ -47,11 +56,7 @@ impl Rollout {
             reward: Some(reward),
             group: Some(group),
             versions: Some(self.versions.clone()),
-            finish_reason: self.finish_reason.map(|f| match f {
-                FinishReason::Stop => "stop".into(),
-                FinishReason::Length => "length".into(),
-                FinishReason::Abort => "abort".into(),
-            }),
+            finish_reason: self.finish_reason_str(),
         }
     }
 }
