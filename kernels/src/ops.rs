@@ -75,19 +75,6 @@ pub fn unpack_weight(w: &PackedWeight) -> Result<Tensor> {
     Tensor::from_vec(data, &[w.n, w.k])
 }
 
-/// Updates a packed weight in place: `f` gets the `[n, k]` row-major values (a transient
-/// host copy), and the result is packed back into the same buffer. The cached `Wᵀ` is
-/// dropped (rebuilt on the next backward use). The learner's optimizer write goes through
-/// this, so the served weights are never copied as a whole.
-pub fn update_weight(w: &mut PackedWeight, f: impl FnOnce(&mut [f32])) -> Result<()> {
-    let (n, k) = (w.n, w.k);
-    let mut rows = cpu::matmul::unpack(w.data.as_slice()?, n, k);
-    f(&mut rows);
-    cpu::matmul::pack_into(&rows, n, k, w.data.as_mut_slice()?);
-    w.transposed = Default::default();
-    Ok(())
-}
-
 /// The packed storage of `w`, for an elementwise in-place change whose operand was laid out
 /// by [`pack_rows`] (the learner's `p ← s·p + Δ`). Drops the cached `Wᵀ`.
 pub fn packed_data_mut(w: &mut PackedWeight) -> Result<&mut [f32]> {

@@ -272,51 +272,6 @@ impl Model {
         Ok(())
     }
 
-    /// Updates every weight in place: `f(hf_name, shape, values)` gets each HF tensor's
-    /// shape and row-major values (the names and order of [`Self::named_weights`]); the fused and packed
-    /// projections are repacked into their own buffers and a tied LM head follows the
-    /// embedding. Peak extra memory is one fused tensor, never a copy of the model.
-    pub fn update_weights(&mut self, mut f: impl FnMut(&str, &[usize], &mut [f32])) -> Result<()> {
-        let c = self.config.clone();
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        f("model.embed_tokens.weight", &[c.vocab_size, h], self.embed_tokens.as_mut_slice()?);
-        if c.tie_word_embeddings {
-            let e = self.embed_tokens.as_slice()?;
-            ops::update_weight(&mut self.lm_head, |w| w.copy_from_slice(e))?;
-        } else {
-            ops::update_weight(&mut self.lm_head, |w| f("lm_head.weight", &[c.vocab_size, h], w))?;
-        }
-        f("model.norm.weight", &[h], self.norm.as_mut_slice()?);
-        for (l, w) in self.layers.iter_mut().enumerate() {
-            let p = format!("model.layers.{l}.");
-            f(&format!("{p}input_layernorm.weight"), &[h], w.input_layernorm.as_mut_slice()?);
-            f(&format!("{p}post_attention_layernorm.weight"), &[h], w.post_attention_layernorm.as_mut_slice()?);
-            ops::update_weight(&mut w.qkv_proj, |x| {
-                let (wq, rest) = x.split_at_mut(q * h);
-                let (wk, wv) = rest.split_at_mut(kv * h);
-                f(&format!("{p}self_attn.q_proj.weight"), &[q, h], wq);
-                f(&format!("{p}self_attn.k_proj.weight"), &[kv, h], wk);
-                f(&format!("{p}self_attn.v_proj.weight"), &[kv, h], wv);
-            })?;
-            if let Some(b) = &mut w.qkv_bias {
-                let (bq, rest) = b.as_mut_slice()?.split_at_mut(q);
-                let (bk, bv) = rest.split_at_mut(kv);
-                f(&format!("{p}self_attn.q_proj.bias"), &[q], bq);
-                f(&format!("{p}self_attn.k_proj.bias"), &[kv], bk);
-                f(&format!("{p}self_attn.v_proj.bias"), &[kv], bv);
-            }
-            ops::update_weight(&mut w.o_proj, |x| f(&format!("{p}self_attn.o_proj.weight"), &[h, q], x))?;
-            ops::update_weight(&mut w.gate_up_proj, |x| {
-                let (g, u) = x.split_at_mut(i * h);
-                f(&format!("{p}mlp.gate_proj.weight"), &[i, h], g);
-                f(&format!("{p}mlp.up_proj.weight"), &[i, h], u);
-            })?;
-            ops::update_weight(&mut w.down_proj, |x| f(&format!("{p}mlp.down_proj.weight"), &[h, i], x))?;
-        }
-        Ok(())
-    }
-
     /// RoPE `(cos, sin)` tables `[max_positions, head_dim/2]`.
     pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
         (&self.rope_cos, &self.rope_sin)

@@ -24,15 +24,8 @@ const MR: usize = 6;
 
 /// Packs `w [n, k]` (row-major) into column panels; length `n.div_ceil(NP) · k · NP`.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
-    let mut out = vec![0.0f32; n.div_ceil(NP) * k * NP];
-    pack_into(w, n, k, &mut out);
-    out
-}
-
-/// [`pack`] into an existing buffer of the packed size (padding columns left as they are).
-pub fn pack_into(w: &[f32], n: usize, k: usize, out: &mut [f32]) {
     assert_eq!(w.len(), n * k);
-    assert_eq!(out.len(), n.div_ceil(NP) * k * NP);
+    let mut out = vec![0.0f32; n.div_ceil(NP) * k * NP];
     out.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
         for c in 0..NP.min(n - p * NP) {
             let row = &w[(p * NP + c) * k..(p * NP + c + 1) * k];
@@ -41,6 +34,7 @@ pub fn pack_into(w: &[f32], n: usize, k: usize, out: &mut [f32]) {
             }
         }
     });
+    out
 }
 
 /// `a [r, c]` → `aᵀ [c, r]` (row-major), in cache-sized tiles.

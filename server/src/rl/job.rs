@@ -249,23 +249,24 @@ pub fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
     v
 }
 
-/// Loads a checkpoint's weights into the served model in place (under the write guard).
-/// The policy version becomes the checkpoint's, or the current one + 1 if that is not
-/// newer: versions never go back, so no KV or prefix-cache block of other weights is
-/// ever taken for these.
+/// Replaces the served weights with a checkpoint's: loaded (and every tensor's shape
+/// checked) outside any guard, swapped in under the write guard. The policy version becomes
+/// the checkpoint's, or the current one + 1 if that is not newer: versions never go back,
+/// so no KV or prefix-cache block of other weights is ever taken for these.
 pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<(), String> {
-    let files = engine::model::WeightFiles::open(dir).map_err(|e| e.to_string())?;
-    let mut m = model.write();
-    let mut err = None;
-    m.update_weights(|name, shape, p| match files.load(name, shape) {
-        Ok(t) => p.copy_from_slice(t.as_slice().expect("host tensor")),
-        Err(x) => err = Some(x.to_string()),
-    })
-    .map_err(|e| e.to_string())?;
-    if let Some(x) = err {
-        return Err(format!("loading weights from {}: {x}", dir.display()));
+    let (config, device) = {
+        let m = model.read();
+        (m.config.clone(), m.device().clone())
+    };
+    let loaded =
+        engine::Model::load(dir, &device).map_err(|e| format!("loading weights from {}: {e}", dir.display()))?;
+    if loaded.config != config {
+        return Err(format!("{} holds a different model than the one served", dir.display()));
     }
-    m.version = version.max(m.version + 1);
+    let mut m = model.write();
+    let version = version.max(m.version + 1);
+    *m = loaded;
+    m.version = version;
     Ok(())
 }
 
