@@ -81,12 +81,12 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         println!(
             "| {k} | {:.3} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
             h.len() as f64 / wall,
-            sum(&|r| r.rollout_tokens as f64) / wall,
+            sum(&|r| r.timing.rollout_tokens as f64) / wall,
             sum(&|r| r.learner.tokens_per_s * r.learner.step_seconds) / wall,
             pauses.iter().sum::<f64>() / pauses.len().max(1) as f64,
             pauses.iter().cloned().fold(0.0, f64::max),
-            sum(&|r| r.learner_wait_seconds) / wall,
-            sum(&|r| r.admission_wait_seconds) / wall,
+            sum(&|r| r.timing.learner_wait_seconds) / wall,
+            sum(&|r| r.timing.admission_wait_seconds) / wall,
             h.iter().map(|r| r.learner.staleness_max).max().unwrap_or(0),
         );
         let _ = std::fs::remove_dir_all(&out);

@@ -253,7 +253,7 @@ impl FeedbackStore {
                 }
             };
             let rec =
-                log.step(trainer.optimizer.step, record, &samples, 0, 0.0, 0.0, 0.0, 0, ENTROPY_COLLAPSE_FRACTION);
+                log.step(trainer.optimizer.step, record, &samples, &Default::default(), ENTROPY_COLLAPSE_FRACTION);
             ctx.metrics.learner_step(&rec, &samples);
             let state = serde_json::json!({"feedback_seq": through});
             let saved = if trainer.optimizer.step % self.cfg.save_steps.max(1) == 0 {

@@ -13,7 +13,7 @@
 
 use super::config::JobConfig;
 use super::dataset::{self, Example};
-use super::report::{JobLog, StepRecord};
+use super::report::{JobLog, RolloutTiming, StepRecord};
 use super::rewards::{exact_answer, Rewards, Scored};
 use super::rollout::{Rollout, RolloutSet};
 use crate::metrics::Metrics;
@@ -273,10 +273,7 @@ pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<(),
 /// One step's scored rollouts, from the generator to the learner.
 struct Batch {
     samples: Vec<TrainSample>,
-    rollout_tokens: usize,
-    generation_seconds: f64,
-    admission_wait_seconds: f64,
-    reward_errors: usize,
+    timing: RolloutTiming,
 }
 
 /// Learner progress the generator's admission control waits on.
@@ -338,7 +335,7 @@ fn run(
                 }
                 let wait = t_wait.elapsed().as_secs_f64();
                 let r = generate(ctx, cfg, train, rewards, s).map(|mut b| {
-                    b.admission_wait_seconds = wait;
+                    b.timing.admission_wait_seconds = wait;
                     b
                 });
                 let failed = r.is_err();
@@ -367,17 +364,8 @@ fn run(
                     None
                 }
             };
-            let record = log.step(
-                s + 1,
-                rec,
-                &batch.samples,
-                batch.rollout_tokens,
-                batch.generation_seconds,
-                batch.admission_wait_seconds,
-                learner_wait,
-                batch.reward_errors,
-                cfg.entropy_collapse_fraction,
-            );
+            let timing = RolloutTiming { learner_wait_seconds: learner_wait, ..batch.timing };
+            let record = log.step(s + 1, rec, &batch.samples, &timing, cfg.entropy_collapse_fraction);
             ctx.metrics.learner_step(&record, &batch.samples);
             {
                 let mut st = job.status.lock().unwrap_or_else(|e| e.into_inner());
@@ -446,7 +434,8 @@ fn generate(ctx: &JobContext, cfg: &JobConfig, train: &[Example], rewards: &Rewa
         }
     }
     let rollout_tokens = rollouts.iter().map(|r| r.completion_ids.len()).sum();
-    Ok(Batch { samples, rollout_tokens, generation_seconds, admission_wait_seconds: 0.0, reward_errors })
+    let timing = RolloutTiming { rollout_tokens, generation_seconds, reward_errors, ..Default::default() };
+    Ok(Batch { samples, timing })
 }
 
 /// Runs `examples` through the engine with `params` and waits for every sample.

@@ -23,13 +23,9 @@ pub struct StepRecord {
     /// Mean and std of the job reward over the step's samples (before any filtering).
     pub reward: f64,
     pub reward_std: f64,
-    pub rollout_tokens: usize,
+    #[serde(flatten)]
+    pub timing: RolloutTiming,
     pub rollout_tokens_per_s: f64,
-    pub generation_seconds: f64,
-    /// Generator time waiting for admission (staleness bound), learner time waiting for a batch.
-    pub admission_wait_seconds: f64,
-    pub learner_wait_seconds: f64,
-    pub reward_errors: usize,
     /// k3 KL to the initial weights on the trained tokens (= the learner's `kl`).
     pub kl_to_initial: f64,
     /// Mean completion length over its mean in the first steps.
@@ -39,6 +35,18 @@ pub struct StepRecord {
     /// Training reward minus the latest eval reward (None before any eval).
     pub train_eval_reward_gap: Option<f64>,
     pub elapsed_seconds: f64,
+}
+
+/// Where a step's samples came from: rollout volume, time and waits (all zero for the
+/// feedback learner, whose samples were served to users).
+#[derive(Debug, Clone, Default, Serialize)]
+pub struct RolloutTiming {
+    pub rollout_tokens: usize,
+    pub generation_seconds: f64,
+    /// Generator time waiting for admission (staleness bound), learner time waiting for a batch.
+    pub admission_wait_seconds: f64,
+    pub learner_wait_seconds: f64,
+    pub reward_errors: usize,
 }
 
 /// The job's metrics log, progress bar and alarm baselines.
@@ -110,18 +118,14 @@ impl JobLog {
         writeln!(f, "{j}").and_then(|_| f.flush()).map_err(|e| format!("metrics.jsonl: {e}"))
     }
 
-    /// Builds, logs and shows the record of one step.
-    #[allow(clippy::too_many_arguments)]
+    /// Builds, logs and shows the record of one step (`learner` is `None` when nothing was
+    /// trained). `entropy_collapse_fraction` is the alarm threshold.
     pub fn step(
         &mut self,
         step: u64,
         learner: Option<StepMetrics>,
         samples: &[TrainSample],
-        rollout_tokens: usize,
-        generation_seconds: f64,
-        admission_wait_seconds: f64,
-        learner_wait_seconds: f64,
-        reward_errors: usize,
+        t: &RolloutTiming,
         entropy_collapse_fraction: f64,
     ) -> StepRecord {
         let rewards: Vec<f64> = samples.iter().filter_map(|s| s.reward).map(f64::from).collect();
@@ -156,12 +160,8 @@ impl JobLog {
             learner,
             reward: mean,
             reward_std: std,
-            rollout_tokens,
-            rollout_tokens_per_s: rollout_tokens as f64 / generation_seconds.max(1e-9),
-            generation_seconds,
-            admission_wait_seconds,
-            learner_wait_seconds,
-            reward_errors,
+            rollout_tokens_per_s: t.rollout_tokens as f64 / t.generation_seconds.max(1e-9),
+            timing: t.clone(),
             completion_length_drift: if l0 > 0.0 { len / l0 } else { 1.0 },
             entropy_collapse,
             train_eval_reward_gap: self.last_eval_reward.map(|e| mean - e),
