@@ -115,16 +115,17 @@ pub fn submit(
         .boxed()
     });
     let mut events = stream::select_all(per_prompt).boxed();
-    if let Some((fb, mut set, id, mut left)) = recorder {
+    if let Some((fb, set, id, mut left)) = recorder {
+        let mut set = Some(set);
         events = events
             .inspect(move |ev: &Event| {
-                let done = ev.out.request_finished;
-                let aborted = ev.out.finish_reason == Some(engine::FinishReason::Abort);
-                set.push(ev.prompt, ev.out.clone());
-                if done && !aborted {
+                let Some(rollouts) = set.as_mut() else { return };
+                rollouts.push(ev.prompt, ev.out.clone());
+                if ev.out.request_finished && ev.out.finish_reason != Some(engine::FinishReason::Abort) {
                     left -= 1;
                     if left == 0 {
-                        fb.register(&id, &std::mem::replace(&mut set, RolloutSet::new(&[], 1)).rollouts, greedy);
+                        let done = set.take().expect("registered once");
+                        fb.register(&id, &done.rollouts, greedy);
                     }
                 }
             })
