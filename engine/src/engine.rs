@@ -3,10 +3,11 @@
 //! [`crate::handle`] runs it on its own thread behind a channel.
 
 use crate::block_manager::BlockManager;
-use crate::model::{BatchSeq, ForwardBatch, KvCache, SharedModel};
+use crate::model::{KvCache, SharedModel};
+use crate::model_runner::ModelRunner;
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
 use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SamplingParams};
-use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
+use crate::scheduler::{Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationError;
@@ -92,7 +93,7 @@ pub struct LLMEngine {
     vocab_size: usize,
     kv_on_update: KvOnUpdate,
     tokenizer: Arc<Tokenizer>,
-    kv: KvCache,
+    runner: ModelRunner,
     blocks: BlockManager,
     sched: Scheduler,
     cfg: SchedulerConfig,
@@ -109,12 +110,13 @@ pub struct LLMEngine {
 
 impl LLMEngine {
     /// An engine over the shared weights: it takes a read guard for each step.
-    pub fn new(model: SharedModel, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Self {
+    /// Errors when the KV pool cannot be allocated on the model's device.
+    pub fn new(model: SharedModel, tokenizer: Arc<Tokenizer>, config: EngineConfig) -> Result<Self> {
         let m = model.read();
         let c = &m.config;
         let per_block = KvCache::bytes_per_slot(c) * config.block_size;
         let num_blocks = config.num_blocks.unwrap_or(config.kv_cache_memory / per_block).max(1);
-        let kv = KvCache::new(c, num_blocks * config.block_size, m.device());
+        let runner = ModelRunner::new(&m, num_blocks, config.block_size)?;
         let max_model_len = config.max_model_len.unwrap_or(c.max_position_embeddings).min(m.max_positions());
         let (vocab_size, version) = (c.vocab_size, m.version);
         drop(m);
@@ -123,12 +125,12 @@ impl LLMEngine {
             max_num_batched_tokens: config.max_num_batched_tokens.max(1),
             enable_prefix_caching: config.enable_prefix_caching,
         };
-        LLMEngine {
+        Ok(LLMEngine {
             model,
             vocab_size,
             kv_on_update: config.kv_on_update,
             tokenizer,
-            kv,
+            runner,
             blocks: BlockManager::new(num_blocks, config.block_size),
             sched: Scheduler::default(),
             cfg,
@@ -140,7 +142,7 @@ impl LLMEngine {
             prefill_tokens: 0,
             generation_tokens: 0,
             steps: 0,
-        }
+        })
     }
 
     /// Token capacity of the KV pool.
@@ -261,8 +263,8 @@ impl LLMEngine {
         self.requests.remove(request_id).is_some()
     }
 
-    /// One engine step: schedule, run the model once on the whole batch, sample, and
-    /// return what each sequence produced.
+    /// One engine step: schedule → run the model once on the whole batch → sample →
+    /// outputs (what each sequence produced).
     pub fn step(&mut self) -> Result<Vec<SeqOutput>> {
         // The read guard spans the whole step: the optimizer's write lands between steps, and
         // every token of this step is computed by (and tagged with) one version.
@@ -283,10 +285,8 @@ impl LLMEngine {
             return Ok(vec![]);
         }
         self.steps += 1;
-        let (batch, plan) = self.build_batch(&scheduled);
-        let logits = model.forward_batch(&batch, &mut self.kv)?;
+        let (logits, plan) = self.runner.run(&model, &self.sched.running, &scheduled)?;
         drop(model);
-        let logits = logits.as_slice()?;
         let vocab = self.vocab_size;
         let mut outputs = Vec::new();
         for (sch, p) in scheduled.iter().zip(plan) {
@@ -358,35 +358,6 @@ impl LLMEngine {
         }
     }
 
-    /// Flattens the scheduled work into one forward batch and notes, per sequence, which
-    /// logit rows hold prompt log-probabilities and which one is sampled.
-    fn build_batch(&self, scheduled: &[Scheduled]) -> (ForwardBatch, Vec<RowPlan>) {
-        let bs = self.blocks.block_size();
-        let mut b = ForwardBatch::default();
-        let mut plan = Vec::with_capacity(scheduled.len());
-        for sch in scheduled {
-            let seq = &self.sched.running[sch.seq];
-            let (start, end) = (seq.num_computed, seq.num_computed + sch.num_tokens);
-            let slots: Vec<u32> = (0..end).map(|p| seq.blocks[p / bs].id() * bs as u32 + (p % bs) as u32).collect();
-            let row0 = b.tokens.len();
-            b.tokens.extend_from_slice(&seq.tokens[start..end]);
-            b.positions.extend(start..end);
-            b.slot_mapping.extend_from_slice(&slots[start..end]);
-            // Logits at position p give the log-probability of prompt token p + 1.
-            let prompt_positions =
-                if seq.wants_prompt_logprobs() { start..end.min(seq.prompt_len - 1).max(start) } else { start..start };
-            let prompt_row = b.logit_rows.len();
-            b.logit_rows.extend(prompt_positions.clone().map(|p| row0 + p - start));
-            let sample_row = (end == seq.tokens.len()).then(|| {
-                b.logit_rows.push(row0 + end - 1 - start);
-                b.logit_rows.len() - 1
-            });
-            b.seqs.push(BatchSeq { rows: row0..row0 + (end - start), start_pos: start, slots });
-            plan.push(RowPlan { prompt_positions, prompt_row, sample_row });
-        }
-        (b, plan)
-    }
-
     /// Samples the next token of `seq`, appends it, and applies the stop conditions.
     fn sample_and_check(
         seq: &mut Sequence,
@@ -450,12 +421,6 @@ impl LLMEngine {
     pub fn num_free_blocks(&self) -> usize {
         self.blocks.num_free()
     }
-}
-
-struct RowPlan {
-    prompt_positions: std::ops::Range<usize>,
-    prompt_row: usize,
-    sample_row: Option<usize>,
 }
 
 fn prompt_logprob(row: &[f32], next: u32, top: usize) -> PromptLogprob {

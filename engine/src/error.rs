@@ -35,7 +35,7 @@ pub enum ModelError {
 }
 
 impl ModelError {
-    pub(crate) fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
         ModelError::Io { path: path.into(), source }
     }
 }

@@ -38,7 +38,7 @@ pub fn generate(
     stop_ids: &[u32],
     mut on_token: impl FnMut(u32),
 ) -> Result<(Vec<u32>, GenerationStats)> {
-    let mut cache = model.new_cache(prompt.len() + max_tokens);
+    let mut cache = model.new_cache(prompt.len() + max_tokens)?;
     let seed = params.seed.unwrap_or_else(rand::random);
     let mut out = Vec::with_capacity(max_tokens);
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
@@ -48,7 +48,7 @@ pub fn generate(
     let t0 = Instant::now();
     let next_token = |logits: &kernels::Tensor, out: &[u32]| -> Result<u32> {
         let ctx = SampleContext { prompt_ids: prompt, output_ids: out, eos_token_ids: stop_ids, seed };
-        Ok(sample(logits.as_slice()?, params, &ctx).token)
+        Ok(sample(&logits.to_vec()?, params, &ctx).token)
     };
     let logits = model.forward(prompt, &mut cache, false)?;
     let mut next = next_token(&logits, &out)?;

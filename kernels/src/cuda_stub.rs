@@ -1,9 +1,14 @@
 //! Stub of the CUDA backend for builds without the `cuda` feature.
 //!
-//! [`CudaDevice`] and [`CudaBuffer`] are uninhabited: code that matches on
-//! [`crate::Storage::Cuda`] compiles, and can never run.
+//! [`CudaDevice`] and [`CudaStorage`] are uninhabited and implement the whole backend
+//! contract: a contract method this file lacks is a compile error, code that matches on
+//! [`crate::Storage::Cuda`] compiles, and [`CudaDevice::new`] (the only way to reach the
+//! device) returns [`KernelError::CudaUnavailable`].
 
+use crate::backend::{BackendDevice, BackendStorage};
+use crate::ops::{AdamWStep, AttnSeq};
 use crate::{KernelError, Result};
+use std::ops::Range;
 
 /// A CUDA device (uninhabited in this build).
 #[derive(Debug, Clone)]
@@ -11,11 +16,150 @@ pub enum CudaDevice {}
 
 /// A device buffer of f32 (uninhabited in this build).
 #[derive(Debug, Clone)]
-pub enum CudaBuffer {}
+pub enum CudaStorage {}
 
 impl CudaDevice {
     /// Always fails: this build has no CUDA backend.
     pub fn new(_ordinal: usize) -> Result<Self> {
         Err(KernelError::CudaUnavailable)
+    }
+}
+
+impl BackendDevice for CudaDevice {
+    type Storage = CudaStorage;
+    fn zeros(&self, _: usize) -> Result<CudaStorage> {
+        match *self {}
+    }
+    fn from_host(&self, _: &[f32]) -> Result<CudaStorage> {
+        match *self {}
+    }
+}
+
+impl BackendStorage for CudaStorage {
+    type Device = CudaDevice;
+    fn device(&self) -> CudaDevice {
+        match *self {}
+    }
+    fn to_host(&self) -> Result<Vec<f32>> {
+        match *self {}
+    }
+    fn pack_weight(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn unpack_weight(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn transpose_packed(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn linear(&self, _: usize, _: usize, _: &Self, _: usize, _: Option<&Self>) -> Result<Self> {
+        match *self {}
+    }
+    fn linear_grad_weight(&self, _: &Self, _: usize, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn rms_norm(&self, _: &Self, _: usize, _: usize, _: f32) -> Result<Self> {
+        match *self {}
+    }
+    fn rms_norm_backward(&self, _: &Self, _: &Self, _: usize, _: usize, _: f32) -> Result<(Self, Self)> {
+        match *self {}
+    }
+    fn rope_inplace(&mut self, _: &[usize], _: &Self, _: &Self, _: usize, _: usize) -> Result<()> {
+        match *self {}
+    }
+    fn silu_mul(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn silu_mul_backward(&self, _: &Self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn add_inplace(&mut self, _: &Self) -> Result<()> {
+        match *self {}
+    }
+    fn scale_add_inplace(&mut self, _: f32, _: &Self) -> Result<()> {
+        match *self {}
+    }
+    fn scale(&self, _: f32) -> Result<Self> {
+        match *self {}
+    }
+    fn sum_squares(&self) -> Result<f64> {
+        match *self {}
+    }
+    fn sum_rows(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn softmax(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn log_softmax(&self, _: usize, _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn gather_rows(&self, _: &[u32], _: usize) -> Result<Self> {
+        match *self {}
+    }
+    fn scatter_rows(&mut self, _: &[u32], _: &Self, _: usize) -> Result<()> {
+        match *self {}
+    }
+    fn scatter_add_rows(&mut self, _: &[u32], _: &Self, _: usize) -> Result<()> {
+        match *self {}
+    }
+    fn split_cols(&self, _: usize, _: &[usize]) -> Result<Vec<Self>> {
+        match *self {}
+    }
+    fn cat_cols(parts: &[(&Self, usize)], _: usize) -> Result<Self> {
+        match parts.first() {
+            Some(p) => match *p.0 {},
+            None => Err(KernelError::CudaUnavailable),
+        }
+    }
+    fn cat(parts: &[&Self]) -> Result<Self> {
+        match parts.first() {
+            Some(p) => match **p {},
+            None => Err(KernelError::CudaUnavailable),
+        }
+    }
+    fn slice(&self, _: Range<usize>) -> Result<Self> {
+        match *self {}
+    }
+    fn paged_attention(
+        &self,
+        _: &Self,
+        _: &Self,
+        _: &[AttnSeq],
+        _: usize,
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<Self> {
+        match *self {}
+    }
+    fn attention_backward(
+        &self,
+        _: &Self,
+        _: &Self,
+        _: &Self,
+        _: &[Range<usize>],
+        _: usize,
+        _: usize,
+        _: usize,
+    ) -> Result<(Self, Self, Self)> {
+        match *self {}
+    }
+    fn token_logprobs(&self, _: usize, _: &[u32], _: f32) -> Result<(Vec<f32>, Vec<f32>)> {
+        match *self {}
+    }
+    fn token_logprobs_backward(
+        &self,
+        _: usize,
+        _: &[u32],
+        _: f32,
+        _: &[f32],
+        _: Option<&[f32]>,
+        _: &[f32],
+    ) -> Result<Self> {
+        match *self {}
+    }
+    fn adamw_delta(&self, _: &mut Self, _: &mut Self, _: &AdamWStep) -> Result<Self> {
+        match *self {}
     }
 }

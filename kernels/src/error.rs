@@ -9,6 +9,9 @@ pub enum KernelError {
     /// The tensors of one op live on different devices.
     #[error("device mismatch in {op}")]
     DeviceMismatch { op: &'static str },
+    /// Host access to a tensor that lives on a device.
+    #[error("the tensor is on a device; copy it to the host with `to_vec`")]
+    NotOnHost,
     /// CUDA was requested but this binary has no CUDA backend.
     #[error("CUDA requested but rlserve was built without the `cuda` feature")]
     CudaUnavailable,

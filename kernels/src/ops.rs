@@ -1,38 +1,47 @@
-//! The op set shared by every backend. Each function checks shapes, then dispatches
-//! on the storage. CPU implementations live in [`crate::cpu`].
+//! The op set shared by every backend. Each function checks shapes and ranges, then calls
+//! one method of the backend contract ([`crate::backend::BackendStorage`]) on the storage
+//! of its tensors, which must all live on one device.
 //!
 //! Conventions: activations are `[rows, features]`; linear weights use the Hugging
 //! Face layout `[out_features, in_features]`, so a linear layer is `x · Wᵀ`.
 
-use crate::cpu;
+use crate::backend::BackendStorage;
 use crate::error::shape_err;
 use crate::tensor::Storage;
-use crate::{Result, Tensor};
+use crate::{Device, KernelError, Result, Tensor};
+use std::ops::Range;
+use std::sync::OnceLock;
 
-fn cpu2<'a>(a: &'a Tensor, b: &'a Tensor, op: &'static str) -> Result<(&'a [f32], &'a [f32])> {
-    a.same_device(b, op)?;
-    match (&a.storage, &b.storage) {
-        (Storage::Cpu(x), Storage::Cpu(y)) => Ok((x, y)),
-        (Storage::Cuda(c), _) | (_, Storage::Cuda(c)) => match *c {},
-    }
+/// Runs `$body` with each named `&Storage` / `&mut Storage` bound to the same backend's
+/// storage type; tensors on different devices are [`KernelError::DeviceMismatch`].
+macro_rules! backend {
+    ($op:expr; $($s:ident),+ => $body:expr) => {{
+        #[allow(unreachable_patterns)]
+        let r = match ($($s,)+) {
+            ($(Storage::Cpu($s),)+) => $body,
+            ($(Storage::Cuda($s),)+) => $body,
+            _ => Err(KernelError::DeviceMismatch { op: $op }),
+        };
+        r
+    }};
 }
 
-fn cpu_mut<'a>(a: &'a mut Tensor) -> &'a mut Vec<f32> {
-    match &mut a.storage {
-        Storage::Cpu(x) => x,
-        Storage::Cuda(c) => match *c {},
-    }
+/// Wraps a backend result as a tensor of `shape`.
+fn out<S: Into<Storage>>(r: Result<S>, shape: &[usize]) -> Result<Tensor> {
+    Ok(Tensor::new(r?.into(), shape))
 }
 
-/// A linear layer's weight `[n, k]` packed for [`linear`] (see `cpu::matmul` for the
-/// panel layout and the batch-invariant reduction order).
+/// A linear layer's weight `[n, k]` in its backend's packed layout (see `cpu::matmul` for
+/// the CPU's 64-column panels); only [`linear`], [`linear_grad_input`],
+/// [`unpack_weight`] and [`scale_add_packed`] read it.
 #[derive(Debug, Clone)]
 pub struct PackedWeight {
-    data: Tensor,
+    storage: Storage,
     n: usize,
     k: usize,
-    /// `Wᵀ` packed, built on the first backward use (the learner's input gradients).
-    transposed: std::sync::OnceLock<Box<PackedWeight>>,
+    /// `Wᵀ` packed, built on the first backward use (the learner's input gradients) and
+    /// dropped when the weight changes.
+    transposed: OnceLock<Storage>,
 }
 
 impl PackedWeight {
@@ -40,68 +49,67 @@ impl PackedWeight {
     pub fn shape(&self) -> [usize; 2] {
         [self.n, self.k]
     }
+
+    pub fn device(&self) -> Device {
+        self.storage.device()
+    }
+
+    /// `Wᵀ [k, n]` packed, cached after the first call.
+    fn t(&self) -> Result<&Storage> {
+        if let Some(t) = self.transposed.get() {
+            return Ok(t);
+        }
+        let (n, k) = (self.n, self.k);
+        let s = &self.storage;
+        let t: Storage = backend!("transpose_packed"; s => s.transpose_packed(n, k).map(Storage::from))?;
+        Ok(self.transposed.get_or_init(|| t))
+    }
 }
 
 /// Packs a `[n, k]` weight once, for many [`linear`] calls.
 pub fn pack_weight(w: &Tensor) -> Result<PackedWeight> {
     let (n, k) = w.dims2("pack_weight")?;
-    let data = cpu::matmul::pack(w.as_slice()?, n, k);
-    let len = data.len();
-    Ok(PackedWeight { data: Tensor::from_vec(data, &[len])?, n, k, transposed: Default::default() })
-}
-
-impl PackedWeight {
-    /// `Wᵀ [k, n]` packed, cached after the first call.
-    fn t(&self) -> Result<&PackedWeight> {
-        if let Some(t) = self.transposed.get() {
-            return Ok(t);
-        }
-        let wt = cpu::matmul::transpose(&cpu::matmul::unpack(self.data.as_slice()?, self.n, self.k), self.n, self.k);
-        let data = cpu::matmul::pack(&wt, self.k, self.n);
-        let len = data.len();
-        let t = PackedWeight {
-            data: Tensor::from_vec(data, &[len])?,
-            n: self.k,
-            k: self.n,
-            transposed: Default::default(),
-        };
-        Ok(self.transposed.get_or_init(|| Box::new(t)))
-    }
+    let s = &w.storage;
+    let storage = backend!("pack_weight"; s => s.pack_weight(n, k).map(Storage::from))?;
+    Ok(PackedWeight { storage, n, k, transposed: OnceLock::new() })
 }
 
 /// The `[n, k]` row-major weight back from its packed form.
 pub fn unpack_weight(w: &PackedWeight) -> Result<Tensor> {
-    let data = cpu::matmul::unpack(w.data.as_slice()?, w.n, w.k);
-    Tensor::from_vec(data, &[w.n, w.k])
+    let (n, k, s) = (w.n, w.k, &w.storage);
+    out(backend!("unpack_weight"; s => s.unpack_weight(n, k).map(Storage::from)), &[n, k])
 }
 
-/// The packed storage of `w`, for an elementwise in-place change whose operand was laid out
-/// by [`pack_rows`] (the learner's `p ← s·p + Δ`). Drops the cached `Wᵀ`.
-pub fn packed_data_mut(w: &mut PackedWeight) -> Result<&mut [f32]> {
-    w.transposed = Default::default();
-    w.data.as_mut_slice()
-}
-
-/// `[n, k]` row-major values laid out like a packed weight's storage (zero padding).
-pub fn pack_rows(w: &[f32], n: usize, k: usize) -> Result<Vec<f32>> {
-    if w.len() != n * k {
-        return Err(shape_err("pack_rows", format!("{} values for [{n}, {k}]", w.len())));
+/// `w ← s·w + d` for two weights packed alike (the optimizer's in-place update: `d` is the
+/// step packed with [`pack_weight`] outside the write guard). Drops the cached `Wᵀ`.
+pub fn scale_add_packed(w: &mut PackedWeight, s: f32, d: &PackedWeight) -> Result<()> {
+    if w.shape() != d.shape() {
+        return Err(shape_err("scale_add_packed", format!("{:?} vs {:?}", w.shape(), d.shape())));
     }
-    Ok(cpu::matmul::pack(w, n, k))
+    w.transposed = OnceLock::new();
+    let (a, b) = (&mut w.storage, &d.storage);
+    backend!("scale_add_packed"; a, b => a.scale_add_inplace(s, b))
 }
 
-/// `p ← s·p + d`, elementwise, in parallel (equal lengths).
-pub fn scale_add_inplace(p: &mut [f32], s: f32, d: &[f32]) -> Result<()> {
-    use rayon::prelude::*;
-    if p.len() != d.len() {
-        return Err(shape_err("scale_add_inplace", format!("{} vs {} values", p.len(), d.len())));
+/// `a ← s·a + d` elementwise (same shapes).
+pub fn scale_add_inplace(a: &mut Tensor, s: f32, d: &Tensor) -> Result<()> {
+    if a.shape() != d.shape() {
+        return Err(shape_err("scale_add", format!("{:?} vs {:?}", a.shape(), d.shape())));
     }
-    p.par_chunks_mut(1 << 16).zip(d.par_chunks(1 << 16)).for_each(|(p, d)| {
-        for (p, d) in p.iter_mut().zip(d) {
-            *p = *p * s + d;
-        }
-    });
-    Ok(())
+    let (a, b) = (&mut a.storage, &d.storage);
+    backend!("scale_add"; a, b => a.scale_add_inplace(s, b))
+}
+
+/// `s · x` elementwise.
+pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
+    let a = &x.storage;
+    out(backend!("scale"; a => a.scale(s).map(Storage::from)), x.shape())
+}
+
+/// `Σ x²` over every element, in f64 (global gradient norms).
+pub fn sum_squares(x: &Tensor) -> Result<f64> {
+    let a = &x.storage;
+    backend!("sum_squares"; a => a.sum_squares())
 }
 
 /// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w` packed `[n, k]`, `bias [n]` → `[m, n]`.
@@ -111,17 +119,18 @@ pub fn linear(x: &Tensor, w: &PackedWeight, bias: Option<&Tensor>) -> Result<Ten
     if k != w.k {
         return Err(shape_err("linear", format!("x is [{m}, {k}] but w is [{}, {}]", w.n, w.k)));
     }
-    let (xs, ws) = cpu2(x, &w.data, "linear")?;
-    let mut y = vec![0.0f32; m * w.n];
-    cpu::matmul::matmul_packed(xs, ws, &mut y, m, w.n, k);
-    if let Some(b) = bias {
-        let (_, bs) = cpu2(x, b, "linear")?;
-        if bs.len() != w.n {
-            return Err(shape_err("linear", format!("bias has {} values, expected {}", bs.len(), w.n)));
+    let n = w.n;
+    let (a, ws) = (&x.storage, &w.storage);
+    match bias {
+        Some(b) => {
+            if b.len() != n {
+                return Err(shape_err("linear", format!("bias has {} values, expected {n}", b.len())));
+            }
+            let b = &b.storage;
+            out(backend!("linear"; a, ws, b => a.linear(m, k, ws, n, Some(b)).map(Storage::from)), &[m, n])
         }
-        cpu::elementwise::add_bias(&mut y, bs);
+        None => out(backend!("linear"; a, ws => a.linear(m, k, ws, n, None).map(Storage::from)), &[m, n]),
     }
-    Tensor::from_vec(y, &[m, w.n])
 }
 
 /// `y = x · Wᵀ (+ bias)` with an unpacked `w [n, k]` (packs it first; for one-off products).
@@ -138,13 +147,11 @@ pub fn matmul_t(x: &Tensor, w: &Tensor, bias: Option<&Tensor>) -> Result<Tensor>
 /// HF `LlamaRMSNorm`): `x [m, d]`, `w [d]` → `[m, d]`.
 pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
     let (m, d) = x.dims2("rms_norm")?;
-    let (xs, ws) = cpu2(x, w, "rms_norm")?;
-    if ws.len() != d {
-        return Err(shape_err("rms_norm", format!("weight has {} values, rows have {d}", ws.len())));
+    if w.len() != d {
+        return Err(shape_err("rms_norm", format!("weight has {} values, rows have {d}", w.len())));
     }
-    let mut y = vec![0.0f32; m * d];
-    cpu::elementwise::rms_norm(xs, ws, &mut y, d, eps);
-    Tensor::from_vec(y, &[m, d])
+    let (a, b) = (&x.storage, &w.storage);
+    out(backend!("rms_norm"; a, b => a.rms_norm(b, m, d, eps).map(Storage::from)), &[m, d])
 }
 
 /// Rotary position embedding in place, HF `rotate_half` layout (Su et al. 2021, eq. 34):
@@ -162,9 +169,8 @@ pub fn rope_inplace(x: &mut Tensor, positions: &[usize], cos: &Tensor, sin: &Ten
     if let Some(&p) = positions.iter().find(|&&p| p >= max_pos) {
         return Err(shape_err("rope", format!("position {p} beyond table of {max_pos}")));
     }
-    let (cs, ss) = cpu2(cos, sin, "rope")?;
-    cpu::elementwise::rope(cpu_mut(x), positions, cs, ss, c, head_dim);
-    Ok(())
+    let (a, cs, ss) = (&mut x.storage, &cos.storage, &sin.storage);
+    backend!("rope"; a, cs, ss => a.rope_inplace(positions, cs, ss, c, head_dim))
 }
 
 /// SwiGLU `silu(gate) · up` (Shazeer 2020, eq. 5) on a fused projection:
@@ -174,8 +180,8 @@ pub fn silu_mul(gate_up: &Tensor) -> Result<Tensor> {
     if c % 2 != 0 {
         return Err(shape_err("silu_mul", format!("gate_up has {c} columns, expected an even number")));
     }
-    let y = cpu::elementwise::silu_mul(gate_up.as_slice()?, c / 2);
-    Tensor::from_vec(y, &[m, c / 2])
+    let a = &gate_up.storage;
+    out(backend!("silu_mul"; a => a.silu_mul(m, c / 2).map(Storage::from)), &[m, c / 2])
 }
 
 /// Splits the columns of `x [m, c]` into tensors of the given widths (which sum to `c`).
@@ -184,32 +190,101 @@ pub fn split_cols(x: &Tensor, widths: &[usize]) -> Result<Vec<Tensor>> {
     if widths.iter().sum::<usize>() != c {
         return Err(shape_err("split_cols", format!("widths {widths:?} do not sum to {c}")));
     }
-    let xs = x.as_slice()?;
+    let a = &x.storage;
+    let parts: Vec<Storage> =
+        backend!("split_cols"; a => a.split_cols(m, widths).map(|v| v.into_iter().map(Storage::from).collect()))?;
+    Ok(parts.into_iter().zip(widths).map(|(s, &w)| Tensor::new(s, &[m, w])).collect())
+}
+
+/// Rows `range` of `x [m, c]` → `[range.len(), c]` (a 1-D tensor is one row of `c`).
+pub fn rows(x: &Tensor, range: Range<usize>) -> Result<Tensor> {
+    let (m, c) = x.dims2("rows")?;
+    if range.start > range.end || range.end > m {
+        return Err(shape_err("rows", format!("rows {range:?} of {m}")));
+    }
+    let a = &x.storage;
+    let n = range.len();
+    out(backend!("rows"; a => a.slice(range.start * c..range.end * c).map(Storage::from)), &[n, c])
+}
+
+/// Splits the rows of `x [m, c]` into tensors of the given heights (which sum to `m`).
+pub fn split_rows(x: &Tensor, heights: &[usize]) -> Result<Vec<Tensor>> {
+    let (m, _) = x.dims2("split_rows")?;
+    if heights.iter().sum::<usize>() != m {
+        return Err(shape_err("split_rows", format!("heights {heights:?} do not sum to {m}")));
+    }
     let mut start = 0;
-    widths
+    heights
         .iter()
-        .map(|&w| {
-            let data = xs.chunks(c).flat_map(|row| &row[start..start + w]).copied().collect();
-            start += w;
-            Tensor::from_vec(data, &[m, w])
+        .map(|&h| {
+            start += h;
+            rows(x, start - h..start)
         })
         .collect()
 }
 
 /// Stacks 2-D tensors with equal column counts along rows: `[r_i, c]` → `[Σ r_i, c]`.
 pub fn cat_rows(parts: &[&Tensor]) -> Result<Tensor> {
-    let c = parts.first().map(|t| t.dims2("cat_rows")).transpose()?.map_or(0, |d| d.1);
-    let mut data = Vec::new();
+    let Some(first) = parts.first() else { return Err(shape_err("cat_rows", "no tensors")) };
+    let c = first.dims2("cat_rows")?.1;
     let mut rows = 0;
     for t in parts {
         let (r, c2) = t.dims2("cat_rows")?;
         if c2 != c {
             return Err(shape_err("cat_rows", format!("{c2} columns, expected {c}")));
         }
-        data.extend_from_slice(t.as_slice()?);
         rows += r;
     }
-    Tensor::from_vec(data, &[rows, c])
+    let st: Vec<&Storage> = parts.iter().map(|t| &t.storage).collect();
+    let s = match &first.storage {
+        Storage::Cpu(_) => {
+            let v: Option<Vec<_>> = st.iter().map(|s| if let Storage::Cpu(x) = s { Some(x) } else { None }).collect();
+            v.ok_or(KernelError::DeviceMismatch { op: "cat_rows" })
+                .and_then(|v| BackendStorage::cat(&v).map(Storage::from))?
+        }
+        Storage::Cuda(_) => {
+            let v: Option<Vec<_>> = st.iter().map(|s| if let Storage::Cuda(x) = s { Some(x) } else { None }).collect();
+            v.ok_or(KernelError::DeviceMismatch { op: "cat_rows" })
+                .and_then(|v| BackendStorage::cat(&v).map(Storage::from))?
+        }
+    };
+    Ok(Tensor::new(s, &[rows, c]))
+}
+
+/// Concatenates 2-D tensors with equal row counts along columns: `[m, c_i]` → `[m, Σ c_i]`.
+pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
+    let Some(first) = parts.first() else { return Err(shape_err("cat_cols", "no tensors")) };
+    let m = first.dims2("cat_cols")?.0;
+    let mut widths = Vec::with_capacity(parts.len());
+    for t in parts {
+        let (r, c) = t.dims2("cat_cols")?;
+        if r != m {
+            return Err(shape_err("cat_cols", format!("{r} rows, expected {m}")));
+        }
+        widths.push(c);
+    }
+    let total: usize = widths.iter().sum();
+    let s = match &first.storage {
+        Storage::Cpu(_) => {
+            let v: Option<Vec<_>> = parts
+                .iter()
+                .zip(&widths)
+                .map(|(t, &w)| if let Storage::Cpu(x) = &t.storage { Some((x, w)) } else { None })
+                .collect();
+            v.ok_or(KernelError::DeviceMismatch { op: "cat_cols" })
+                .and_then(|v| BackendStorage::cat_cols(&v, m).map(Storage::from))?
+        }
+        Storage::Cuda(_) => {
+            let v: Option<Vec<_>> = parts
+                .iter()
+                .zip(&widths)
+                .map(|(t, &w)| if let Storage::Cuda(x) = &t.storage { Some((x, w)) } else { None })
+                .collect();
+            v.ok_or(KernelError::DeviceMismatch { op: "cat_cols" })
+                .and_then(|v| BackendStorage::cat_cols(&v, m).map(Storage::from))?
+        }
+    };
+    Ok(Tensor::new(s, &[m, total]))
 }
 
 /// `a += b` elementwise (residual connection); same shapes.
@@ -217,52 +292,56 @@ pub fn add_inplace(a: &mut Tensor, b: &Tensor) -> Result<()> {
     if a.shape() != b.shape() {
         return Err(shape_err("add", format!("{:?} vs {:?}", a.shape(), b.shape())));
     }
-    let bs = match &b.storage {
-        Storage::Cpu(v) => v,
-        Storage::Cuda(c) => match *c {},
-    };
-    cpu::elementwise::add_inplace(cpu_mut(a), bs);
-    Ok(())
+    let (x, y) = (&mut a.storage, &b.storage);
+    backend!("add"; x, y => x.add_inplace(y))
+}
+
+/// Column sums of `x [m, n]` → `[n]` (a bias gradient).
+pub fn sum_rows(x: &Tensor) -> Result<Tensor> {
+    let (m, n) = x.dims2("sum_rows")?;
+    let a = &x.storage;
+    out(backend!("sum_rows"; a => a.sum_rows(m, n).map(Storage::from)), &[n])
 }
 
 /// Row-wise softmax `exp(x - max) / Σ exp(x - max)`: `[m, n]` → `[m, n]`.
 pub fn softmax(x: &Tensor) -> Result<Tensor> {
     let (m, n) = x.dims2("softmax")?;
-    let mut y = x.as_slice()?.to_vec();
-    cpu::elementwise::softmax_rows(&mut y, n);
-    Tensor::from_vec(y, &[m, n])
+    let a = &x.storage;
+    out(backend!("softmax"; a => a.softmax(m, n).map(Storage::from)), x.shape())
 }
 
 /// Row-wise log-softmax `x - max - log Σ exp(x - max)`: `[m, n]` → `[m, n]`.
 pub fn log_softmax(x: &Tensor) -> Result<Tensor> {
     let (m, n) = x.dims2("log_softmax")?;
-    let mut y = x.as_slice()?.to_vec();
-    cpu::elementwise::log_softmax_rows(&mut y, n);
-    Tensor::from_vec(y, &[m, n])
+    let a = &x.storage;
+    out(backend!("log_softmax"; a => a.log_softmax(m, n).map(Storage::from)), x.shape())
 }
 
 /// One sequence of a [`paged_attention`] batch.
 #[derive(Debug, Clone)]
 pub struct AttnSeq<'a> {
     /// The rows of `q` that belong to this sequence (its new tokens).
-    pub rows: std::ops::Range<usize>,
-    /// Position of the first of those rows; row `rows.start + i` sits at `start_pos + i`.
+    pub rows: Range<usize>,
+    /// Position of the first of those rows; row `rows.start + i` sits at `start_pos + i`,
+    /// and the sequence's context is `start_pos + rows.len()` tokens.
     pub start_pos: usize,
-    /// KV-cache slot of every position `0..start_pos + rows.len()` (block table expanded).
-    pub slots: &'a [u32],
+    /// Block ids of the sequence's KV: position `p` is in block `block_table[p / block_size]`.
+    pub block_table: &'a [u32],
 }
 
 /// Causal grouped-query attention over a paged KV cache (PagedAttention, Kwon et al. 2023):
 /// `softmax(q kᵀ / sqrt(head_dim)) v` (Vaswani et al. 2017, eq. 1; GQA: Ainslie et al. 2023).
-/// `q [t, n_heads·head_dim]`; `k`, `v [num_slots, n_kv_heads·head_dim]`; a query at position
-/// `p` attends the keys at `slots[0..=p]` of its sequence. Returns `[t, n_heads·head_dim]`.
-/// Each (row, head) is computed by the same code in the same order whatever the batch, so
-/// results are batch-invariant and equal to dense attention.
+/// `q [t, n_heads·head_dim]`; `k`, `v [num_blocks·block_size, n_kv_heads·head_dim]`; a query
+/// at position `p` attends positions `0..=p` of its sequence, position `j` stored in slot
+/// `block_table[j / block_size] · block_size + j % block_size`. Every row of `q` belongs to
+/// exactly one sequence. Returns `[t, n_heads·head_dim]`. Each (row, head) is computed by
+/// the same code in the same order whatever the batch: batch-invariant, equal to dense.
 pub fn paged_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     seqs: &[AttnSeq],
+    block_size: usize,
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -275,108 +354,116 @@ pub fn paged_attention(
         || k.shape() != v.shape()
         || n_kv_heads == 0
         || n_heads % n_kv_heads != 0
+        || block_size == 0
     {
-        return bad(format!("q [{t}, {qc}], k/v [{l}, {kc}], heads {n_heads}/{n_kv_heads}, head_dim {head_dim}"));
+        return bad(format!(
+            "q [{t}, {qc}], k/v [{l}, {kc}], heads {n_heads}/{n_kv_heads}, head_dim {head_dim}, block_size {block_size}"
+        ));
     }
-    let mut row_seq = vec![usize::MAX; t];
+    let mut covered = vec![false; t];
     for (si, s) in seqs.iter().enumerate() {
-        if s.rows.end > t || s.slots.len() < s.start_pos + s.rows.len() {
+        let context = s.start_pos + s.rows.len();
+        if s.rows.end > t || s.block_table.len() * block_size < context {
             return bad(format!(
-                "sequence {si}: rows {:?} of {t}, {} slots for {} positions",
+                "sequence {si}: rows {:?} of {t}, {} blocks of {block_size} for {context} positions",
                 s.rows,
-                s.slots.len(),
-                s.start_pos + s.rows.len()
+                s.block_table.len()
             ));
         }
-        if let Some(&bad_slot) = s.slots.iter().find(|&&x| x as usize >= l) {
-            return bad(format!("sequence {si}: slot {bad_slot} >= {l} cache slots"));
+        if let Some(&b) = s.block_table.iter().find(|&&b| (b as usize + 1) * block_size > l) {
+            return bad(format!("sequence {si}: block {b} beyond {l} cache slots"));
         }
-        row_seq[s.rows.clone()].fill(si);
+        for r in s.rows.clone() {
+            if std::mem::replace(&mut covered[r], true) {
+                return bad(format!("row {r} belongs to two sequences"));
+            }
+        }
     }
-    if row_seq.contains(&usize::MAX) {
+    if covered.contains(&false) {
         return bad("a row of q belongs to no sequence".into());
     }
-    let (qs, ks) = cpu2(q, k, "attention")?;
-    let (_, vs) = cpu2(q, v, "attention")?;
-    let mut out = vec![0.0f32; t * qc];
-    cpu::attention::paged_attention(qs, ks, vs, &mut out, seqs, &row_seq, n_heads, n_kv_heads, head_dim);
-    Tensor::from_vec(out, &[t, qc])
+    let (a, ks, vs) = (&q.storage, &k.storage, &v.storage);
+    out(
+        backend!("attention"; a, ks, vs =>
+            a.paged_attention(ks, vs, seqs, block_size, n_heads, n_kv_heads, head_dim).map(Storage::from)),
+        &[t, qc],
+    )
 }
 
-/// Causal attention over a contiguous cache: [`paged_attention`] for one sequence whose
-/// positions `0..L` sit in slots `0..L`. Query row `i` sits at position `past + i`.
-pub fn attention(
+/// Causal attention over packed sequences without a cache (the learner's forward): sequence
+/// `s` is rows `spans[s]` of `q`, `k`, `v`, at positions `0..len` ([`paged_attention`] with
+/// one-slot blocks).
+pub fn attention_packed(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    past: usize,
+    spans: &[Range<usize>],
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
 ) -> Result<Tensor> {
-    let t = q.dims2("attention")?.0;
-    let slots: Vec<u32> = (0..(past + t) as u32).collect();
-    paged_attention(q, k, v, &[AttnSeq { rows: 0..t, start_pos: past, slots: &slots }], n_heads, n_kv_heads, head_dim)
+    let tables: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
+    let seqs: Vec<AttnSeq> =
+        spans.iter().zip(&tables).map(|(s, t)| AttnSeq { rows: s.clone(), start_pos: 0, block_table: t }).collect();
+    paged_attention(q, k, v, &seqs, 1, n_heads, n_kv_heads, head_dim)
 }
 
-/// Embedding gather: rows `ids` of `table [vocab, d]` → `[ids.len(), d]`. Errors on an id ≥ vocab.
+/// Embedding gather: rows `ids` of `table [vocab, d]` → `[ids.len(), d]` (also any row
+/// selection). Errors on an id ≥ vocab.
 pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
     let (vocab, d) = table.dims2("embedding")?;
     if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
         return Err(shape_err("embedding", format!("token id {bad} >= vocab size {vocab}")));
     }
-    let ts = table.as_slice()?;
-    let mut y = Vec::with_capacity(ids.len() * d);
-    for &i in ids {
-        y.extend_from_slice(&ts[i as usize * d..(i as usize + 1) * d]);
-    }
-    Tensor::from_vec(y, &[ids.len(), d])
+    let a = &table.storage;
+    out(backend!("embedding"; a => a.gather_rows(ids, d).map(Storage::from)), &[ids.len(), d])
 }
 
-/// Writes row `i` of `src [n, c]` into row `slots[i]` of `dst [L, c]` (KV-cache append).
-pub fn scatter_rows(dst: &mut Tensor, slots: &[u32], src: &Tensor) -> Result<()> {
-    let (l, c) = dst.dims2("scatter_rows")?;
-    let (n, c2) = src.dims2("scatter_rows")?;
-    if c != c2 || slots.len() != n || slots.iter().any(|&s| s as usize >= l) {
-        return Err(shape_err(
-            "scatter_rows",
-            format!("{} slots (max {:?}) of [{l}, {c}] from [{n}, {c2}]", slots.len(), slots.iter().max()),
-        ));
+fn check_scatter(op: &'static str, dst: &Tensor, rows: &[u32], src: &Tensor) -> Result<usize> {
+    let (l, c) = dst.dims2(op)?;
+    let (n, c2) = src.dims2(op)?;
+    if c != c2 || rows.len() != n || rows.iter().any(|&s| s as usize >= l) {
+        return Err(shape_err(op, format!("{} rows (max {:?}) of [{l}, {c}] from [{n}, {c2}]", rows.len(), rows.iter().max())));
     }
-    let s = match &src.storage {
-        Storage::Cpu(v) => v,
-        Storage::Cuda(b) => match *b {},
-    };
-    let d = cpu_mut(dst);
-    for (i, &slot) in slots.iter().enumerate() {
-        d[slot as usize * c..(slot as usize + 1) * c].copy_from_slice(&s[i * c..(i + 1) * c]);
-    }
-    Ok(())
+    Ok(c)
+}
+
+/// Writes row `i` of `src [n, c]` into row `rows[i]` of `dst [L, c]` (KV-cache append).
+pub fn scatter_rows(dst: &mut Tensor, rows: &[u32], src: &Tensor) -> Result<()> {
+    let c = check_scatter("scatter_rows", dst, rows, src)?;
+    let (d, s) = (&mut dst.storage, &src.storage);
+    backend!("scatter_rows"; d, s => d.scatter_rows(rows, s, c))
+}
+
+/// Adds row `i` of `src [n, c]` to row `rows[i]` of `dst [L, c]`, in order (the embedding's
+/// backward: repeated ids accumulate).
+pub fn scatter_add_rows(dst: &mut Tensor, rows: &[u32], src: &Tensor) -> Result<()> {
+    let c = check_scatter("scatter_add_rows", dst, rows, src)?;
+    let (d, s) = (&mut dst.storage, &src.storage);
+    backend!("scatter_add_rows"; d, s => d.scatter_add_rows(rows, s, c))
 }
 
 /// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`, run as a
 /// packed product with `Wᵀ` (packed once per weight and cached).
 pub fn linear_grad_input(dy: &Tensor, w: &PackedWeight) -> Result<Tensor> {
-    let (_, n) = dy.dims2("linear_grad_input")?;
+    let (m, n) = dy.dims2("linear_grad_input")?;
     if n != w.n {
         return Err(shape_err("linear_grad_input", format!("dy has {n} columns, w is [{}, {}]", w.n, w.k)));
     }
-    linear(dy, w.t()?, None)
+    let k = w.k;
+    let (a, wt) = (&dy.storage, w.t()?);
+    out(backend!("linear_grad_input"; a, wt => a.linear(m, n, wt, k, None).map(Storage::from)), &[m, k])
 }
 
-/// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout), run as a
-/// packed product `dyᵀ [n, m] · (xᵀ [k, m])ᵀ`.
+/// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout).
 pub fn linear_grad_weight(dy: &Tensor, x: &Tensor) -> Result<Tensor> {
     let (m, n) = dy.dims2("linear_grad_weight")?;
     let (m2, k) = x.dims2("linear_grad_weight")?;
     if m != m2 {
         return Err(shape_err("linear_grad_weight", format!("dy has {m} rows, x has {m2}")));
     }
-    let dyt = cpu::matmul::transpose(dy.as_slice()?, m, n);
-    let packed = cpu::matmul::pack(&cpu::matmul::transpose(x.as_slice()?, m, k), k, m);
-    let mut dw = vec![0.0f32; n * k];
-    cpu::matmul::matmul_packed(&dyt, &packed, &mut dw, n, k, m);
-    Tensor::from_vec(dw, &[n, k])
+    let (a, b) = (&dy.storage, &x.storage);
+    out(backend!("linear_grad_weight"; a, b => a.linear_grad_weight(b, m, n, k).map(Storage::from)), &[n, k])
 }
 
 /// Gradients of [`rms_norm`]: returns `(dx [m, d], dw [d])`.
@@ -388,29 +475,30 @@ pub fn rms_norm_backward(x: &Tensor, w: &Tensor, dy: &Tensor, eps: f32) -> Resul
             format!("x {:?}, dy {:?}, w {:?}", x.shape(), dy.shape(), w.shape()),
         ));
     }
-    let (mut dx, mut dw) = (vec![0.0f32; m * d], vec![0.0f32; d]);
-    cpu::backward::rms_norm_backward(x.as_slice()?, w.as_slice()?, dy.as_slice()?, &mut dx, &mut dw, d, eps);
-    Ok((Tensor::from_vec(dx, &[m, d])?, Tensor::from_vec(dw, &[d])?))
+    let (a, ws, g) = (&x.storage, &w.storage, &dy.storage);
+    let (dx, dw): (Storage, Storage) = backend!("rms_norm_backward"; a, ws, g =>
+        a.rms_norm_backward(ws, g, m, d, eps).map(|(x, w)| (x.into(), w.into())))?;
+    Ok((Tensor::new(dx, &[m, d]), Tensor::new(dw, &[d])))
 }
 
 /// Gradient of [`silu_mul`] w.r.t. its fused input `[m, 2i]`, given `da [m, i]`.
 pub fn silu_mul_backward(gate_up: &Tensor, da: &Tensor) -> Result<Tensor> {
     let (m, c) = gate_up.dims2("silu_mul_backward")?;
-    if da.shape() != [m, c / 2] {
+    if c % 2 != 0 || da.shape() != [m, c / 2] {
         return Err(shape_err("silu_mul_backward", format!("gate_up {:?}, da {:?}", gate_up.shape(), da.shape())));
     }
-    let mut d = vec![0.0f32; m * c];
-    cpu::backward::silu_mul_backward(gate_up.as_slice()?, da.as_slice()?, &mut d, c / 2);
-    Tensor::from_vec(d, &[m, c])
+    let (a, b) = (&gate_up.storage, &da.storage);
+    out(backend!("silu_mul_backward"; a, b => a.silu_mul_backward(b, m, c / 2).map(Storage::from)), &[m, c])
 }
 
-/// Gradients of causal [`attention`] over one sequence at positions `0..t` (no cache):
-/// returns `(dq, dk, dv)` shaped like `q`, `k`, `v`.
+/// Gradients of [`attention_packed`] given `da` (shaped like `q`): returns `(dq, dk, dv)`
+/// shaped like `q`, `k`, `v`. Probabilities are recomputed, by the forward's code.
 pub fn attention_backward(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
     da: &Tensor,
+    spans: &[Range<usize>],
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -422,47 +510,89 @@ pub fn attention_backward(
         || kc != n_kv_heads * head_dim
         || v.shape() != k.shape()
         || da.shape() != q.shape()
+        || n_kv_heads == 0
         || n_heads % n_kv_heads != 0
+        || spans.iter().any(|s| s.start > s.end || s.end > t)
     {
         return Err(shape_err(
             "attention_backward",
-            format!("q {:?}, k {:?}, v {:?}, da {:?}", q.shape(), k.shape(), v.shape(), da.shape()),
+            format!("q {:?}, k {:?}, v {:?}, da {:?}, spans {spans:?}", q.shape(), k.shape(), v.shape(), da.shape()),
         ));
     }
-    let (mut dq, mut dk, mut dv) = (vec![0.0f32; t * qc], vec![0.0f32; t * kc], vec![0.0f32; t * kc]);
-    cpu::backward::attention_backward(
-        q.as_slice()?,
-        k.as_slice()?,
-        v.as_slice()?,
-        da.as_slice()?,
-        &mut dq,
-        &mut dk,
-        &mut dv,
-        t,
-        n_heads,
-        n_kv_heads,
-        head_dim,
-    );
-    Ok((Tensor::from_vec(dq, &[t, qc])?, Tensor::from_vec(dk, &[t, kc])?, Tensor::from_vec(dv, &[t, kc])?))
+    let (a, ks, vs, g) = (&q.storage, &k.storage, &v.storage, &da.storage);
+    let (dq, dk, dv): (Storage, Storage, Storage) = backend!("attention_backward"; a, ks, vs, g =>
+        a.attention_backward(ks, vs, g, spans, n_heads, n_kv_heads, head_dim)
+            .map(|(q, k, v)| (q.into(), k.into(), v.into())))?;
+    Ok((Tensor::new(dq, &[t, qc]), Tensor::new(dk, &[t, kc]), Tensor::new(dv, &[t, kc])))
 }
 
-/// Concatenates 2-D tensors with equal row counts along columns: `[m, c_i]` → `[m, Σ c_i]`.
-pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
-    let m = parts.first().map(|t| t.dims2("cat_cols")).transpose()?.map_or(0, |d| d.0);
-    let mut widths = Vec::with_capacity(parts.len());
-    for t in parts {
-        let (r, c) = t.dims2("cat_cols")?;
-        if r != m {
-            return Err(shape_err("cat_cols", format!("{r} rows, expected {m}")));
-        }
-        widths.push(c);
+fn check_tokens(op: &'static str, logits: &Tensor, tokens: &[u32]) -> Result<(usize, usize)> {
+    let (m, v) = logits.dims2(op)?;
+    if tokens.len() != m {
+        return Err(shape_err(op, format!("{} tokens for {m} rows", tokens.len())));
     }
-    let total: usize = widths.iter().sum();
-    let mut data = Vec::with_capacity(m * total);
-    for i in 0..m {
-        for (t, &c) in parts.iter().zip(&widths) {
-            data.extend_from_slice(&t.as_slice()?[i * c..(i + 1) * c]);
-        }
+    if let Some(&t) = tokens.iter().find(|&&t| t as usize >= v) {
+        return Err(shape_err(op, format!("token id {t} >= vocab size {v}")));
     }
-    Tensor::from_vec(data, &[m, total])
+    Ok((m, v))
+}
+
+/// For `logits [m, v]` and one token per row: `ℓ = log softmax(z / T)[token]` and the
+/// entropy `H = −Σ p log p` of `p = softmax(z / T)` (nats), per row, on the host. The
+/// formula of the sampler's log-probabilities (DESIGN-NOTES §3).
+pub fn token_logprobs(logits: &Tensor, tokens: &[u32], temperature: f32) -> Result<(Vec<f32>, Vec<f32>)> {
+    let (_, v) = check_tokens("token_logprobs", logits, tokens)?;
+    let a = &logits.storage;
+    backend!("token_logprobs"; a => a.token_logprobs(v, tokens, temperature))
+}
+
+/// Gradient w.r.t. the logits of a loss with `dL/dℓ_i = dl_dlogp[i]` and (optionally)
+/// `dL/dH_i = dl_dentropy[i]` on the rows of [`token_logprobs`]:
+/// `dz_ij = dL/dℓ_i · (1[j = token_i] − p_ij) / T + dL/dH_i · (−p_ij (ln p_ij + H_i) / T)`.
+/// `entropies` are the `H_i` [`token_logprobs`] returned. `[m, v]`.
+pub fn token_logprobs_backward(
+    logits: &Tensor,
+    tokens: &[u32],
+    temperature: f32,
+    dl_dlogp: &[f32],
+    dl_dentropy: Option<&[f32]>,
+    entropies: &[f32],
+) -> Result<Tensor> {
+    let (m, v) = check_tokens("token_logprobs_backward", logits, tokens)?;
+    if dl_dlogp.len() != m || entropies.len() != m || dl_dentropy.is_some_and(|d| d.len() != m) {
+        return Err(shape_err("token_logprobs_backward", format!("per-row inputs must have {m} values")));
+    }
+    let a = &logits.storage;
+    out(
+        backend!("token_logprobs_backward"; a =>
+            a.token_logprobs_backward(v, tokens, temperature, dl_dlogp, dl_dentropy, entropies).map(Storage::from)),
+        &[m, v],
+    )
+}
+
+/// The step-wide constants of one AdamW update (Loshchilov & Hutter 2019, Alg. 2; PyTorch
+/// `torch.optim.AdamW`), for [`adamw_delta`].
+#[derive(Debug, Clone, Copy)]
+pub struct AdamWStep {
+    pub lr: f64,
+    pub beta1: f64,
+    pub beta2: f64,
+    pub eps: f64,
+    /// `1 − β₁ᵗ` and `1 − β₂ᵗ` at step `t`.
+    pub bias_correction1: f64,
+    pub bias_correction2: f64,
+    /// Factor on every gradient (global-norm clipping; 1 when not clipped).
+    pub clip: f64,
+}
+
+/// One AdamW moment update for gradient `g`: `g' = clip·g`, `m ← β₁m + (1−β₁)g'`,
+/// `v ← β₂v + (1−β₂)g'²` (in place), and returns the step
+/// `Δ = −lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)`; the parameter update is then
+/// `p ← (1 − lr·weight_decay)·p + Δ` ([`scale_add_inplace`] / [`scale_add_packed`]).
+pub fn adamw_delta(g: &Tensor, m: &mut Tensor, v: &mut Tensor, step: &AdamWStep) -> Result<Tensor> {
+    if m.shape() != g.shape() || v.shape() != g.shape() {
+        return Err(shape_err("adamw", format!("g {:?}, m {:?}, v {:?}", g.shape(), m.shape(), v.shape())));
+    }
+    let (a, ms, vs) = (&g.storage, &mut m.storage, &mut v.storage);
+    out(backend!("adamw"; a, ms, vs => a.adamw_delta(ms, vs, step).map(Storage::from)), g.shape())
 }

@@ -1,4 +1,6 @@
-use crate::cuda::{CudaBuffer, CudaDevice};
+use crate::backend::{BackendDevice, BackendStorage};
+use crate::cpu::{CpuDevice, CpuStorage};
+use crate::cuda::{CudaDevice, CudaStorage};
 use crate::error::shape_err;
 use crate::{KernelError, Result};
 
@@ -16,55 +18,111 @@ impl Device {
     pub fn cuda(ordinal: usize) -> Result<Self> {
         Ok(Device::Cuda(CudaDevice::new(ordinal)?))
     }
+
+    /// `n` zeros on this device.
+    pub(crate) fn zeros_storage(&self, n: usize) -> Result<Storage> {
+        match self {
+            Device::Cpu => CpuDevice.zeros(n).map(Storage::Cpu),
+            Device::Cuda(d) => d.zeros(n).map(Storage::Cuda),
+        }
+    }
+
+    /// A copy of host data on this device.
+    pub(crate) fn upload(&self, data: &[f32]) -> Result<Storage> {
+        match self {
+            Device::Cpu => CpuDevice.from_host(data).map(Storage::Cpu),
+            Device::Cuda(d) => d.from_host(data).map(Storage::Cuda),
+        }
+    }
 }
 
-/// Tensor storage: one variant per backend.
+/// Element type of a tensor. Every op computes in f32 today; a bf16 serving copy of the
+/// weights on the GPU (f32 master weights for the learner) is the next dtype, and ops
+/// will check it like a shape.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum DType {
+    F32,
+}
+
+/// Tensor storage: one variant per backend (see [`crate::backend`]).
 #[derive(Debug, Clone)]
 pub enum Storage {
-    Cpu(Vec<f32>),
-    Cuda(CudaBuffer),
+    Cpu(CpuStorage),
+    Cuda(CudaStorage),
 }
 
-/// A dense row-major f32 tensor on one device.
+impl From<CpuStorage> for Storage {
+    fn from(s: CpuStorage) -> Self {
+        Storage::Cpu(s)
+    }
+}
+
+impl From<CudaStorage> for Storage {
+    fn from(s: CudaStorage) -> Self {
+        Storage::Cuda(s)
+    }
+}
+
+impl Storage {
+    #[allow(unreachable_code)] // the CUDA stub's device is uninhabited
+    pub(crate) fn device(&self) -> Device {
+        match self {
+            Storage::Cpu(_) => Device::Cpu,
+            Storage::Cuda(s) => Device::Cuda(s.device()),
+        }
+    }
+
+    pub(crate) fn to_host(&self) -> Result<Vec<f32>> {
+        match self {
+            Storage::Cpu(s) => s.to_host(),
+            Storage::Cuda(s) => s.to_host(),
+        }
+    }
+}
+
+/// A dense row-major tensor on one device.
 #[derive(Debug, Clone)]
 pub struct Tensor {
     pub(crate) storage: Storage,
     shape: Vec<usize>,
+    dtype: DType,
 }
 
 impl Tensor {
+    pub(crate) fn new(storage: Storage, shape: &[usize]) -> Self {
+        Self { storage, shape: shape.to_vec(), dtype: DType::F32 }
+    }
+
     /// Wraps host data. Errors when `data.len()` is not the product of `shape`.
     pub fn from_vec(data: Vec<f32>, shape: &[usize]) -> Result<Self> {
         let n: usize = shape.iter().product();
         if n != data.len() {
             return Err(shape_err("from_vec", format!("{} values for shape {shape:?}", data.len())));
         }
-        Ok(Self { storage: Storage::Cpu(data), shape: shape.to_vec() })
+        Ok(Self::new(Storage::Cpu(CpuStorage(data)), shape))
     }
 
     /// A zero-filled tensor on `device`.
-    pub fn zeros(shape: &[usize], device: &Device) -> Self {
-        let n = shape.iter().product();
-        match device {
-            Device::Cpu => Self { storage: Storage::Cpu(vec![0.0; n]), shape: shape.to_vec() },
-            Device::Cuda(d) => match *d {},
-        }
+    pub fn zeros(shape: &[usize], device: &Device) -> Result<Self> {
+        Ok(Self::new(device.zeros_storage(shape.iter().product())?, shape))
     }
 
-    /// Copies the tensor to `device`.
+    /// Copies the tensor to `device` (a clone when it is there already).
     pub fn to_device(&self, device: &Device) -> Result<Self> {
         match (&self.storage, device) {
             (Storage::Cpu(_), Device::Cpu) => Ok(self.clone()),
-            (Storage::Cuda(b), _) => match *b {},
-            (_, Device::Cuda(d)) => match *d {},
+            (Storage::Cpu(s), d) => Ok(Self::new(d.upload(&s.0)?, &self.shape)),
+            (Storage::Cuda(s), _) => Ok(Self::new(device.upload(&s.to_host()?)?, &self.shape)),
         }
     }
 
     pub fn device(&self) -> Device {
-        match &self.storage {
-            Storage::Cpu(_) => Device::Cpu,
-            Storage::Cuda(b) => match *b {},
-        }
+        self.storage.device()
+    }
+
+    pub fn dtype(&self) -> DType {
+        self.dtype
     }
 
     pub fn shape(&self) -> &[usize] {
@@ -98,43 +156,26 @@ impl Tensor {
         Ok(self)
     }
 
-    /// Host copy of the data.
-    pub fn to_vec(&self) -> Vec<f32> {
-        match &self.storage {
-            Storage::Cpu(v) => v.clone(),
-            Storage::Cuda(b) => match *b {},
-        }
+    /// Host copy of the data, from any device.
+    pub fn to_vec(&self) -> Result<Vec<f32>> {
+        self.storage.to_host()
     }
 
-    /// Borrow the host data (CPU tensors only).
+    /// Borrows the data of a host tensor, for tests and tools; device tensors are an error
+    /// (model code uses [`Self::to_vec`] or an op instead).
     pub fn as_slice(&self) -> Result<&[f32]> {
         match &self.storage {
-            Storage::Cpu(v) => Ok(v),
-            Storage::Cuda(b) => match *b {},
+            Storage::Cpu(s) => Ok(&s.0),
+            Storage::Cuda(_) => Err(KernelError::NotOnHost),
         }
     }
 
-    /// Borrow the host data mutably (CPU tensors only).
-    pub fn as_mut_slice(&mut self) -> Result<&mut [f32]> {
-        match &mut self.storage {
-            Storage::Cpu(v) => Ok(v),
-            Storage::Cuda(b) => match *b {},
-        }
-    }
-
-    /// Row `i` of a 2-D CPU tensor as a host copy.
+    /// Row `i` of a 2-D tensor as a host copy.
     pub fn row(&self, i: usize) -> Result<Vec<f32>> {
-        let (r, c) = self.dims2("row")?;
+        let (r, _) = self.dims2("row")?;
         if i >= r {
             return Err(shape_err("row", format!("row {i} of {r}")));
         }
-        Ok(self.as_slice()?[i * c..(i + 1) * c].to_vec())
-    }
-
-    pub(crate) fn same_device(&self, other: &Tensor, op: &'static str) -> Result<()> {
-        match (&self.storage, &other.storage) {
-            (Storage::Cpu(_), Storage::Cpu(_)) => Ok(()),
-            _ => Err(KernelError::DeviceMismatch { op }),
-        }
+        crate::ops::rows(self, i..i + 1)?.to_vec()
     }
 }

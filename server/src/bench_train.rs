@@ -6,7 +6,7 @@ use crate::bench::{median, peak_rss_mib};
 use crate::cli::ModelArgs;
 use anyhow::Result;
 use clap::Args;
-use engine::learner::{forward, TrainConfig, TrainSample, Trainer};
+use learner::{forward, TrainConfig, TrainSample, Trainer};
 use engine::Model;
 use kernels::Device;
 

@@ -63,7 +63,7 @@ impl Metrics {
 
     /// One training step (a job's or the feedback learner's): every learner metric as a
     /// `rlserve:train_*` gauge, the engine pause and the staleness of every trained token.
-    pub fn learner_step(&self, r: &crate::rl::report::StepRecord, samples: &[engine::learner::TrainSample]) {
+    pub fn learner_step(&self, r: &crate::rl::report::StepRecord, samples: &[learner::TrainSample]) {
         let m = || metrics::Label::new("model_name", self.model.clone());
         if r.updated {
             histogram!("rlserve:engine_pause_seconds", vec![m()]).record(r.learner.pause_seconds);

@@ -144,10 +144,10 @@ pub struct FeedbackArgs {
 
 impl FeedbackArgs {
     fn config(&self) -> Result<crate::rl::feedback::FeedbackConfig> {
-        let mut train: engine::learner::TrainConfig = match &self.learner_config {
+        let mut train: learner::TrainConfig = match &self.learner_config {
             Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
                 .with_context(|| format!("--learner-config {}", p.display()))?,
-            None => engine::learner::TrainConfig::default(),
+            None => learner::TrainConfig::default(),
         };
         if let Some(lr) = self.learning_rate {
             train.optim.learning_rate = lr;
@@ -201,7 +201,7 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
     }
     let mut model = Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
     // A checkpoint folder is served at the policy version it was saved at.
-    if let Ok(state) = engine::learner::checkpoint::load_state(dir) {
+    if let Ok(state) = learner::checkpoint::load_state(dir) {
         model.version = state["version"].as_u64().unwrap_or(0);
     }
     let model = SharedModel::new(model);

@@ -3,7 +3,7 @@
 use crate::cli::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use engine::learner::{checkpoint, TrainConfig, TrainSample, Trainer};
+use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
 use engine::{Model, SharedModel};
 use kernels::Device;
 use std::collections::BTreeMap;

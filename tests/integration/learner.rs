@@ -1,7 +1,7 @@
 //! The learner's forward and backward against JAX autodiff (float64) on tiny models
 //! (fixtures from tests/fixtures/make_learner_reference.py), and ℓ = the engine's logprob.
 
-use engine::learner::{self, Grads};
+use learner::{self, Grads};
 use engine::{EngineConfig, LLMEngine, Model, SamplingParams};
 use kernels::Device;
 use safetensors::{Dtype, SafeTensors};
@@ -117,7 +117,7 @@ fn learner_logprobs_equal_engine_logprobs_bitwise() {
 
 #[test]
 fn losses_match_jax_autodiff() {
-    use engine::learner::loss::*;
+    use learner::loss::*;
     #[derive(Deserialize)]
     struct Case {
         loss_type: String,
@@ -175,7 +175,7 @@ fn losses_match_jax_autodiff() {
 
 #[test]
 fn advantages_by_hand() {
-    use engine::learner::advantages::{compute_advantages, ScaleRewards};
+    use learner::advantages::{compute_advantages, ScaleRewards};
     // Group 0: [1, 0] → mean 0.5, unbiased std √0.5; group 1: [1, 1] (zero std); group 2: one sample.
     let a = compute_advantages(&[1.0, 0.0, 1.0, 1.0, 3.0], &[0, 0, 1, 1, 2], ScaleRewards::Group, true);
     let s = 0.5f64.sqrt() + 1e-4;
@@ -190,7 +190,7 @@ fn advantages_by_hand() {
 
 #[test]
 fn adamw_step_by_hand() {
-    use engine::learner::optim::{AdamW, OptimConfig};
+    use learner::optim::{AdamW, OptimConfig};
     let mut params = std::collections::BTreeMap::from([("w".to_string(), vec![1.0f32])]);
     let mut g = Grads::default();
     g.add("w", &[1], &[0.5]);
@@ -204,7 +204,7 @@ fn adamw_step_by_hand() {
 
 #[test]
 fn a_tiny_model_learns_a_toy_reward() {
-    use engine::learner::{TrainConfig, TrainSample, Trainer};
+    use learner::{TrainConfig, TrainSample, Trainer};
     use tests::tiny::TinySpec;
     // Reward 1 when the first completion token is a byte < 128. Start: P ≈ 0.5.
     let dir = tests::temp_dir("learner-toy");
@@ -218,7 +218,7 @@ fn a_tiny_model_learns_a_toy_reward() {
     };
     let start = p_good(&model.read());
     let cfg = TrainConfig {
-        optim: engine::learner::optim::OptimConfig { learning_rate: 2e-2, ..Default::default() },
+        optim: learner::optim::OptimConfig { learning_rate: 2e-2, ..Default::default() },
         ..Default::default()
     };
     let mut trainer = Trainer::new(&model.read(), cfg).unwrap();
@@ -266,7 +266,7 @@ fn a_tiny_model_learns_a_toy_reward() {
 
 #[test]
 fn checkpoints_round_trip_and_load_in_the_engine() {
-    use engine::learner::{checkpoint, TrainConfig, TrainSample, Trainer};
+    use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-ckpt-model");
     TinySpec { seed: 62, tied: false, ..Default::default() }.write(&dir);
@@ -274,7 +274,7 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     let mut trainer = Trainer::new(
         &model,
         TrainConfig {
-            optim: engine::learner::optim::OptimConfig { learning_rate: 1e-2, ..Default::default() },
+            optim: learner::optim::OptimConfig { learning_rate: 1e-2, ..Default::default() },
             ..Default::default()
         },
     )
@@ -295,7 +295,7 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     // The in-place update of the fused, packed storage equals AdamW on the HF tensors.
     let mut params: std::collections::BTreeMap<String, Vec<f32>> =
         initial.iter().map(|(k, v)| (k.clone(), v.1.clone())).collect();
-    engine::learner::optim::AdamW::default().step(&mut params, &grads, &trainer.config.optim);
+    learner::optim::AdamW::default().step(&mut params, &grads, &trainer.config.optim);
     for (name, (_, v)) in model.read().named_weights().unwrap() {
         assert_eq!(v, params[&name], "{name}");
     }
@@ -322,7 +322,7 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
 
 #[test]
 fn staleness_truncation_and_overlong_shaping() {
-    use engine::learner::{TrainConfig, TrainSample, Trainer};
+    use learner::{TrainConfig, TrainSample, Trainer};
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-stale");
     TinySpec { seed: 63, ..Default::default() }.write(&dir);

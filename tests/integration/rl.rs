@@ -346,7 +346,7 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     let out = temp_dir("rl-feedback-export").join("v1");
     let (st, r) = post(&base, "/v1/checkpoints", json!({"path": out})).await;
     assert_eq!((st, &r["version"]), (200, &json!(1)), "{r}");
-    let state = engine::learner::checkpoint::load_state(&out).unwrap();
+    let state = learner::checkpoint::load_state(&out).unwrap();
     assert_eq!(state["version"], 1);
     assert!(Model::load(&out, &Device::Cpu).is_ok());
     let (st, _) = post(&base, "/v1/checkpoints", json!({"path": ""})).await;

@@ -13,12 +13,12 @@ pub struct KvCache {
 
 impl KvCache {
     /// Storage for `capacity` token slots on `device`.
-    pub fn new(c: &ModelConfig, capacity: usize, device: &Device) -> Self {
+    pub fn new(c: &ModelConfig, capacity: usize, device: &Device) -> kernels::Result<Self> {
         let kv = c.num_key_value_heads * c.head_dim;
         let layers = (0..c.num_hidden_layers)
-            .map(|_| (Tensor::zeros(&[capacity, kv], device), Tensor::zeros(&[capacity, kv], device)))
-            .collect();
-        Self { layers, len: 0, capacity }
+            .map(|_| Ok((Tensor::zeros(&[capacity, kv], device)?, Tensor::zeros(&[capacity, kv], device)?)))
+            .collect::<kernels::Result<_>>()?;
+        Ok(Self { layers, len: 0, capacity })
     }
 
     /// Bytes of K/V storage per token slot: `2 · layers · kv_heads · head_dim · 4`.

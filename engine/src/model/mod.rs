@@ -13,6 +13,7 @@ mod weights;
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
 pub use shared::SharedModel;
+
 pub use weights::{write_f32_safetensors, WeightFiles};
 
 use crate::error::Result;
@@ -85,11 +86,8 @@ impl Model {
             let qkv_w =
                 qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.weight"), &[*r, h])).collect::<Result<Vec<_>>>()?;
             let qkv_bias = if c.qkv_bias {
-                let mut b = Vec::with_capacity(q + 2 * kv);
-                for (n, r) in qkv {
-                    b.extend_from_slice(host(&format!("{a}{n}_proj.bias"), &[r])?.as_slice()?);
-                }
-                Some(dev(Tensor::from_vec(b, &[q + 2 * kv])?)?)
+                let b = qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
+                Some(dev(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?)?)
             } else {
                 None
             };
@@ -133,8 +131,8 @@ impl Model {
     }
 
     /// A KV cache on this model's device for up to `capacity` tokens.
-    pub fn new_cache(&self, capacity: usize) -> KvCache {
-        KvCache::new(&self.config, capacity, &self.device)
+    pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
+        Ok(KvCache::new(&self.config, capacity, &self.device)?)
     }
 
     /// Single-sequence forward over a contiguous cache: runs `tokens` (new tokens at
@@ -151,12 +149,13 @@ impl Model {
             let detail = format!("{past} cached + {t} new tokens exceed the context of {context}");
             return Err(kernels::KernelError::Shape { op: "forward", detail }.into());
         }
-        let slots: Vec<u32> = (0..(past + t) as u32).collect();
+        // The contiguous cache is one block holding every position.
         let batch = ForwardBatch {
             tokens: tokens.to_vec(),
             positions: (past..past + t).collect(),
-            slot_mapping: slots[past..].to_vec(),
-            seqs: vec![BatchSeq { rows: 0..t, start_pos: past, slots }],
+            slot_mapping: (past as u32..(past + t) as u32).collect(),
+            seqs: vec![BatchSeq { rows: 0..t, start_pos: past, block_table: vec![0] }],
+            block_size: cache.capacity(),
             logit_rows: if all_logits { (0..t).collect() } else { vec![t - 1] },
         };
         let logits = self.forward_batch(&batch, cache)?;
@@ -164,110 +163,119 @@ impl Model {
         Ok(logits)
     }
 
-    /// Every weight under its HF name and shape, as host f32 (the fused and packed
-    /// projections split back). With tied embeddings there is no `lm_head.weight`.
-    pub fn named_weights(&self) -> Result<BTreeMap<String, (Vec<usize>, Vec<f32>)>> {
+    /// Every weight under its HF name and shape (the fused and packed projections split
+    /// back), on the model's device. With tied embeddings there is no `lm_head.weight`.
+    pub fn named_weights(&self) -> Result<BTreeMap<String, Tensor>> {
         let c = &self.config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let i = c.intermediate_size;
         let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         let mut out = BTreeMap::new();
-        let mut put = |name: String, shape: Vec<usize>, data: &[f32]| {
-            out.insert(name, (shape, data.to_vec()));
-        };
-        put("model.embed_tokens.weight".into(), vec![c.vocab_size, h], self.embed_tokens.as_slice()?);
-        put("model.norm.weight".into(), vec![h], self.norm.as_slice()?);
+        out.insert("model.embed_tokens.weight".into(), self.embed_tokens.clone());
+        out.insert("model.norm.weight".into(), self.norm.clone());
         if !c.tie_word_embeddings {
-            put("lm_head.weight".into(), vec![c.vocab_size, h], ops::unpack_weight(&self.lm_head)?.as_slice()?);
+            out.insert("lm_head.weight".into(), ops::unpack_weight(&self.lm_head)?);
         }
         for (l, w) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}.");
-            put(format!("{p}input_layernorm.weight"), vec![h], w.input_layernorm.as_slice()?);
-            put(format!("{p}post_attention_layernorm.weight"), vec![h], w.post_attention_layernorm.as_slice()?);
-            let qkv = ops::unpack_weight(&w.qkv_proj)?;
-            let (wq, rest) = qkv.as_slice()?.split_at(q * h);
-            let (wk, wv) = rest.split_at(kv * h);
-            put(format!("{p}self_attn.q_proj.weight"), vec![q, h], wq);
-            put(format!("{p}self_attn.k_proj.weight"), vec![kv, h], wk);
-            put(format!("{p}self_attn.v_proj.weight"), vec![kv, h], wv);
+            out.insert(format!("{p}input_layernorm.weight"), w.input_layernorm.clone());
+            out.insert(format!("{p}post_attention_layernorm.weight"), w.post_attention_layernorm.clone());
+            let qkv = ops::split_rows(&ops::unpack_weight(&w.qkv_proj)?, &[q, kv, kv])?;
+            for (n, t) in ["q", "k", "v"].iter().zip(qkv) {
+                out.insert(format!("{p}self_attn.{n}_proj.weight"), t);
+            }
             if let Some(b) = &w.qkv_bias {
-                let b = b.as_slice()?;
-                put(format!("{p}self_attn.q_proj.bias"), vec![q], &b[..q]);
-                put(format!("{p}self_attn.k_proj.bias"), vec![kv], &b[q..q + kv]);
-                put(format!("{p}self_attn.v_proj.bias"), vec![kv], &b[q + kv..]);
+                for (n, t) in ["q", "k", "v"].iter().zip(ops::split_cols(b, &[q, kv, kv])?) {
+                    let len = t.len();
+                    out.insert(format!("{p}self_attn.{n}_proj.bias"), t.reshape(&[len])?);
+                }
             }
-            put(format!("{p}self_attn.o_proj.weight"), vec![h, q], ops::unpack_weight(&w.o_proj)?.as_slice()?);
-            let gu = ops::unpack_weight(&w.gate_up_proj)?;
-            let (g, u) = gu.as_slice()?.split_at(i * h);
-            put(format!("{p}mlp.gate_proj.weight"), vec![i, h], g);
-            put(format!("{p}mlp.up_proj.weight"), vec![i, h], u);
-            put(format!("{p}mlp.down_proj.weight"), vec![h, i], ops::unpack_weight(&w.down_proj)?.as_slice()?);
+            out.insert(format!("{p}self_attn.o_proj.weight"), ops::unpack_weight(&w.o_proj)?);
+            let [g, u]: [Tensor; 2] =
+                ops::split_rows(&ops::unpack_weight(&w.gate_up_proj)?, &[i, i])?.try_into().expect("two parts");
+            out.insert(format!("{p}mlp.gate_proj.weight"), g);
+            out.insert(format!("{p}mlp.up_proj.weight"), u);
+            out.insert(format!("{p}mlp.down_proj.weight"), ops::unpack_weight(&w.down_proj)?);
         }
         Ok(out)
     }
 
-    /// Every storage buffer (fused, packed), in the order of [`Self::lay_out`].
-    fn storage_mut(&mut self) -> Result<Vec<&mut [f32]>> {
-        let mut out: Vec<&mut [f32]> = vec![
-            self.embed_tokens.as_mut_slice()?,
-            self.norm.as_mut_slice()?,
-            ops::packed_data_mut(&mut self.lm_head)?,
-        ];
+    /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`].
+    fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
+        let mut out =
+            vec![WeightMut::Dense(&mut self.embed_tokens), WeightMut::Dense(&mut self.norm), WeightMut::Packed(&mut self.lm_head)];
         for w in &mut self.layers {
-            out.push(w.input_layernorm.as_mut_slice()?);
-            out.push(w.post_attention_layernorm.as_mut_slice()?);
-            out.push(ops::packed_data_mut(&mut w.qkv_proj)?);
+            out.push(WeightMut::Dense(&mut w.input_layernorm));
+            out.push(WeightMut::Dense(&mut w.post_attention_layernorm));
+            out.push(WeightMut::Packed(&mut w.qkv_proj));
             if let Some(b) = &mut w.qkv_bias {
-                out.push(b.as_mut_slice()?);
+                out.push(WeightMut::Dense(b));
             }
-            out.push(ops::packed_data_mut(&mut w.o_proj)?);
-            out.push(ops::packed_data_mut(&mut w.gate_up_proj)?);
-            out.push(ops::packed_data_mut(&mut w.down_proj)?);
+            out.push(WeightMut::Packed(&mut w.o_proj));
+            out.push(WeightMut::Packed(&mut w.gate_up_proj));
+            out.push(WeightMut::Packed(&mut w.down_proj));
         }
-        Ok(out)
+        out
     }
 
-    /// HF-named tensors (`hf(name)`, row-major; `None` = zeros) laid out like this model's
-    /// storage: fused, packed, the tied LM head a packed copy of the embedding. With
+    /// HF-named tensors (`hf(name)`; `None` = zeros) laid out like this model's weights:
+    /// fused, packed by the backend, the tied LM head a packed copy of the embedding. With
     /// [`Self::apply_deltas`] the optimizer's update is prepared outside the write guard.
-    pub fn lay_out<'a>(&self, hf: &dyn Fn(&str) -> Option<&'a [f32]>) -> Result<Vec<Vec<f32>>> {
+    pub fn lay_out(&self, hf: &dyn Fn(&str) -> Option<Tensor>) -> Result<Vec<WeightDelta>> {
         let c = &self.config;
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let get = |name: &str, len: usize| -> Vec<f32> {
-            hf(name).filter(|v| v.len() == len).map(<[f32]>::to_vec).unwrap_or_else(|| vec![0.0; len])
+        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            match hf(name).filter(|t| t.shape() == shape) {
+                Some(t) => Ok(t),
+                None => Ok(Tensor::zeros(shape, &self.device)?),
+            }
         };
-        let cat = |names: &[(String, usize)]| -> Vec<f32> { names.iter().flat_map(|(n, len)| get(n, *len)).collect() };
-        let embed = get("model.embed_tokens.weight", c.vocab_size * h);
-        let head = if c.tie_word_embeddings { embed.clone() } else { get("lm_head.weight", c.vocab_size * h) };
-        let mut out = vec![embed, get("model.norm.weight", h), ops::pack_rows(&head, c.vocab_size, h)?];
+        let packed = |names: &[(String, usize)], k: usize| -> Result<WeightDelta> {
+            let parts = names.iter().map(|(n, r)| get(n, &[*r, k])).collect::<Result<Vec<_>>>()?;
+            let w = if parts.len() == 1 { parts.into_iter().next().expect("one") } else { ops::cat_rows(&parts.iter().collect::<Vec<_>>())? };
+            Ok(WeightDelta::Packed(ops::pack_weight(&w)?))
+        };
+        let embed = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let head = if c.tie_word_embeddings {
+            WeightDelta::Packed(ops::pack_weight(&embed)?)
+        } else {
+            packed(&[("lm_head.weight".into(), c.vocab_size)], h)?
+        };
+        let mut out = vec![WeightDelta::Dense(embed), WeightDelta::Dense(get("model.norm.weight", &[h])?), head];
         for (l, w) in self.layers.iter().enumerate() {
             let p = format!("model.layers.{l}.");
-            out.push(get(&format!("{p}input_layernorm.weight"), h));
-            out.push(get(&format!("{p}post_attention_layernorm.weight"), h));
+            out.push(WeightDelta::Dense(get(&format!("{p}input_layernorm.weight"), &[h])?));
+            out.push(WeightDelta::Dense(get(&format!("{p}post_attention_layernorm.weight"), &[h])?));
             let qkv = [("q", q), ("k", kv), ("v", kv)];
-            let rows = cat(&qkv.map(|(n, r)| (format!("{p}self_attn.{n}_proj.weight"), r * h)));
-            out.push(ops::pack_rows(&rows, q + 2 * kv, h)?);
+            out.push(packed(&qkv.map(|(n, r)| (format!("{p}self_attn.{n}_proj.weight"), r)), h)?);
             if w.qkv_bias.is_some() {
-                out.push(cat(&qkv.map(|(n, r)| (format!("{p}self_attn.{n}_proj.bias"), r))));
+                let b = qkv.iter().map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
+                out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
             }
-            out.push(ops::pack_rows(&get(&format!("{p}self_attn.o_proj.weight"), h * q), h, q)?);
-            let gu = cat(&[(format!("{p}mlp.gate_proj.weight"), i * h), (format!("{p}mlp.up_proj.weight"), i * h)]);
-            out.push(ops::pack_rows(&gu, 2 * i, h)?);
-            out.push(ops::pack_rows(&get(&format!("{p}mlp.down_proj.weight"), h * i), h, i)?);
+            out.push(packed(&[(format!("{p}self_attn.o_proj.weight"), h)], q)?);
+            out.push(packed(&[(format!("{p}mlp.gate_proj.weight"), i), (format!("{p}mlp.up_proj.weight"), i)], h)?);
+            out.push(packed(&[(format!("{p}mlp.down_proj.weight"), h)], i)?);
         }
         Ok(out)
     }
 
     /// `w ← scale · w + Δ` for every weight, `deltas` from [`Self::lay_out`]: one
-    /// elementwise pass over the storage, the shortest possible write-guard hold.
-    pub fn apply_deltas(&mut self, deltas: &[Vec<f32>], scale: f32) -> Result<()> {
-        let storage = self.storage_mut()?;
-        if storage.len() != deltas.len() {
-            let detail = format!("{} deltas for {} weight buffers", deltas.len(), storage.len());
+    /// elementwise pass over the weights, the shortest possible write-guard hold.
+    pub fn apply_deltas(&mut self, deltas: &[WeightDelta], scale: f32) -> Result<()> {
+        let weights = self.weights_mut();
+        if weights.len() != deltas.len() {
+            let detail = format!("{} deltas for {} weight buffers", deltas.len(), weights.len());
             return Err(kernels::KernelError::Shape { op: "apply_deltas", detail }.into());
         }
-        for (p, d) in storage.into_iter().zip(deltas) {
-            ops::scale_add_inplace(p, scale, d)?;
+        for (w, d) in weights.into_iter().zip(deltas) {
+            match (w, d) {
+                (WeightMut::Dense(w), WeightDelta::Dense(d)) => ops::scale_add_inplace(w, scale, d)?,
+                (WeightMut::Packed(w), WeightDelta::Packed(d)) => ops::scale_add_packed(w, scale, d)?,
+                _ => {
+                    let detail = "a dense delta for a packed weight, or the reverse".to_string();
+                    return Err(kernels::KernelError::Shape { op: "apply_deltas", detail }.into());
+                }
+            }
         }
         Ok(())
     }
@@ -294,8 +302,11 @@ impl Model {
     fn forward_inner(&self, b: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
         let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let seqs: Vec<AttnSeq> =
-            b.seqs.iter().map(|s| AttnSeq { rows: s.rows.clone(), start_pos: s.start_pos, slots: &s.slots }).collect();
+        let seqs: Vec<AttnSeq> = b
+            .seqs
+            .iter()
+            .map(|s| AttnSeq { rows: s.rows.clone(), start_pos: s.start_pos, block_table: &s.block_table })
+            .collect();
         let mut x = ops::embedding(&self.embed_tokens, &b.tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
@@ -307,7 +318,8 @@ impl Model {
             let (kc, vc) = cache.layer_mut(l);
             ops::scatter_rows(kc, &b.slot_mapping, &k)?;
             ops::scatter_rows(vc, &b.slot_mapping, &v)?;
-            let a = ops::paged_attention(&q, kc, vc, &seqs, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+            let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
+            let a = ops::paged_attention(&q, kc, vc, &seqs, b.block_size, heads, kv_heads, c.head_dim)?;
             ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
             let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
@@ -321,6 +333,19 @@ impl Model {
     }
 }
 
+/// A weight's update in the model's own layout, from [`Model::lay_out`].
+pub enum WeightDelta {
+    /// Norm weights, the embedding, biases.
+    Dense(Tensor),
+    /// A linear weight, packed like the one it updates.
+    Packed(PackedWeight),
+}
+
+enum WeightMut<'a> {
+    Dense(&'a mut Tensor),
+    Packed(&'a mut PackedWeight),
+}
+
 /// One sequence of a [`ForwardBatch`].
 #[derive(Debug, Clone)]
 pub struct BatchSeq {
@@ -328,8 +353,8 @@ pub struct BatchSeq {
     pub rows: std::ops::Range<usize>,
     /// Position of the first new token.
     pub start_pos: usize,
-    /// KV slot of every position `0..start_pos + rows.len()`.
-    pub slots: Vec<u32>,
+    /// The KV blocks of positions `0..start_pos + rows.len()`, in order.
+    pub block_table: Vec<u32>,
 }
 
 /// The new tokens of several sequences, flattened, for [`Model::forward_batch`].
@@ -338,9 +363,11 @@ pub struct ForwardBatch {
     pub tokens: Vec<u32>,
     /// Position of each token (for RoPE).
     pub positions: Vec<usize>,
-    /// KV slot each token's K/V is written to.
+    /// KV slot each token's K/V is written to (`block · block_size + offset`).
     pub slot_mapping: Vec<u32>,
     pub seqs: Vec<BatchSeq>,
+    /// Token slots per KV block.
+    pub block_size: usize,
     /// Rows whose logits are returned, in this order.
     pub logit_rows: Vec<usize>,
 }

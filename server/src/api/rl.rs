@@ -261,8 +261,8 @@ pub async fn save_checkpoint(
     let (model, src, path) = (state.model.clone(), state.model_dir.clone(), req.path.clone());
     let version = tokio::task::spawn_blocking(move || {
         let m = model.read();
-        let opt = engine::learner::optim::AdamW::default();
-        engine::learner::checkpoint::save(&path, &src, &m, &opt, json!({})).map(|_| m.version)
+        let opt = learner::optim::AdamW::default();
+        learner::checkpoint::save(&path, &src, &m, &opt, json!({})).map(|_| m.version)
     })
     .await
     .map_err(|e| ApiError::Internal(e.to_string()))?

@@ -4,7 +4,7 @@
 //! `max_staleness` and `max_completion_length` are read from there too.
 
 use super::rewards::RewardSpec;
-use engine::learner::TrainConfig;
+use learner::TrainConfig;
 use engine::SamplingParams;
 use serde::{Deserialize, Serialize};
 use std::path::PathBuf;

@@ -19,7 +19,7 @@
 
 use super::job::JobContext;
 use super::rollout::Rollout;
-use engine::learner::{checkpoint, TrainConfig, TrainSample, Trainer};
+use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
 use std::io::Write;

@@ -17,7 +17,7 @@ use super::report::{JobLog, RolloutTiming, StepRecord};
 use super::rewards::{exact_answer, Rewards, Scored};
 use super::rollout::{Rollout, RolloutSet};
 use crate::metrics::Metrics;
-use engine::learner::{checkpoint, TrainSample, Trainer};
+use learner::{checkpoint, TrainSample, Trainer};
 use engine::{EngineHandle, SamplingParams, SharedModel, Tokenizer};
 use serde::Serialize;
 use std::path::{Path, PathBuf};

@@ -3,7 +3,7 @@
 //! `output_dir/metrics.jsonl`, shown on a progress bar, and plotted at the end.
 
 use super::job::EvalRecord;
-use engine::learner::{StepMetrics, TrainSample};
+use learner::{StepMetrics, TrainSample};
 use indicatif::{ProgressBar, ProgressStyle};
 use serde::Serialize;
 use std::io::Write;

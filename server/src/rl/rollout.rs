@@ -1,7 +1,7 @@
 //! Rollouts (token in, token out): the engine's per-step outputs of a batch of prompts ×
 //! `n` samples gathered into one record per sample, with everything the learner needs.
 
-use engine::learner::TrainSample;
+use learner::TrainSample;
 use engine::{FinishReason, RequestStream, SeqOutput};
 use serde::Serialize;
 

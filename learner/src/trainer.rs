@@ -6,8 +6,8 @@ use super::advantages::{compute_advantages, ScaleRewards};
 use super::loss::{policy_loss, token_weights, LossConfig, SampleLogprobs};
 use super::optim::{AdamW, OptimConfig};
 use super::{forward_batch, forward_batch_with, Grads};
-use crate::error::Result;
-use crate::model::{Model, SharedModel};
+use crate::error::{LearnerError, Result};
+use engine::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Instant;
@@ -165,8 +165,8 @@ impl Trainer {
     pub fn new(model: &Model, config: TrainConfig) -> Result<Self> {
         let reference = if config.loss.beta > 0.0 || config.log_kl_to_initial {
             let named = model.named_weights()?;
-            let get = |n: &str, s: &[usize]| -> Result<kernels::Tensor> {
-                let v = named.get(n).ok_or_else(|| crate::error::ModelError::MissingTensor {
+            let get = |n: &str, s: &[usize]| -> engine::Result<kernels::Tensor> {
+                let v = named.get(n).ok_or_else(|| engine::ModelError::MissingTensor {
                     path: "<reference>".into(),
                     name: n.into(),
                     expected: s.to_vec(),
@@ -212,10 +212,7 @@ impl Trainer {
         let kept: Vec<(usize, &TrainSample)> =
             batch.iter().enumerate().filter(|(i, s)| adv.keep[*i] && !stale(*i) && !truncated(s)).collect();
         if kept.is_empty() {
-            return Err(crate::error::ModelError::Config {
-                path: "<batch>".into(),
-                msg: "every sample was filtered out (zero-std groups, staleness or truncation)".into(),
-            });
+            return Err(LearnerError::EmptyBatch);
         }
         // One packed forward over all kept samples (and the reference when beta > 0).
         let seqs: Vec<(&[u32], &[u32])> =

@@ -6,9 +6,9 @@
 //! `<dir>`: a crash never leaves a half-written checkpoint under the final name.
 
 use super::optim::AdamW;
-use crate::error::{ModelError, Result};
-pub use crate::model::write_f32_safetensors as write_tensors;
-use crate::model::Model;
+use crate::error::{LearnerError, Result};
+pub use engine::model::write_f32_safetensors as write_tensors;
+use engine::Model;
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -20,10 +20,10 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
     let shapes: BTreeMap<&String, &Vec<usize>> = named.iter().map(|(n, (s, _))| (n, s)).collect();
     let tmp = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    std::fs::create_dir_all(&tmp).map_err(|e| LearnerError::io(&tmp, e))?;
     for f in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
         if source.join(f).exists() {
-            std::fs::copy(source.join(f), tmp.join(f)).map_err(|e| ModelError::io(source.join(f), e))?;
+            std::fs::copy(source.join(f), tmp.join(f)).map_err(|e| LearnerError::io(source.join(f), e))?;
         }
     }
     let w: BTreeMap<String, (Vec<usize>, &[f32])> =
@@ -44,9 +44,9 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
     }
     write_synced(&tmp.join("trainer_state.json"), st.to_string().as_bytes())?;
     if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        std::fs::remove_dir_all(dir).map_err(|e| LearnerError::io(dir, e))?;
     }
-    std::fs::rename(&tmp, dir).map_err(|e| ModelError::io(dir, e))?;
+    std::fs::rename(&tmp, dir).map_err(|e| LearnerError::io(dir, e))?;
     // The rename itself is durable once the parent directory is synced.
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
@@ -57,23 +57,23 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
 /// Writes `bytes` to `path` and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
-    let mut f = std::fs::File::create(path).map_err(|e| ModelError::io(path, e))?;
-    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| ModelError::io(path, e))
+    let mut f = std::fs::File::create(path).map_err(|e| LearnerError::io(path, e))?;
+    f.write_all(bytes).and_then(|_| f.sync_all()).map_err(|e| LearnerError::io(path, e))
 }
 
 /// The `trainer_state.json` saved by [`save`].
 pub fn load_state(dir: &Path) -> Result<serde_json::Value> {
     let sp = dir.join("trainer_state.json");
-    serde_json::from_str(&std::fs::read_to_string(&sp).map_err(|e| ModelError::io(&sp, e))?)
-        .map_err(|source| ModelError::Json { path: sp, source })
+    serde_json::from_str(&std::fs::read_to_string(&sp).map_err(|e| LearnerError::io(&sp, e))?)
+        .map_err(|e| LearnerError::Checkpoint { path: sp, msg: format!("invalid JSON: {e}") })
 }
 
 /// Loads the AdamW state saved by [`save`].
 pub fn load_optimizer(dir: &Path) -> Result<AdamW> {
     let path = dir.join("optimizer.safetensors");
-    let bytes = std::fs::read(&path).map_err(|e| ModelError::io(&path, e))?;
+    let bytes = std::fs::read(&path).map_err(|e| LearnerError::io(&path, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
-        .map_err(|e| ModelError::Safetensors { path: path.clone(), msg: e.to_string() })?;
+        .map_err(|e| LearnerError::Checkpoint { path: path.clone(), msg: format!("invalid safetensors file: {e}") })?;
     let mut opt = AdamW::default();
     for (name, view) in st.tensors() {
         let v: Vec<f32> = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();

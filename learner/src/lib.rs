@@ -13,18 +13,20 @@
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
 pub mod advantages;
+mod error;
 pub mod checkpoint;
 mod grads;
 pub mod loss;
 pub mod optim;
 mod trainer;
 
+pub use error::{LearnerError, Result};
 pub use grads::Grads;
 pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
-use crate::error::Result;
-use crate::model::Model;
-use crate::sampling::token_logprob;
+
+use engine::Model;
+use engine::sampling::token_logprob;
 use kernels::ops::AttnSeq;
 use kernels::{ops, Tensor};
 
@@ -51,7 +53,7 @@ enum Saved {
 /// One decoder layer's training forward: its activations and its output.
 fn layer_forward(
     model: &Model,
-    w: &crate::model::LayerWeights,
+    w: &engine::model::LayerWeights,
     x: Tensor,
     positions: &[usize],
     attn: &[AttnSeq],

@@ -1,0 +1,254 @@
+//! The CPU backend's implementation of the contract ([`crate::backend`]).
+
+use super::{attention, backward, elementwise, logprob, matmul};
+use crate::backend::{BackendDevice, BackendStorage};
+use crate::ops::{AdamWStep, AttnSeq};
+use crate::Result;
+use rayon::prelude::*;
+use std::ops::Range;
+
+/// Host memory; ops run on the rayon pool.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CpuDevice;
+
+/// A host buffer of f32.
+#[derive(Debug, Clone, PartialEq)]
+pub struct CpuStorage(pub Vec<f32>);
+
+impl BackendDevice for CpuDevice {
+    type Storage = CpuStorage;
+    fn zeros(&self, n: usize) -> Result<CpuStorage> {
+        Ok(CpuStorage(vec![0.0; n]))
+    }
+    fn from_host(&self, data: &[f32]) -> Result<CpuStorage> {
+        Ok(CpuStorage(data.to_vec()))
+    }
+}
+
+/// Elements per rayon task of elementwise passes.
+const CHUNK: usize = 1 << 16;
+
+impl BackendStorage for CpuStorage {
+    type Device = CpuDevice;
+    fn device(&self) -> CpuDevice {
+        CpuDevice
+    }
+    fn to_host(&self) -> Result<Vec<f32>> {
+        Ok(self.0.clone())
+    }
+
+    fn pack_weight(&self, n: usize, k: usize) -> Result<Self> {
+        Ok(Self(matmul::pack(&self.0, n, k)))
+    }
+    fn unpack_weight(&self, n: usize, k: usize) -> Result<Self> {
+        Ok(Self(matmul::unpack(&self.0, n, k)))
+    }
+    fn transpose_packed(&self, n: usize, k: usize) -> Result<Self> {
+        let wt = matmul::transpose(&matmul::unpack(&self.0, n, k), n, k);
+        Ok(Self(matmul::pack(&wt, k, n)))
+    }
+    fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
+        let mut y = vec![0.0f32; m * n];
+        matmul::matmul_packed(&self.0, &w.0, &mut y, m, n, k);
+        if let Some(b) = bias {
+            elementwise::add_bias(&mut y, &b.0);
+        }
+        Ok(Self(y))
+    }
+    fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
+        // dyᵀ [n, m] times (xᵀ [k, m])ᵀ, through the packed kernel.
+        let dyt = matmul::transpose(&self.0, m, n);
+        let packed = matmul::pack(&matmul::transpose(&x.0, m, k), k, m);
+        let mut dw = vec![0.0f32; n * k];
+        matmul::matmul_packed(&dyt, &packed, &mut dw, n, k, m);
+        Ok(Self(dw))
+    }
+
+    fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
+        let mut y = vec![0.0f32; m * d];
+        elementwise::rms_norm(&self.0, &w.0, &mut y, d, eps);
+        Ok(Self(y))
+    }
+    fn rms_norm_backward(&self, w: &Self, dy: &Self, m: usize, d: usize, eps: f32) -> Result<(Self, Self)> {
+        let (mut dx, mut dw) = (vec![0.0f32; m * d], vec![0.0f32; d]);
+        backward::rms_norm_backward(&self.0, &w.0, &dy.0, &mut dx, &mut dw, d, eps);
+        Ok((Self(dx), Self(dw)))
+    }
+    fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
+        elementwise::rope(&mut self.0, positions, &cos.0, &sin.0, c, head_dim);
+        Ok(())
+    }
+    fn silu_mul(&self, _m: usize, i: usize) -> Result<Self> {
+        Ok(Self(elementwise::silu_mul(&self.0, i)))
+    }
+    fn silu_mul_backward(&self, da: &Self, m: usize, i: usize) -> Result<Self> {
+        let mut d = vec![0.0f32; m * 2 * i];
+        backward::silu_mul_backward(&self.0, &da.0, &mut d, i);
+        Ok(Self(d))
+    }
+    fn add_inplace(&mut self, b: &Self) -> Result<()> {
+        elementwise::add_inplace(&mut self.0, &b.0);
+        Ok(())
+    }
+    fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()> {
+        self.0.par_chunks_mut(CHUNK).zip(d.0.par_chunks(CHUNK)).for_each(|(p, d)| {
+            for (p, d) in p.iter_mut().zip(d) {
+                *p = *p * s + d;
+            }
+        });
+        Ok(())
+    }
+    fn scale(&self, s: f32) -> Result<Self> {
+        Ok(Self(self.0.par_iter().map(|v| v * s).collect()))
+    }
+    fn sum_squares(&self) -> Result<f64> {
+        Ok(self.0.par_chunks(CHUNK).map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()).sum())
+    }
+    fn sum_rows(&self, _m: usize, n: usize) -> Result<Self> {
+        let mut s = vec![0.0f32; n];
+        for row in self.0.chunks(n) {
+            elementwise::add_inplace(&mut s, row);
+        }
+        Ok(Self(s))
+    }
+    fn softmax(&self, _m: usize, n: usize) -> Result<Self> {
+        let mut y = self.0.clone();
+        elementwise::softmax_rows(&mut y, n);
+        Ok(Self(y))
+    }
+    fn log_softmax(&self, _m: usize, n: usize) -> Result<Self> {
+        let mut y = self.0.clone();
+        elementwise::log_softmax_rows(&mut y, n);
+        Ok(Self(y))
+    }
+
+    fn gather_rows(&self, ids: &[u32], c: usize) -> Result<Self> {
+        let mut y = Vec::with_capacity(ids.len() * c);
+        for &i in ids {
+            y.extend_from_slice(&self.0[i as usize * c..(i as usize + 1) * c]);
+        }
+        Ok(Self(y))
+    }
+    fn scatter_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
+        for (i, &r) in rows.iter().enumerate() {
+            self.0[r as usize * c..(r as usize + 1) * c].copy_from_slice(&src.0[i * c..(i + 1) * c]);
+        }
+        Ok(())
+    }
+    fn scatter_add_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
+        for (i, &r) in rows.iter().enumerate() {
+            elementwise::add_inplace(&mut self.0[r as usize * c..(r as usize + 1) * c], &src.0[i * c..(i + 1) * c]);
+        }
+        Ok(())
+    }
+    fn split_cols(&self, m: usize, widths: &[usize]) -> Result<Vec<Self>> {
+        let c: usize = widths.iter().sum();
+        let mut start = 0;
+        Ok(widths
+            .iter()
+            .map(|&w| {
+                let mut data = Vec::with_capacity(m * w);
+                for row in self.0.chunks(c) {
+                    data.extend_from_slice(&row[start..start + w]);
+                }
+                start += w;
+                Self(data)
+            })
+            .collect())
+    }
+    fn cat_cols(parts: &[(&Self, usize)], m: usize) -> Result<Self> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        let mut data = Vec::with_capacity(m * total);
+        for i in 0..m {
+            for (t, c) in parts {
+                data.extend_from_slice(&t.0[i * c..(i + 1) * c]);
+            }
+        }
+        Ok(Self(data))
+    }
+    fn cat(parts: &[&Self]) -> Result<Self> {
+        Ok(Self(parts.iter().flat_map(|p| p.0.iter().copied()).collect()))
+    }
+    fn slice(&self, range: Range<usize>) -> Result<Self> {
+        Ok(Self(self.0[range].to_vec()))
+    }
+
+    fn paged_attention(
+        &self,
+        k: &Self,
+        v: &Self,
+        seqs: &[AttnSeq],
+        block_size: usize,
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<Self> {
+        let mut out = vec![0.0f32; self.0.len()];
+        attention::paged_attention(&self.0, &k.0, &v.0, &mut out, seqs, block_size, n_heads, n_kv_heads, head_dim);
+        Ok(Self(out))
+    }
+    fn attention_backward(
+        &self,
+        k: &Self,
+        v: &Self,
+        da: &Self,
+        spans: &[Range<usize>],
+        n_heads: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+    ) -> Result<(Self, Self, Self)> {
+        let (qc, kc) = (n_heads * head_dim, n_kv_heads * head_dim);
+        let (mut dq, mut dk, mut dv) = (vec![0.0f32; self.0.len()], vec![0.0f32; k.0.len()], vec![0.0f32; v.0.len()]);
+        for s in spans {
+            let (q, kv, t) = (s.start * qc..s.end * qc, s.start * kc..s.end * kc, s.len());
+            backward::attention_backward(
+                &self.0[q.clone()],
+                &k.0[kv.clone()],
+                &v.0[kv.clone()],
+                &da.0[q.clone()],
+                &mut dq[q],
+                &mut dk[kv.clone()],
+                &mut dv[kv],
+                t,
+                n_heads,
+                n_kv_heads,
+                head_dim,
+            );
+        }
+        Ok((Self(dq), Self(dk), Self(dv)))
+    }
+
+    fn token_logprobs(&self, v: usize, tokens: &[u32], temperature: f32) -> Result<(Vec<f32>, Vec<f32>)> {
+        Ok(logprob::token_logprobs(&self.0, v, tokens, temperature))
+    }
+    fn token_logprobs_backward(
+        &self,
+        v: usize,
+        tokens: &[u32],
+        temperature: f32,
+        dl_dlogp: &[f32],
+        dl_dentropy: Option<&[f32]>,
+        entropies: &[f32],
+    ) -> Result<Self> {
+        Ok(Self(logprob::token_logprobs_backward(&self.0, v, tokens, temperature, dl_dlogp, dl_dentropy, entropies)))
+    }
+
+    fn adamw_delta(&self, m: &mut Self, v: &mut Self, s: &AdamWStep) -> Result<Self> {
+        let mut d = vec![0.0f32; self.0.len()];
+        d.par_chunks_mut(CHUNK)
+            .zip(m.0.par_chunks_mut(CHUNK))
+            .zip(v.0.par_chunks_mut(CHUNK))
+            .zip(self.0.par_chunks(CHUNK))
+            .for_each(|(((d, m), v), g)| {
+                for i in 0..d.len() {
+                    let gi = g[i] as f64 * s.clip;
+                    let mi = s.beta1 * m[i] as f64 + (1.0 - s.beta1) * gi;
+                    let vi = s.beta2 * v[i] as f64 + (1.0 - s.beta2) * gi * gi;
+                    m[i] = mi as f32;
+                    v[i] = vi as f32;
+                    d[i] = (-s.lr * (mi / s.bias_correction1) / ((vi / s.bias_correction2).sqrt() + s.eps)) as f32;
+                }
+            });
+        Ok(Self(d))
+    }
+}

@@ -1,0 +1,26 @@
+//! Errors of the learner: bad batches, checkpoint files, and the model/kernel errors below.
+
+use std::path::PathBuf;
+use thiserror::Error;
+
+#[derive(Debug, Error)]
+pub enum LearnerError {
+    /// Every sample of a batch was filtered out before the loss.
+    #[error("every sample was filtered out (zero-std groups, staleness or truncation)")]
+    EmptyBatch,
+    /// A checkpoint folder or file is missing or malformed.
+    #[error("{path}: {msg}")]
+    Checkpoint { path: PathBuf, msg: String },
+    #[error(transparent)]
+    Model(#[from] engine::ModelError),
+    #[error(transparent)]
+    Kernel(#[from] kernels::KernelError),
+}
+
+impl LearnerError {
+    pub(crate) fn io(path: impl Into<PathBuf>, e: std::io::Error) -> Self {
+        LearnerError::Model(engine::ModelError::io(path, e))
+    }
+}
+
+pub type Result<T> = std::result::Result<T, LearnerError>;
