@@ -9,6 +9,7 @@ use super::optim::AdamW;
 use crate::error::{LearnerError, Result};
 pub use engine::model::write_f32_safetensors as write_tensors;
 use engine::Model;
+use kernels::{Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
 
@@ -16,8 +17,6 @@ use std::path::Path;
 /// `{"step", "version"}`) to `dir`, copying the config and tokenizer files from `source`
 /// (the model folder). Hold a read guard on a shared model while calling.
 pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_json::Value) -> Result<()> {
-    let named = model.named_weights()?;
-    let shapes: BTreeMap<&String, &Vec<usize>> = named.iter().map(|(n, (s, _))| (n, s)).collect();
     let tmp = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| LearnerError::io(&tmp, e))?;
@@ -26,18 +25,9 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
             std::fs::copy(source.join(f), tmp.join(f)).map_err(|e| LearnerError::io(source.join(f), e))?;
         }
     }
-    let w: BTreeMap<String, (Vec<usize>, &[f32])> =
-        named.iter().map(|(n, (s, v))| (n.clone(), (s.clone(), v.as_slice()))).collect();
-    write_tensors(&tmp.join("model.safetensors"), &w)?;
-    drop(w);
-    let mut o: BTreeMap<String, (Vec<usize>, &[f32])> = BTreeMap::new();
-    for (n, v) in &opt.m {
-        o.insert(format!("exp_avg.{n}"), (shapes[n].clone(), v.as_slice()));
-    }
-    for (n, v) in &opt.v {
-        o.insert(format!("exp_avg_sq.{n}"), (shapes[n].clone(), v.as_slice()));
-    }
-    write_tensors(&tmp.join("optimizer.safetensors"), &o)?;
+    write_named(&tmp.join("model.safetensors"), model.named_weights()?.iter().map(|(n, t)| (n.clone(), t)))?;
+    let moments = opt.m.iter().map(|(n, t)| (format!("exp_avg.{n}"), t));
+    write_named(&tmp.join("optimizer.safetensors"), moments.chain(opt.v.iter().map(|(n, t)| (format!("exp_avg_sq.{n}"), t))))?;
     let mut st = serde_json::json!({ "step": opt.step, "version": model.version });
     if let (Some(o), serde_json::Value::Object(extra)) = (st.as_object_mut(), state) {
         o.extend(extra);
@@ -54,6 +44,13 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
     Ok(())
 }
 
+/// Writes named tensors (copied to the host) as one f32 safetensors file.
+pub fn write_named<'a>(path: &Path, tensors: impl Iterator<Item = (String, &'a Tensor)>) -> Result<()> {
+    let host = tensors.map(|(n, t)| Ok((n, (t.shape().to_vec(), t.to_vec()?)))).collect::<Result<BTreeMap<_, _>>>()?;
+    let view = host.iter().map(|(n, (s, v))| (n.clone(), (s.clone(), v.as_slice()))).collect();
+    Ok(write_tensors(path, &view)?)
+}
+
 /// Writes `bytes` to `path` and fsyncs it.
 fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
     use std::io::Write;
@@ -68,8 +65,8 @@ pub fn load_state(dir: &Path) -> Result<serde_json::Value> {
         .map_err(|e| LearnerError::Checkpoint { path: sp, msg: format!("invalid JSON: {e}") })
 }
 
-/// Loads the AdamW state saved by [`save`].
-pub fn load_optimizer(dir: &Path) -> Result<AdamW> {
+/// Loads the AdamW state saved by [`save`] onto `device`.
+pub fn load_optimizer(dir: &Path, device: &Device) -> Result<AdamW> {
     let path = dir.join("optimizer.safetensors");
     let bytes = std::fs::read(&path).map_err(|e| LearnerError::io(&path, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
@@ -77,6 +74,7 @@ pub fn load_optimizer(dir: &Path) -> Result<AdamW> {
     let mut opt = AdamW::default();
     for (name, view) in st.tensors() {
         let v: Vec<f32> = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+        let v = Tensor::from_vec(v, view.shape())?.to_device(device)?;
         if let Some(n) = name.strip_prefix("exp_avg_sq.") {
             opt.v.insert(n.to_string(), v);
         } else if let Some(n) = name.strip_prefix("exp_avg.") {

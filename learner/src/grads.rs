@@ -1,25 +1,33 @@
-//! Gradients by HF tensor name, accumulated across sequences.
+//! Gradients by HF tensor name, accumulated across sequences, on the model's device.
 
+use crate::Result;
+use kernels::{ops, Tensor};
 use std::collections::BTreeMap;
 
 #[derive(Debug, Default, Clone)]
 pub struct Grads {
-    /// name → (shape, values), row-major f32.
-    pub tensors: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    /// HF name → gradient, shaped like the HF weight.
+    pub tensors: BTreeMap<String, Tensor>,
 }
 
 impl Grads {
-    /// Adds `g` to the gradient of `name` (created at zero with `shape`).
-    pub fn add(&mut self, name: &str, shape: &[usize], g: &[f32]) {
-        let e = self.tensors.entry(name.to_string()).or_insert_with(|| (shape.to_vec(), vec![0.0; g.len()]));
-        debug_assert_eq!(e.0, shape);
-        for (a, b) in e.1.iter_mut().zip(g) {
-            *a += b;
+    /// Adds `g` to the gradient of `name` (taken as is the first time).
+    pub fn add(&mut self, name: &str, g: Tensor) -> Result<()> {
+        match self.tensors.get_mut(name) {
+            Some(acc) => ops::add_inplace(acc, &g)?,
+            None => {
+                self.tensors.insert(name.to_string(), g);
+            }
         }
+        Ok(())
     }
 
-    /// `sqrt(Σ g²)` over every tensor (before clipping).
-    pub fn global_norm(&self) -> f64 {
-        self.tensors.values().flat_map(|(_, v)| v.iter()).map(|&x| (x as f64) * (x as f64)).sum::<f64>().sqrt()
+    /// `sqrt(Σ g²)` over every tensor (before clipping), accumulated in f64.
+    pub fn global_norm(&self) -> Result<f64> {
+        let mut s = 0.0;
+        for g in self.tensors.values() {
+            s += ops::sum_squares(g)?;
+        }
+        Ok(s.sqrt())
     }
 }

@@ -26,9 +26,8 @@ pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
 
 use engine::Model;
-use engine::sampling::token_logprob;
-use kernels::ops::AttnSeq;
 use kernels::{ops, Tensor};
+use std::ops::Range;
 
 struct LayerActs {
     x_in: Tensor,
@@ -56,7 +55,7 @@ fn layer_forward(
     w: &engine::model::LayerWeights,
     x: Tensor,
     positions: &[usize],
-    attn: &[AttnSeq],
+    spans: &[Range<usize>],
 ) -> Result<(LayerActs, Tensor)> {
     let c = &model.config;
     let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
@@ -67,7 +66,7 @@ fn layer_forward(
         ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
     ops::rope_inplace(&mut q, positions, cos, sin, c.head_dim)?;
     ops::rope_inplace(&mut k, positions, cos, sin, c.head_dim)?;
-    let a = ops::paged_attention(&q, &k, &v, attn, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+    let a = ops::attention_packed(&q, &k, &v, spans, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
     let mut x_mid = x.clone();
     ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
     let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
@@ -76,11 +75,6 @@ fn layer_forward(
     let mut x_out = x_mid.clone();
     ops::add_inplace(&mut x_out, &ops::linear(&act, &w.down_proj, None)?)?;
     Ok((LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act }, x_out))
-}
-
-/// Per-sequence attention views of a packed batch (each row sees its own sequence).
-fn attn_seqs<'a>(spans: &[std::ops::Range<usize>], slots: &'a [Vec<u32>]) -> Vec<AttnSeq<'a>> {
-    spans.iter().zip(slots).map(|(s, sl)| AttnSeq { rows: s.clone(), start_pos: 0, slots: sl }).collect()
 }
 
 /// The saved activations of a packed batch's training forward.
@@ -156,26 +150,17 @@ fn forward_inner(
         completion.extend_from_slice(comp);
         lens.push(comp.len());
     }
-    let slots: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
-    let attn = attn_seqs(&spans, &slots);
     let mut x = ops::embedding(&model.embed_tokens, &inputs)?;
     let mut layers = Vec::with_capacity(model.layers.len());
     for w in &model.layers {
-        let (acts, x_out) = layer_forward(model, w, x, &positions, &attn)?;
+        let (acts, x_out) = layer_forward(model, w, x, &positions, &spans)?;
         layers.push(if gradient_checkpointing { Saved::Input(acts.x_in) } else { Saved::Full(acts) });
         x = x_out;
     }
     let h_rows = ops::embedding(&x, &pred_rows)?;
     let normed = ops::rms_norm(&h_rows, &model.norm, c.rms_norm_eps)?;
     let logits = ops::linear(&normed, &model.lm_head, None)?;
-    let v = c.vocab_size;
-    let ls = logits.as_slice()?;
-    let logprobs = completion
-        .iter()
-        .enumerate()
-        .map(|(i, &tok)| token_logprob(&ls[i * v..(i + 1) * v], tok as usize, temperature))
-        .collect();
-    let entropies = ls.chunks(v).map(|row| entropy(row, temperature)).collect();
+    let (logprobs, entropies) = ops::token_logprobs(&logits, &completion, temperature)?;
     Ok(SeqForward {
         inputs,
         spans,
@@ -220,140 +205,91 @@ impl SeqForward {
         grads: &mut Grads,
     ) -> Result<()> {
         let c = &model.config;
-        let (h, v, t) = (c.hidden_size, c.vocab_size, self.inputs.len());
-        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        assert_eq!(dl_dlogp.len(), self.completion.len(), "one gradient per completion token");
-        // dℓ/dz = (onehot − softmax(z/T)) / T, scaled by dL/dℓ; plus the entropy term.
-        let tinv = 1.0 / self.temperature as f64;
-        let mut dz = ops::softmax(&scale(&self.logits, tinv as f32)?)?.to_vec();
-        for (i, (&tok, &g)) in self.completion.iter().zip(dl_dlogp).enumerate() {
-            let row = &mut dz[i * v..(i + 1) * v];
-            let (e, hh) = (dl_dentropy.map_or(0.0, |d| d[i] as f64), self.entropies[i] as f64);
-            for (j, x) in row.iter_mut().enumerate() {
-                let p = *x as f64;
-                let onehot = if j == tok as usize { 1.0 } else { 0.0 };
-                let dh = if p > 0.0 { -tinv * p * (p.ln() + hh) } else { 0.0 };
-                *x = (g as f64 * tinv * (onehot - p) + e * dh) as f32;
-            }
+        let (h, t) = (c.hidden_size, self.inputs.len());
+        let (q_dim, kv_dim, i_dim) =
+            (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
+        let bad = |d: String| kernels::KernelError::Shape { op: "learner backward", detail: d };
+        if dl_dlogp.len() != self.completion.len() {
+            return Err(bad(format!("{} gradients for {} completion tokens", dl_dlogp.len(), self.completion.len())).into());
         }
-        let dz = Tensor::from_vec(dz, &[self.completion.len(), v])?;
+        let dz = ops::token_logprobs_backward(
+            &self.logits,
+            &self.completion,
+            self.temperature,
+            dl_dlogp,
+            dl_dentropy,
+            &self.entropies,
+        )?;
         let d_normed = ops::linear_grad_input(&dz, &model.lm_head)?;
-        let d_head = ops::linear_grad_weight(&dz, &self.normed)?;
         let head_name = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
-        grads.add(head_name, &[v, h], d_head.as_slice()?);
+        grads.add(head_name, ops::linear_grad_weight(&dz, &self.normed)?)?;
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
-        grads.add("model.norm.weight", &[h], dnorm.as_slice()?);
+        grads.add("model.norm.weight", dnorm)?;
         // Scatter the completion-row gradients back to their rows.
-        let mut dx = Tensor::zeros(&[t, h], model.device());
+        let mut dx = Tensor::zeros(&[t, h], model.device())?;
         ops::scatter_rows(&mut dx, &self.pred_rows, &dh_rows)?;
         let positions: Vec<usize> = self.spans.iter().flat_map(|s| 0..s.len()).collect();
         let (cos, sin) = model.rope_tables();
-        let neg_sin = scale(sin, -1.0)?;
-        let slots: Vec<Vec<u32>> = self.spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
-        let attn = attn_seqs(&self.spans, &slots);
+        let neg_sin = ops::scale(sin, -1.0)?;
         for (l, (w, saved)) in model.layers.iter().zip(&self.layers).enumerate().rev() {
             let recomputed;
             let s = match saved {
                 Saved::Full(a) => a,
                 Saved::Input(x) => {
-                    recomputed = layer_forward(model, w, x.clone(), &positions, &attn)?.0;
+                    recomputed = layer_forward(model, w, x.clone(), &positions, &self.spans)?.0;
                     &recomputed
                 }
             };
             let p = format!("model.layers.{l}.");
             // MLP.
             let d_act = ops::linear_grad_input(&dx, &w.down_proj)?;
-            grads.add(
-                &format!("{p}mlp.down_proj.weight"),
-                &[h, c.intermediate_size],
-                ops::linear_grad_weight(&dx, &s.act)?.as_slice()?,
-            );
+            grads.add(&format!("{p}mlp.down_proj.weight"), ops::linear_grad_weight(&dx, &s.act)?)?;
             let d_gu = ops::silu_mul_backward(&s.gu, &d_act)?;
-            let dw_gu = ops::linear_grad_weight(&d_gu, &s.n2)?;
-            let (gate, up) = dw_gu.as_slice()?.split_at(c.intermediate_size * h);
-            grads.add(&format!("{p}mlp.gate_proj.weight"), &[c.intermediate_size, h], gate);
-            grads.add(&format!("{p}mlp.up_proj.weight"), &[c.intermediate_size, h], up);
+            let [gate, up]: [Tensor; 2] =
+                ops::split_rows(&ops::linear_grad_weight(&d_gu, &s.n2)?, &[i_dim, i_dim])?.try_into().expect("two");
+            grads.add(&format!("{p}mlp.gate_proj.weight"), gate)?;
+            grads.add(&format!("{p}mlp.up_proj.weight"), up)?;
             let d_n2 = ops::linear_grad_input(&d_gu, &w.gate_up_proj)?;
             let (d_mid, dw_post) =
                 ops::rms_norm_backward(&s.x_mid, &w.post_attention_layernorm, &d_n2, c.rms_norm_eps)?;
-            grads.add(&format!("{p}post_attention_layernorm.weight"), &[h], dw_post.as_slice()?);
+            grads.add(&format!("{p}post_attention_layernorm.weight"), dw_post)?;
             ops::add_inplace(&mut dx, &d_mid)?;
-            // Attention, per sequence.
+            // Attention, per sequence; then RoPE's inverse rotation.
             let d_a = ops::linear_grad_input(&dx, &w.o_proj)?;
-            grads.add(
-                &format!("{p}self_attn.o_proj.weight"),
-                &[h, q_dim],
-                ops::linear_grad_weight(&dx, &s.a)?.as_slice()?,
-            );
-            let mut dq = Tensor::zeros(&[t, q_dim], model.device());
-            let mut dk = Tensor::zeros(&[t, kv_dim], model.device());
-            let mut dv = Tensor::zeros(&[t, kv_dim], model.device());
-            for span in &self.spans {
-                let rows: Vec<u32> = (span.start as u32..span.end as u32).collect();
-                let g = |x: &Tensor| ops::embedding(x, &rows);
-                let (q, k, vv, da) = (g(&s.q)?, g(&s.k)?, g(&s.v)?, g(&d_a)?);
-                let (sq, sk, sv) = ops::attention_backward(
-                    &q,
-                    &k,
-                    &vv,
-                    &da,
-                    c.num_attention_heads,
-                    c.num_key_value_heads,
-                    c.head_dim,
-                )?;
-                ops::scatter_rows(&mut dq, &rows, &sq)?;
-                ops::scatter_rows(&mut dk, &rows, &sk)?;
-                ops::scatter_rows(&mut dv, &rows, &sv)?;
-            }
+            grads.add(&format!("{p}self_attn.o_proj.weight"), ops::linear_grad_weight(&dx, &s.a)?)?;
+            let (mut dq, mut dk, dv) = ops::attention_backward(
+                &s.q,
+                &s.k,
+                &s.v,
+                &d_a,
+                &self.spans,
+                c.num_attention_heads,
+                c.num_key_value_heads,
+                c.head_dim,
+            )?;
             ops::rope_inplace(&mut dq, &positions, cos, &neg_sin, c.head_dim)?;
             ops::rope_inplace(&mut dk, &positions, cos, &neg_sin, c.head_dim)?;
             let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
-            let dw_qkv = ops::linear_grad_weight(&dqkv, &s.n1)?;
-            let (dwq, rest) = dw_qkv.as_slice()?.split_at(q_dim * h);
-            let (dwk, dwv) = rest.split_at(kv_dim * h);
-            grads.add(&format!("{p}self_attn.q_proj.weight"), &[q_dim, h], dwq);
-            grads.add(&format!("{p}self_attn.k_proj.weight"), &[kv_dim, h], dwk);
-            grads.add(&format!("{p}self_attn.v_proj.weight"), &[kv_dim, h], dwv);
+            let dw_qkv = ops::split_rows(&ops::linear_grad_weight(&dqkv, &s.n1)?, &[q_dim, kv_dim, kv_dim])?;
+            for (n, g) in ["q", "k", "v"].iter().zip(dw_qkv) {
+                grads.add(&format!("{p}self_attn.{n}_proj.weight"), g)?;
+            }
             if c.qkv_bias {
-                let n = q_dim + 2 * kv_dim;
-                let mut db = vec![0.0f32; n];
-                for row in dqkv.as_slice()?.chunks(n) {
-                    for (b, g) in db.iter_mut().zip(row) {
-                        *b += g;
-                    }
+                let db = ops::split_cols(&ops::sum_rows(&dqkv)?, &[q_dim, kv_dim, kv_dim])?;
+                for (n, g) in ["q", "k", "v"].iter().zip(db) {
+                    let len = g.len();
+                    grads.add(&format!("{p}self_attn.{n}_proj.bias"), g.reshape(&[len])?)?;
                 }
-                grads.add(&format!("{p}self_attn.q_proj.bias"), &[q_dim], &db[..q_dim]);
-                grads.add(&format!("{p}self_attn.k_proj.bias"), &[kv_dim], &db[q_dim..q_dim + kv_dim]);
-                grads.add(&format!("{p}self_attn.v_proj.bias"), &[kv_dim], &db[q_dim + kv_dim..]);
             }
             let d_n1 = ops::linear_grad_input(&dqkv, &w.qkv_proj)?;
             let (d_in, dw_in) = ops::rms_norm_backward(&s.x_in, &w.input_layernorm, &d_n1, c.rms_norm_eps)?;
-            grads.add(&format!("{p}input_layernorm.weight"), &[h], dw_in.as_slice()?);
+            grads.add(&format!("{p}input_layernorm.weight"), dw_in)?;
             ops::add_inplace(&mut dx, &d_in)?;
         }
         // Embedding: scatter-add rows.
-        let mut de = vec![0.0f32; v * h];
-        let dxs = dx.as_slice()?;
-        for (r, &tok) in self.inputs.iter().enumerate() {
-            for (a, b) in de[tok as usize * h..(tok as usize + 1) * h].iter_mut().zip(&dxs[r * h..(r + 1) * h]) {
-                *a += b;
-            }
-        }
-        grads.add("model.embed_tokens.weight", &[v, h], &de);
+        let mut de = Tensor::zeros(&[c.vocab_size, h], model.device())?;
+        ops::scatter_add_rows(&mut de, &self.inputs, &dx)?;
+        grads.add("model.embed_tokens.weight", de)?;
         Ok(())
     }
-}
-
-/// Entropy `−Σ p log p` of `softmax(row / T)`, in f64.
-fn entropy(row: &[f32], temperature: f32) -> f32 {
-    let t = temperature as f64;
-    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let w: Vec<f64> = row.iter().map(|&v| ((v as f64 - max) / t).exp()).collect();
-    let z: f64 = w.iter().sum();
-    -w.iter().filter(|&&x| x > 0.0).map(|&x| (x / z) * (x / z).ln()).sum::<f64>() as f32
-}
-
-/// `x · s` elementwise.
-fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
-    Ok(Tensor::from_vec(x.as_slice()?.iter().map(|v| v * s).collect(), x.shape())?)
 }

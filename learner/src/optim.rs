@@ -2,20 +2,27 @@
 //! decay, then the bias-corrected Adam step), global-norm clipping and LR schedules.
 
 use super::Grads;
-use rayon::prelude::*;
+use crate::Result;
+use kernels::ops::{self, AdamWStep};
+use kernels::Tensor;
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 
+/// Learning-rate schedules, with Hugging Face `get_scheduler` semantics (`transformers`
+/// `optimization.py`): the optimizer's `t`-th step (1-based) uses the multiplier at
+/// `s = t − 1`; warmup is `s / warmup_steps` while `s < warmup_steps`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum Schedule {
+    /// `1` at every step; `warmup_steps` is ignored (HF `constant`).
     Constant,
-    /// Linear warmup over `warmup_steps`, then constant.
+    /// Warmup, then `1` (HF `constant_with_warmup`).
+    ConstantWithWarmup,
+    /// Warmup, then `(total − s) / (total − warmup)`, reaching 0 at `total_steps` (HF `linear`).
     Linear,
-    /// Linear warmup, then cosine decay to 0 at `total_steps`.
+    /// Warmup, then `½(1 + cos(π · (s − warmup) / (total − warmup)))` (HF `cosine`).
     Cosine,
 }
-
 /// Optimizer settings (TRL / HF `TrainingArguments` names).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default)]
@@ -49,29 +56,34 @@ impl Default for OptimConfig {
 }
 
 impl OptimConfig {
-    /// Learning rate at optimizer step `step` (1-based).
+    /// Learning rate at optimizer step `step` (1-based), see [`Schedule`].
     pub fn lr_at(&self, step: u64) -> f64 {
-        let w = self.warmup_steps;
-        if w > 0 && step <= w {
-            return self.learning_rate * step as f64 / w as f64;
-        }
-        match self.lr_scheduler_type {
-            Schedule::Constant | Schedule::Linear => self.learning_rate,
-            Schedule::Cosine => {
-                let span = self.total_steps.saturating_sub(w).max(1) as f64;
-                let p = ((step - w) as f64 / span).min(1.0);
-                self.learning_rate * 0.5 * (1.0 + (std::f64::consts::PI * p).cos())
+        let s = step.saturating_sub(1) as f64;
+        let (w, total) = (self.warmup_steps as f64, self.total_steps as f64);
+        let warming = self.lr_scheduler_type != Schedule::Constant && s < w;
+        let factor = if warming {
+            s / w.max(1.0)
+        } else {
+            match self.lr_scheduler_type {
+                Schedule::Constant | Schedule::ConstantWithWarmup => 1.0,
+                Schedule::Linear => ((total - s) / (total - w).max(1.0)).max(0.0),
+                Schedule::Cosine => {
+                    let p = (s - w) / (total - w).max(1.0);
+                    (0.5 * (1.0 + (std::f64::consts::PI * p).cos())).max(0.0)
+                }
             }
-        }
+        };
+        self.learning_rate * factor
     }
 }
 
-/// AdamW state: first and second moments per parameter (f32), and the step count.
+/// AdamW state: first and second moments per parameter (f32, on the model's device), and
+/// the step count.
 #[derive(Debug, Default, Clone)]
 pub struct AdamW {
     pub step: u64,
-    pub m: BTreeMap<String, Vec<f32>>,
-    pub v: BTreeMap<String, Vec<f32>>,
+    pub m: BTreeMap<String, Tensor>,
+    pub v: BTreeMap<String, Tensor>,
 }
 
 /// The step-wide factors of one AdamW step (from [`AdamW::begin_step`]).
@@ -85,41 +97,39 @@ pub struct StepScale {
 }
 
 impl AdamW {
-    /// Starts a step: global norm, clip factor, step count + 1, learning rate.
-    pub fn begin_step(&mut self, grads: &Grads, cfg: &OptimConfig) -> StepScale {
-        let norm = grads.global_norm();
+    /// Starts a step: global norm, clip factor (`max_grad_norm / (norm + 1e-6)` above the
+    /// limit, as `torch.nn.utils.clip_grad_norm_`), step count + 1, learning rate.
+    pub fn begin_step(&mut self, grads: &Grads, cfg: &OptimConfig) -> Result<StepScale> {
+        let norm = grads.global_norm()?;
         let clip =
             if cfg.max_grad_norm > 0.0 && norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
         self.step += 1;
-        StepScale { grad_norm: norm, clip, lr: cfg.lr_at(self.step) }
+        Ok(StepScale { grad_norm: norm, clip, lr: cfg.lr_at(self.step) })
     }
 
     /// Advances the moments of `name` with its gradient `g` and returns the Adam step
-    /// `Δ = −lr · m̂ / (√v̂ + ε)`; the parameter update is `p ← (1 − lr·weight_decay)·p + Δ`
-    /// (decoupled decay first, as PyTorch). Needs no access to `p`: the learner computes it
-    /// while the engine keeps serving and applies it under the write guard in one pass.
-    pub fn delta(&mut self, name: &str, g: &[f32], s: &StepScale, cfg: &OptimConfig) -> Vec<f32> {
-        let (b1, b2, lr, clip) = (cfg.adam_beta1, cfg.adam_beta2, s.lr, s.clip);
-        let (bc1, bc2) = (1.0 - b1.powi(self.step as i32), 1.0 - b2.powi(self.step as i32));
-        let m = self.m.entry(name.to_string()).or_insert_with(|| vec![0.0; g.len()]);
-        let v = self.v.entry(name.to_string()).or_insert_with(|| vec![0.0; g.len()]);
-        let mut d = vec![0.0f32; g.len()];
-        const CHUNK: usize = 1 << 16;
-        d.par_chunks_mut(CHUNK)
-            .zip(m.par_chunks_mut(CHUNK))
-            .zip(v.par_chunks_mut(CHUNK))
-            .zip(g.par_chunks(CHUNK))
-            .for_each(|(((d, m), v), g)| {
-                for i in 0..d.len() {
-                    let gi = g[i] as f64 * clip;
-                    let mi = b1 * m[i] as f64 + (1.0 - b1) * gi;
-                    let vi = b2 * v[i] as f64 + (1.0 - b2) * gi * gi;
-                    m[i] = mi as f32;
-                    v[i] = vi as f32;
-                    d[i] = (-lr * (mi / bc1) / ((vi / bc2).sqrt() + cfg.adam_epsilon)) as f32;
-                }
-            });
-        d
+    /// `Δ = −lr · m̂ / (√v̂ + ε)` ([`ops::adamw_delta`]); the parameter update is
+    /// `p ← (1 − lr·weight_decay)·p + Δ` (decoupled decay first, as PyTorch). Needs no
+    /// access to `p`: the learner computes it while the engine keeps serving and applies it
+    /// under the write guard in one pass.
+    pub fn delta(&mut self, name: &str, g: &Tensor, s: &StepScale, cfg: &OptimConfig) -> Result<Tensor> {
+        let t = self.step as i32;
+        let step = AdamWStep {
+            lr: s.lr,
+            beta1: cfg.adam_beta1,
+            beta2: cfg.adam_beta2,
+            eps: cfg.adam_epsilon,
+            bias_correction1: 1.0 - cfg.adam_beta1.powi(t),
+            bias_correction2: 1.0 - cfg.adam_beta2.powi(t),
+            clip: s.clip,
+        };
+        let zeros = || Tensor::zeros(g.shape(), &g.device());
+        if !self.m.contains_key(name) {
+            self.m.insert(name.to_string(), zeros()?);
+            self.v.insert(name.to_string(), zeros()?);
+        }
+        let (m, v) = (self.m.get_mut(name).expect("inserted"), self.v.get_mut(name).expect("inserted"));
+        Ok(ops::adamw_delta(g, m, v, &step)?)
     }
 
     /// The decoupled weight-decay factor `1 − lr·weight_decay` of this step.
@@ -127,17 +137,17 @@ impl AdamW {
         (1.0 - s.lr * cfg.weight_decay) as f32
     }
 
-    /// One whole step over a name → values map ([`Self::begin_step`] + [`Self::update`]).
-    /// Returns `(grad_norm before clipping, learning rate used)`.
-    pub fn step(&mut self, params: &mut BTreeMap<String, Vec<f32>>, grads: &Grads, cfg: &OptimConfig) -> (f64, f64) {
-        let s = self.begin_step(grads, cfg);
+    /// One whole step over HF-named tensors ([`Self::begin_step`] + [`Self::delta`] +
+    /// the decayed update). Returns `(grad_norm before clipping, learning rate used)`.
+    pub fn step(&mut self, params: &mut BTreeMap<String, Tensor>, grads: &Grads, cfg: &OptimConfig) -> Result<(f64, f64)> {
+        let s = self.begin_step(grads, cfg)?;
         let decay = Self::decay(&s, cfg);
-        for (name, (_, g)) in &grads.tensors {
+        for (name, g) in &grads.tensors {
             if let Some(p) = params.get_mut(name) {
-                let d = self.delta(name, g, &s, cfg);
-                p.iter_mut().zip(d).for_each(|(p, d)| *p = *p * decay + d);
+                let d = self.delta(name, g, &s, cfg)?;
+                ops::scale_add_inplace(p, decay, &d)?;
             }
         }
-        (s.grad_norm, s.lr)
+        Ok((s.grad_norm, s.lr))
     }
 }

@@ -166,12 +166,11 @@ impl Trainer {
         let reference = if config.loss.beta > 0.0 || config.log_kl_to_initial {
             let named = model.named_weights()?;
             let get = |n: &str, s: &[usize]| -> engine::Result<kernels::Tensor> {
-                let v = named.get(n).ok_or_else(|| engine::ModelError::MissingTensor {
+                named.get(n).cloned().ok_or_else(|| engine::ModelError::MissingTensor {
                     path: "<reference>".into(),
                     name: n.into(),
                     expected: s.to_vec(),
-                })?;
-                Ok(kernels::Tensor::from_vec(v.1.clone(), s)?)
+                })
             };
             Some(Model::from_source(model.config.clone(), &get, model.device())?)
         } else {
@@ -288,15 +287,14 @@ impl Trainer {
         let t0 = Instant::now();
         let (mut m, grads) = self.gradients(&model.read(), batch)?;
         let cfg = &self.config.optim;
-        let scale = self.optimizer.begin_step(&grads, cfg);
-        // AdamW's step Δ is computed and laid out like the served storage while the engine
+        let scale = self.optimizer.begin_step(&grads, cfg)?;
+        // AdamW's step Δ is computed and laid out like the served weights while the engine
         // keeps serving; the write guard covers one elementwise pass `w ← decay·w + Δ`.
-        let deltas: BTreeMap<&str, Vec<f32>> = grads
-            .tensors
-            .iter()
-            .map(|(name, (_, g))| (name.as_str(), self.optimizer.delta(name, g, &scale, cfg)))
-            .collect();
-        let laid = model.read().lay_out(&|n| deltas.get(n).map(Vec::as_slice))?;
+        let mut deltas = BTreeMap::new();
+        for (name, g) in &grads.tensors {
+            deltas.insert(name.as_str(), self.optimizer.delta(name, g, &scale, cfg)?);
+        }
+        let laid = model.read().lay_out(&mut |n| deltas.remove(n))?;
         drop(deltas);
         let t_write = Instant::now();
         {

@@ -96,7 +96,7 @@ fn latency(a: BenchArgs) -> Result<()> {
     // Greedy, never stopping early: decode exactly gen_tokens.
     let params = SamplingParams { temperature: 0.0, ..Default::default() };
     for _ in 0..a.repetitions {
-        let mut cache = model.new_cache(a.prompt_tokens);
+        let mut cache = model.new_cache(a.prompt_tokens)?;
         let t = Instant::now();
         model.forward(&prompt, &mut cache, false)?;
         pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());

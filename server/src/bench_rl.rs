@@ -49,7 +49,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|");
     for &k in &a.max_staleness {
         let model = SharedModel::new(Model::load(&dir, &Device::Cpu)?);
-        let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default());
+        let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default())?;
         let max_model_len = engine.max_model_len();
         let out = tempdir(k)?;
         let ctx = JobContext {

@@ -58,7 +58,7 @@ fn run_batch(
     prompts: &[Vec<u32>],
     params: &SamplingParams,
 ) -> Result<RunResult> {
-    let mut e = LLMEngine::new(model.clone(), tok.clone(), cfg.clone());
+    let mut e = LLMEngine::new(model.clone(), tok.clone(), cfg.clone())?;
     let t = Instant::now();
     for (i, p) in prompts.iter().enumerate() {
         e.add_request(&format!("b{i}"), p.clone(), params.clone())?;

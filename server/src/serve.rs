@@ -205,7 +205,7 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         model.version = state["version"].as_u64().unwrap_or(0);
     }
     let model = SharedModel::new(model);
-    let engine = LLMEngine::new(model.clone(), tokenizer.clone(), args.engine.config());
+    let engine = LLMEngine::new(model.clone(), tokenizer.clone(), args.engine.config())?;
     let max_model_len = engine.max_model_len();
     tracing::info!(
         kv_capacity_tokens = engine.kv_capacity_tokens(),

@@ -6,7 +6,6 @@ use clap::Args;
 use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
 use engine::{Model, SharedModel};
 use kernels::Device;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -92,9 +91,7 @@ pub fn run(a: TrainStepArgs) -> Result<()> {
     let mut trainer = Trainer::new(&model, cfg)?;
     if let Some(p) = &a.dump_grads {
         let (_, grads) = trainer.gradients(&model, &batch)?;
-        let views: BTreeMap<String, (Vec<usize>, &[f32])> =
-            grads.tensors.iter().map(|(n, (s, v))| (n.clone(), (s.clone(), v.as_slice()))).collect();
-        checkpoint::write_tensors(p, &views)?;
+        checkpoint::write_named(p, grads.tensors.iter().map(|(n, t)| (n.clone(), t)))?;
     }
     let model = SharedModel::new(model);
     let (metrics, _) = trainer.step(&model, &batch)?;

@@ -217,29 +217,33 @@ impl Model {
         out
     }
 
-    /// HF-named tensors (`hf(name)`; `None` = zeros) laid out like this model's weights:
-    /// fused, packed by the backend, the tied LM head a packed copy of the embedding. With
-    /// [`Self::apply_deltas`] the optimizer's update is prepared outside the write guard.
-    pub fn lay_out(&self, hf: &dyn Fn(&str) -> Option<Tensor>) -> Result<Vec<WeightDelta>> {
+    /// HF-named tensors (`take(name)` hands each over once; `None` = zeros) laid out like
+    /// this model's weights: fused, packed by the backend, the tied LM head a packed copy of
+    /// the embedding. With [`Self::apply_deltas`] the optimizer's update is prepared outside
+    /// the write guard.
+    pub fn lay_out(&self, take: &mut dyn FnMut(&str) -> Option<Tensor>) -> Result<Vec<WeightDelta>> {
         let c = &self.config;
         let (h, i) = (c.hidden_size, c.intermediate_size);
         let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            match hf(name).filter(|t| t.shape() == shape) {
+        let mut get = |name: &str, shape: &[usize]| -> Result<Tensor> {
+            match take(name).filter(|t| t.shape() == shape) {
                 Some(t) => Ok(t),
                 None => Ok(Tensor::zeros(shape, &self.device)?),
             }
         };
-        let packed = |names: &[(String, usize)], k: usize| -> Result<WeightDelta> {
-            let parts = names.iter().map(|(n, r)| get(n, &[*r, k])).collect::<Result<Vec<_>>>()?;
-            let w = if parts.len() == 1 { parts.into_iter().next().expect("one") } else { ops::cat_rows(&parts.iter().collect::<Vec<_>>())? };
-            Ok(WeightDelta::Packed(ops::pack_weight(&w)?))
+        // Fused rows (q/k/v, gate/up) are stacked, then packed like the weight.
+        let packed = |parts: Vec<Tensor>| -> Result<WeightDelta> {
+            let w = match parts.as_slice() {
+                [one] => ops::pack_weight(one)?,
+                _ => ops::pack_weight(&ops::cat_rows(&parts.iter().collect::<Vec<_>>())?)?,
+            };
+            Ok(WeightDelta::Packed(w))
         };
         let embed = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
         let head = if c.tie_word_embeddings {
             WeightDelta::Packed(ops::pack_weight(&embed)?)
         } else {
-            packed(&[("lm_head.weight".into(), c.vocab_size)], h)?
+            packed(vec![get("lm_head.weight", &[c.vocab_size, h])?])?
         };
         let mut out = vec![WeightDelta::Dense(embed), WeightDelta::Dense(get("model.norm.weight", &[h])?), head];
         for (l, w) in self.layers.iter().enumerate() {
@@ -247,14 +251,16 @@ impl Model {
             out.push(WeightDelta::Dense(get(&format!("{p}input_layernorm.weight"), &[h])?));
             out.push(WeightDelta::Dense(get(&format!("{p}post_attention_layernorm.weight"), &[h])?));
             let qkv = [("q", q), ("k", kv), ("v", kv)];
-            out.push(packed(&qkv.map(|(n, r)| (format!("{p}self_attn.{n}_proj.weight"), r)), h)?);
+            let rows = qkv.iter().map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.weight"), &[*r, h]));
+            out.push(packed(rows.collect::<Result<_>>()?)?);
             if w.qkv_bias.is_some() {
                 let b = qkv.iter().map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
                 out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
             }
-            out.push(packed(&[(format!("{p}self_attn.o_proj.weight"), h)], q)?);
-            out.push(packed(&[(format!("{p}mlp.gate_proj.weight"), i), (format!("{p}mlp.up_proj.weight"), i)], h)?);
-            out.push(packed(&[(format!("{p}mlp.down_proj.weight"), h)], i)?);
+            out.push(packed(vec![get(&format!("{p}self_attn.o_proj.weight"), &[h, q])?])?);
+            let (gate, up) = (get(&format!("{p}mlp.gate_proj.weight"), &[i, h])?, get(&format!("{p}mlp.up_proj.weight"), &[i, h])?);
+            out.push(packed(vec![gate, up])?);
+            out.push(packed(vec![get(&format!("{p}mlp.down_proj.weight"), &[h, i])?])?);
         }
         Ok(out)
     }

@@ -131,7 +131,7 @@ impl FeedbackStore {
         if ckpt.join("trainer_state.json").exists() {
             let state = checkpoint::load_state(&ckpt).map_err(|e| e.to_string())?;
             super::job::load_weights(&ctx.model, &ckpt, state["version"].as_u64().unwrap_or(0))?;
-            trainer.optimizer = checkpoint::load_optimizer(&ckpt).map_err(|e| e.to_string())?;
+            trainer.optimizer = checkpoint::load_optimizer(&ckpt, &ctx.model.read().device().clone()).map_err(|e| e.to_string())?;
             covered = state["feedback_seq"].as_u64().unwrap_or(0);
         }
         let path = cfg.dir.join("feedback.jsonl");

@@ -296,14 +296,14 @@ fn run(
 ) -> Result<(), String> {
     let cfg = &job.config;
     std::fs::create_dir_all(&cfg.output_dir).map_err(|e| format!("{}: {e}", cfg.output_dir.display()))?;
-    let e = |e: engine::ModelError| e.to_string();
+    let e = |e: learner::LearnerError| e.to_string();
     // The reference (KL to the initial weights) is taken before a checkpoint is loaded.
     let mut trainer = Trainer::new(&ctx.model.read(), cfg.train.clone()).map_err(e)?;
     let mut start = 0;
     if let Some(dir) = resume {
         let state = checkpoint::load_state(dir).map_err(e)?;
         load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
-        trainer.optimizer = checkpoint::load_optimizer(dir).map_err(e)?;
+        trainer.optimizer = checkpoint::load_optimizer(dir, &ctx.model.read().device().clone()).map_err(e)?;
         start = state["job_step"].as_u64().unwrap_or(0);
         let mut st = job.status.lock().unwrap_or_else(|e| e.into_inner());
         (st.step, st.version) = (start, ctx.model.version());
