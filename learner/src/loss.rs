@@ -55,9 +55,8 @@ pub enum OffPolicyCorrection {
     Decoupled,
 }
 
-/// Loss settings (TRL `GRPOConfig` names).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// Loss settings (TRL `GRPOConfig` names; set through [`crate::TrainConfig`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct LossConfig {
     pub loss_type: LossType,
     pub importance_sampling_level: ImportanceSamplingLevel,

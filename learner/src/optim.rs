@@ -23,9 +23,8 @@ pub enum Schedule {
     /// Warmup, then `½(1 + cos(π · (s − warmup) / (total − warmup)))` (HF `cosine`).
     Cosine,
 }
-/// Optimizer settings (TRL / HF `TrainingArguments` names).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+/// Optimizer settings (HF `TrainingArguments` names; set through [`crate::TrainConfig`]).
+#[derive(Debug, Clone, PartialEq)]
 pub struct OptimConfig {
     pub learning_rate: f64,
     pub adam_beta1: f64,

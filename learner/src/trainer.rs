@@ -3,8 +3,11 @@
 //! weights, in place, under the shared model's write guard (DESIGN-NOTES §1) → version + 1.
 
 use super::advantages::{compute_advantages, ScaleRewards};
-use super::loss::{policy_loss, token_weights, LossConfig, SampleLogprobs};
-use super::optim::{AdamW, OptimConfig};
+use super::loss::{
+    policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossConfig, LossType, OffPolicyCorrection,
+    SampleLogprobs,
+};
+use super::optim::{AdamW, OptimConfig, Schedule};
 use super::{forward_batch, forward_batch_with, Grads};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
@@ -12,14 +15,42 @@ use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
 use std::time::Instant;
 
-/// Learner settings: loss, optimizer and advantage options (TRL names), flattened.
+/// The learner's settings: one flat table of TRL / HF `TrainingArguments` names (the
+/// `[learner]` table of a job config, `train-step --config`, `--learner-config`). Unknown
+/// keys are errors. [`Self::loss`] and [`Self::optim`] are the views the loss and the
+/// optimizer read.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
-#[serde(default)]
+#[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    #[serde(flatten)]
-    pub loss: LossConfig,
-    #[serde(flatten)]
-    pub optim: OptimConfig,
+    // Loss (see `loss.rs` for the formulas).
+    pub loss_type: LossType,
+    pub importance_sampling_level: ImportanceSamplingLevel,
+    pub epsilon: f32,
+    pub epsilon_high: f32,
+    pub beta: f32,
+    pub kl_estimator: KlEstimator,
+    /// Normaliser of `dr_grpo`, the DAPO overlong threshold, and a job's `max_tokens`.
+    pub max_completion_length: usize,
+    pub off_policy_correction: OffPolicyCorrection,
+    pub tis_cap: f32,
+    pub mis_low: f32,
+    pub mis_high: f32,
+    /// Entropy bonus: `−entropy_coef · H` per token, aggregated like the policy loss.
+    pub entropy_coef: f32,
+    // Optimizer (see `optim.rs`).
+    pub learning_rate: f64,
+    pub adam_beta1: f64,
+    pub adam_beta2: f64,
+    pub adam_epsilon: f64,
+    pub weight_decay: f64,
+    /// Clip the global gradient norm to this (0 = off).
+    pub max_grad_norm: f64,
+    pub lr_scheduler_type: Schedule,
+    pub warmup_steps: u64,
+    /// Length of the schedule (`linear` and `cosine` reach 0 here); unset, a job uses its
+    /// `max_steps` and other learners 1000.
+    pub total_steps: Option<u64>,
+    // Advantages and sample selection.
     pub scale_rewards: ScaleRewards,
     /// Drop groups whose rewards are all equal (DAPO dynamic sampling).
     pub filter_zero_std_groups: bool,
@@ -43,9 +74,29 @@ pub struct TrainConfig {
 
 impl Default for TrainConfig {
     fn default() -> Self {
+        let (l, o) = (LossConfig::default(), OptimConfig::default());
         Self {
-            loss: LossConfig::default(),
-            optim: OptimConfig::default(),
+            loss_type: l.loss_type,
+            importance_sampling_level: l.importance_sampling_level,
+            epsilon: l.epsilon,
+            epsilon_high: l.epsilon_high,
+            beta: l.beta,
+            kl_estimator: l.kl_estimator,
+            max_completion_length: l.max_completion_length,
+            off_policy_correction: l.off_policy_correction,
+            tis_cap: l.tis_cap,
+            mis_low: l.mis_low,
+            mis_high: l.mis_high,
+            entropy_coef: l.entropy_coef,
+            learning_rate: o.learning_rate,
+            adam_beta1: o.adam_beta1,
+            adam_beta2: o.adam_beta2,
+            adam_epsilon: o.adam_epsilon,
+            weight_decay: o.weight_decay,
+            max_grad_norm: o.max_grad_norm,
+            lr_scheduler_type: o.lr_scheduler_type,
+            warmup_steps: o.warmup_steps,
+            total_steps: None,
             scale_rewards: ScaleRewards::Group,
             filter_zero_std_groups: false,
             temperature: 1.0,
@@ -55,6 +106,41 @@ impl Default for TrainConfig {
             overlong_penalty_factor: 1.0,
             gradient_checkpointing: false,
             log_kl_to_initial: false,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// The loss settings.
+    pub fn loss(&self) -> LossConfig {
+        LossConfig {
+            loss_type: self.loss_type,
+            importance_sampling_level: self.importance_sampling_level,
+            epsilon: self.epsilon,
+            epsilon_high: self.epsilon_high,
+            beta: self.beta,
+            kl_estimator: self.kl_estimator,
+            max_completion_length: self.max_completion_length,
+            off_policy_correction: self.off_policy_correction,
+            tis_cap: self.tis_cap,
+            mis_low: self.mis_low,
+            mis_high: self.mis_high,
+            entropy_coef: self.entropy_coef,
+        }
+    }
+
+    /// The optimizer settings.
+    pub fn optim(&self) -> OptimConfig {
+        OptimConfig {
+            learning_rate: self.learning_rate,
+            adam_beta1: self.adam_beta1,
+            adam_beta2: self.adam_beta2,
+            adam_epsilon: self.adam_epsilon,
+            weight_decay: self.weight_decay,
+            max_grad_norm: self.max_grad_norm,
+            lr_scheduler_type: self.lr_scheduler_type,
+            warmup_steps: self.warmup_steps,
+            total_steps: self.total_steps.unwrap_or(OptimConfig::default().total_steps),
         }
     }
 }
@@ -163,7 +249,7 @@ impl Trainer {
     /// Starts from the model's current weights; copies them into a frozen reference only
     /// when `beta > 0` or `log_kl_to_initial`.
     pub fn new(model: &Model, config: TrainConfig) -> Result<Self> {
-        let reference = if config.loss.beta > 0.0 || config.log_kl_to_initial {
+        let reference = if config.beta > 0.0 || config.log_kl_to_initial {
             let named = model.named_weights()?;
             let get = |n: &str, s: &[usize]| -> engine::Result<kernels::Tensor> {
                 named.get(n).cloned().ok_or_else(|| engine::ModelError::MissingTensor {
@@ -183,7 +269,7 @@ impl Trainer {
     pub fn overlong_penalty(&self, len: usize) -> f32 {
         let c = &self.config;
         let Some(buffer) = c.overlong_buffer_len.filter(|&b| b > 0) else { return 0.0 };
-        let expected = c.loss.max_completion_length.saturating_sub(buffer);
+        let expected = c.max_completion_length.saturating_sub(buffer);
         if len <= expected {
             return 0.0;
         }
@@ -236,18 +322,19 @@ impl Trainer {
                 advantage: s.advantage.unwrap_or(adv.advantages[*i]),
             })
             .collect();
-        let (mut stats, dl) = policy_loss(&samples, &c.loss);
+        let loss_cfg = c.loss();
+        let (mut stats, dl) = policy_loss(&samples, &loss_cfg);
         let dl: Vec<f32> = dl.concat();
         let mut grads = Grads::default();
-        if c.loss.entropy_coef != 0.0 {
+        if c.entropy_coef != 0.0 {
             // Entropy bonus: L −= entropy_coef · Σ w_t H_t with the loss_type's token weights.
-            let w = token_weights(&fwd.lens, &c.loss);
+            let w = token_weights(&fwd.lens, &loss_cfg);
             let de: Vec<f32> = (0..fwd.lens.len())
-                .flat_map(|k| std::iter::repeat_n((-(c.loss.entropy_coef as f64) * w[k]) as f32, fwd.lens[k]))
+                .flat_map(|k| std::iter::repeat_n((-(c.entropy_coef as f64) * w[k]) as f32, fwd.lens[k]))
                 .collect();
             stats.loss -= (0..fwd.lens.len())
                 .map(|k| {
-                    c.loss.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>()
+                    c.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>()
                 })
                 .sum::<f64>();
             fwd.backward_with_entropy(model, &dl, &de, &mut grads)?;
@@ -286,7 +373,7 @@ impl Trainer {
     pub fn step(&mut self, model: &SharedModel, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
         let t0 = Instant::now();
         let (mut m, grads) = self.gradients(&model.read(), batch)?;
-        let cfg = &self.config.optim;
+        let cfg = &self.config.optim();
         let scale = self.optimizer.begin_step(&grads, cfg)?;
         // AdamW's step Δ is computed and laid out like the served weights while the engine
         // keeps serving; the write guard covers one elementwise pass `w ← decay·w + Δ`.

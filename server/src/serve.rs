@@ -150,7 +150,7 @@ impl FeedbackArgs {
             None => learner::TrainConfig::default(),
         };
         if let Some(lr) = self.learning_rate {
-            train.optim.learning_rate = lr;
+            train.learning_rate = lr;
         }
         anyhow::ensure!(self.feedback_batch_size >= 1, "--feedback-batch-size must be >= 1");
         anyhow::ensure!(self.feedback_window >= 1, "--feedback-window must be >= 1");

@@ -55,8 +55,8 @@ pub struct JobConfig {
 impl Default for JobConfig {
     fn default() -> Self {
         let mut train = TrainConfig { max_staleness: Some(0), log_kl_to_initial: true, ..Default::default() };
-        train.optim.learning_rate = 1e-5;
-        train.loss.max_completion_length = 64;
+        train.learning_rate = 1e-5;
+        train.max_completion_length = 64;
         Self {
             model: None,
             dataset: "builtin:arithmetic".into(),
@@ -113,10 +113,10 @@ impl JobConfig {
         let d = JobConfig::default().train;
         let t = &mut self.train;
         if !given("learning_rate") {
-            t.optim.learning_rate = d.optim.learning_rate;
+            t.learning_rate = d.learning_rate;
         }
         if !given("max_completion_length") {
-            t.loss.max_completion_length = d.loss.max_completion_length;
+            t.max_completion_length = d.max_completion_length;
         }
         if !given("max_staleness") {
             t.max_staleness = d.max_staleness;
@@ -137,8 +137,8 @@ impl JobConfig {
             (self.prompts_per_step >= 1, format!("`prompts_per_step` must be >= 1, got {}", self.prompts_per_step)),
             (self.max_steps >= 1, format!("`max_steps` must be >= 1, got {}", self.max_steps)),
             (
-                t.loss.max_completion_length >= 1,
-                format!("`max_completion_length` must be >= 1, got {}", t.loss.max_completion_length),
+                t.max_completion_length >= 1,
+                format!("`max_completion_length` must be >= 1, got {}", t.max_completion_length),
             ),
             (!self.rewards.is_empty(), "`rewards` must name at least one reward function".into()),
             (
@@ -152,7 +152,7 @@ impl JobConfig {
                 (0.0..=1.0).contains(&self.entropy_collapse_fraction),
                 format!("`entropy_collapse_fraction` must be in [0, 1], got {}", self.entropy_collapse_fraction),
             ),
-            (t.optim.learning_rate >= 0.0, format!("`learning_rate` must be >= 0, got {}", t.optim.learning_rate)),
+            (t.learning_rate >= 0.0, format!("`learning_rate` must be >= 0, got {}", t.learning_rate)),
         ];
         if let Some((_, msg)) = checks.into_iter().find(|(ok, _)| !ok) {
             return Err(msg);
@@ -177,7 +177,7 @@ impl JobConfig {
             top_k: self.top_k,
             min_p: self.min_p,
             seed: Some(engine::sampling::splitmix64(self.seed ^ engine::sampling::splitmix64(step))),
-            max_tokens: Some(self.train.loss.max_completion_length),
+            max_tokens: Some(self.train.max_completion_length),
             stop: self.stop.clone(),
             ..Default::default()
         }

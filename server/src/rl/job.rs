@@ -126,11 +126,11 @@ impl Job {
         let rewards = Rewards::new(&config.rewards, ctx.runtime.clone()).map_err(JobError::Invalid)?;
         let resume = resolve_resume(&config).map_err(JobError::Invalid)?;
         let longest = train.iter().chain(&eval).map(|e| e.prompt_ids.len()).max().unwrap_or(0);
-        let need = longest + config.train.loss.max_completion_length;
+        let need = longest + config.train.max_completion_length;
         if need > ctx.max_model_len {
             return Err(JobError::Invalid(format!(
                 "`max_completion_length` {} plus the longest prompt ({longest} tokens) exceeds the context of {} tokens",
-                config.train.loss.max_completion_length, ctx.max_model_len
+                config.train.max_completion_length, ctx.max_model_len
             )));
         }
         std::fs::create_dir_all(&config.output_dir)
@@ -465,7 +465,7 @@ fn record_eval(
     let cfg = &job.config;
     let params = SamplingParams {
         temperature: 0.0,
-        max_tokens: Some(cfg.train.loss.max_completion_length),
+        max_tokens: Some(cfg.train.max_completion_length),
         stop: cfg.stop.clone(),
         ..Default::default()
     };
