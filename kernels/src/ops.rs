@@ -390,6 +390,22 @@ pub fn paged_attention(
     )
 }
 
+/// Causal attention of one sequence over a contiguous cache: query row `i` sits at position
+/// `past + i` and position `j` in row `j` of `k`/`v` ([`paged_attention`] with one block).
+pub fn attention(
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    past: usize,
+    n_heads: usize,
+    n_kv_heads: usize,
+    head_dim: usize,
+) -> Result<Tensor> {
+    let (t, l) = (q.dims2("attention")?.0, k.dims2("attention")?.0);
+    let seq = AttnSeq { rows: 0..t, start_pos: past, block_table: &[0] };
+    paged_attention(q, k, v, &[seq], l.max(1), n_heads, n_kv_heads, head_dim)
+}
+
 /// Causal attention over packed sequences without a cache (the learner's forward): sequence
 /// `s` is rows `spans[s]` of `q`, `k`, `v`, at positions `0..len` ([`paged_attention`] with
 /// one-slot blocks).

@@ -69,7 +69,7 @@ fn real() -> &'static (SharedModel, Arc<Tokenizer>) {
 }
 
 fn engine(m: &(SharedModel, Arc<Tokenizer>), cfg: EngineConfig) -> LLMEngine {
-    LLMEngine::new(m.0.clone(), m.1.clone(), cfg)
+    LLMEngine::new(m.0.clone(), m.1.clone(), cfg).unwrap()
 }
 
 fn greedy(max_tokens: usize) -> SamplingParams {
@@ -95,7 +95,7 @@ fn paged_attention_with_odd_chunks_equals_dense() {
         let (dense, _) = generate(&model, p, &SamplingParams::greedy(), 9, &[], |_| {}).unwrap();
         assert_eq!(g[0].tokens, dense);
         let all: Vec<u32> = p.iter().chain(&dense).cloned().collect();
-        let lp = ops::log_softmax(&model.forward(&all, &mut model.new_cache(all.len()), true).unwrap()).unwrap();
+        let lp = ops::log_softmax(&model.forward(&all, &mut model.new_cache(all.len()).unwrap(), true).unwrap()).unwrap();
         let v = model.config.vocab_size;
         for (i, &t) in dense.iter().enumerate() {
             let want = lp.as_slice().unwrap()[(p.len() - 1 + i) * v + t as usize];

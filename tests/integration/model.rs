@@ -14,7 +14,7 @@ fn check(name: &str, spec: TinySpec, tol: f32) {
     let dir = temp_dir(&format!("tiny-{name}"));
     let weights = spec.write(&dir);
     let model = Model::load(&dir, &Device::Cpu).unwrap();
-    let mut cache = model.new_cache(32);
+    let mut cache = model.new_cache(32).unwrap();
     let got = model.forward(&PROMPT, &mut cache, true).unwrap();
     assert_eq!(got.shape(), &[PROMPT.len(), VOCAB]);
     let want: Vec<f32> = naive::forward(&spec, &weights, &PROMPT).into_iter().flatten().map(|v| v as f32).collect();
@@ -39,9 +39,9 @@ fn cached_forward_equals_full_forward() {
     let dir = temp_dir("tiny-cached");
     spec.write(&dir);
     let model = Model::load(&dir, &Device::Cpu).unwrap();
-    let full = model.forward(&PROMPT, &mut model.new_cache(16), true).unwrap();
+    let full = model.forward(&PROMPT, &mut model.new_cache(16).unwrap(), true).unwrap();
     // Chunks of 4, 1, 3, 1 tokens.
-    let mut cache = model.new_cache(16);
+    let mut cache = model.new_cache(16).unwrap();
     let mut start = 0;
     for n in [4, 1, 3, 1] {
         let part = model.forward(&PROMPT[start..start + n], &mut cache, true).unwrap();
@@ -78,10 +78,10 @@ fn sharded_weights_load_like_a_single_file() {
     .unwrap();
     let l1 = Model::load(&single, &Device::Cpu)
         .unwrap()
-        .forward(&PROMPT, &mut Model::load(&single, &Device::Cpu).unwrap().new_cache(16), false)
+        .forward(&PROMPT, &mut Model::load(&single, &Device::Cpu).unwrap().new_cache(16).unwrap(), false)
         .unwrap();
     let m2 = Model::load(&sharded, &Device::Cpu).unwrap();
-    let l2 = m2.forward(&PROMPT, &mut m2.new_cache(16), false).unwrap();
+    let l2 = m2.forward(&PROMPT, &mut m2.new_cache(16).unwrap(), false).unwrap();
     assert_eq!(l1.as_slice().unwrap(), l2.as_slice().unwrap());
 }
 

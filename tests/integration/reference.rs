@@ -97,7 +97,7 @@ fn greedy_decode_and_log_softmax_match_llama_cpp() {
     assert!(r.prompts.iter().any(|p| p.ids.len() > 500), "one prompt is over 500 tokens");
     let model = &model().1;
     for (pi, p) in r.prompts.iter().enumerate() {
-        let mut cache = model.new_cache(p.ids.len() + steps);
+        let mut cache = model.new_cache(p.ids.len() + steps).unwrap();
         let mut logits = model.forward(&p.ids, &mut cache, false).unwrap();
         let mut worst = 0.0f32;
         for s in 0..steps {
@@ -119,7 +119,7 @@ fn teacher_forced_logprobs_match_llama_cpp() {
     let model = &model().1;
     for tf in &reference().teacher_forced {
         let ids: Vec<u32> = tf.prompt_ids.iter().chain(&tf.continuation_ids).cloned().collect();
-        let logits = model.forward(&ids, &mut model.new_cache(ids.len()), true).unwrap();
+        let logits = model.forward(&ids, &mut model.new_cache(ids.len()).unwrap(), true).unwrap();
         let lp = ops::log_softmax(&logits).unwrap();
         let v = model.config.vocab_size;
         let got: Vec<f32> = tf
