@@ -13,12 +13,21 @@
 //! - aggregation `loss_type`: `grpo` = mean over samples of the per-sample token mean;
 //!   `dapo`/`bnpo` = Σ tokens / Σ completion lengths; `dr_grpo` = Σ tokens / (N · max_completion_length)
 //!   (Liu et al. 2025, "Understanding R1-Zero-Like Training").
-//! - `off_policy_correction`: `ppo_clip` (the ratio against μ, as above); `tis` (truncated IS:
-//!   the per-token loss is multiplied by min(exp(ℓ_old − μ), tis_cap), with the ratio taken
-//!   against ℓ_old; Yao et al. 2025); `mis` (masked IS: tokens — or samples at sequence level — whose
-//!   ratio exp(ℓ_old − μ) leaves [mis_low, mis_high] get no loss); `decoupled` (AReaL, Fu et al. 2025:
-//!   clip π_θ/π_prox, times min(π_prox/μ, tis_cap)). ℓ_old = π_prox = the learner's logprob
-//!   before this update (ℓ itself, detached, for one optimizer step per batch).
+//! - `off_policy_correction` (ℓ_old = π_prox = the learner's logprob at the start of the
+//!   batch: `SampleLogprobs::prox_logp`, or ℓ itself, detached, for one optimizer step per batch):
+//!   - `ppo_clip`: the ratio against μ, as above;
+//!   - `tis` (truncated IS, Yao et al. 2025, "Your Efficient RL Framework Secretly Brings You
+//!     Off-Policy RL Training"): the clipped objective on r = exp(ℓ − ℓ_old), times the
+//!     detached behaviour weight min(exp(ℓ_old − μ), tis_cap);
+//!   - `decoupled` (AReaL decoupled PPO, Fu et al. 2025, eq. 5; `ppo_actor_loss_fn` with
+//!     `behav_imp_weight_cap`): the same clipped objective on π_θ/π_prox, times the
+//!     behaviour weight π_prox/μ, and tokens whose weight exceeds `tis_cap` are masked
+//!     (weight 0) rather than truncated;
+//!   - `mis` (masked IS): the `ppo_clip` objective, and tokens (or whole samples at sequence
+//!     level) whose exp(ℓ_old − μ) leaves [mis_low, mis_high] get no loss.
+//!
+//!   At sequence level the ratios and weights use the mean over the sample's tokens.
+//!   Masked tokens still count in the `loss_type` normaliser.
 
 use serde::{Deserialize, Serialize};
 
@@ -101,6 +110,8 @@ pub struct SampleLogprobs<'a> {
     pub behavior: &'a [f32],
     /// ℓ_ref per token (needed when `beta > 0`).
     pub ref_logp: Option<&'a [f32]>,
+    /// ℓ_old = π_prox per token for `tis` / `decoupled` / `mis`; `None` = ℓ (detached).
+    pub prox_logp: Option<&'a [f32]>,
     pub advantage: f32,
 }
 
@@ -160,32 +171,42 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, 
             st.mismatch_max = st.mismatch_max.max(x.abs());
         }
         let seq_ratio = (d.iter().sum::<f64>() / len.max(1) as f64).exp();
+        // ℓ_old: the proximal policy's logprob (ℓ itself when not given).
+        let prox: Vec<f64> = match s.prox_logp {
+            Some(p) => p.iter().map(|&x| x as f64).collect(),
+            None => s.logp.iter().map(|&x| x as f64).collect(),
+        };
+        let mean = |v: &mut dyn Iterator<Item = f64>| v.sum::<f64>() / len.max(1) as f64;
+        // ℓ − ℓ_old and ℓ_old − μ, per token and as the sample's mean.
+        let d_new: Vec<f64> = s.logp.iter().zip(&prox).map(|(&l, p)| l as f64 - p).collect();
+        let d_old: Vec<f64> = prox.iter().zip(s.behavior).map(|(p, &m)| p - m as f64).collect();
+        let (seq_new, seq_old) = (mean(&mut d_new.iter().copied()).exp(), mean(&mut d_old.iter().copied()).exp());
+        let sequence = cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence;
         let mut g = vec![0.0f32; len];
         for t in 0..len {
             // The ratio in the clipped objective, its derivative w.r.t. ℓ_t, and a detached weight.
-            let (ratio, dratio, weight) = match (cfg.off_policy_correction, cfg.importance_sampling_level) {
-                (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, ImportanceSamplingLevel::Token) => {
-                    (d[t].exp(), d[t].exp(), 1.0)
-                }
-                (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, ImportanceSamplingLevel::Sequence) => {
+            let (ratio, dratio, weight) = match (cfg.off_policy_correction, sequence) {
+                (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, false) => (d[t].exp(), d[t].exp(), 1.0),
+                (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, true) => {
                     (seq_ratio, seq_ratio / len as f64, 1.0)
                 }
-                // Against ℓ_old = sg(ℓ): ratio 1 with derivative 1 (per token) or 1/|y| (per sequence).
-                (OffPolicyCorrection::Tis | OffPolicyCorrection::Decoupled, level) => {
-                    let w = match level {
-                        ImportanceSamplingLevel::Token => d[t].exp(),
-                        ImportanceSamplingLevel::Sequence => seq_ratio,
+                (OffPolicyCorrection::Tis | OffPolicyCorrection::Decoupled, _) => {
+                    let (r, dr, w) = if sequence {
+                        (seq_new, seq_new / len as f64, seq_old)
+                    } else {
+                        (d_new[t].exp(), d_new[t].exp(), d_old[t].exp())
                     };
-                    let dr = if level == ImportanceSamplingLevel::Token { 1.0 } else { 1.0 / len as f64 };
-                    (1.0, dr, w.min(cfg.tis_cap as f64))
+                    let cap = cfg.tis_cap as f64;
+                    let w = match cfg.off_policy_correction {
+                        OffPolicyCorrection::Tis => w.min(cap),
+                        _ if w > cap => 0.0,
+                        _ => w,
+                    };
+                    (r, dr, w)
                 }
             };
             let masked = cfg.off_policy_correction == OffPolicyCorrection::Mis && {
-                let w = if cfg.importance_sampling_level == ImportanceSamplingLevel::Token {
-                    d[t].exp()
-                } else {
-                    seq_ratio
-                };
+                let w = if sequence { seq_old } else { d_old[t].exp() };
                 w < cfg.mis_low as f64 || w > cfg.mis_high as f64
             };
             let clipped = ratio.clamp(lo, hi);
@@ -218,7 +239,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, 
             }
             st.loss += lt * norm;
             // Sequence-level ratios couple every token of the sample.
-            if cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence && use_unclipped {
+            if sequence && use_unclipped {
                 let share = -weight * a * dratio * norm;
                 for gt in g.iter_mut() {
                     *gt += share as f32;

@@ -319,6 +319,7 @@ impl Trainer {
                 logp: &fwd.logprobs[span(k)],
                 behavior: &s.behavior_logprobs,
                 ref_logp: ref_lp.as_ref().map(|r| &r[span(k)]),
+                prox_logp: None,
                 advantage: s.advantage.unwrap_or(adv.advantages[*i]),
             })
             .collect();

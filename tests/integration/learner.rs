@@ -129,6 +129,9 @@ fn losses_match_jax_autodiff() {
         loss_type: String,
         importance_sampling_level: String,
         beta: f32,
+        kl_estimator: String,
+        off_policy_correction: String,
+        use_prox: bool,
         loss: f64,
         grad: Vec<f64>,
     }
@@ -137,7 +140,11 @@ fn losses_match_jax_autodiff() {
         epsilon: f32,
         epsilon_high: f32,
         max_completion_length: usize,
+        tis_cap: f32,
+        mis_low: f32,
+        mis_high: f32,
         logp: Vec<Vec<f32>>,
+        prox: Vec<Vec<f32>>,
         behavior: Vec<Vec<f32>>,
         #[serde(rename = "ref")]
         reference: Vec<Vec<f32>>,
@@ -145,14 +152,30 @@ fn losses_match_jax_autodiff() {
         cases: Vec<Case>,
     }
     let f: F = serde_json::from_str(&std::fs::read_to_string(tests::fixture("learner/losses.json")).unwrap()).unwrap();
+    fn name<T: serde::de::DeserializeOwned>(s: &str) -> T {
+        serde_json::from_value(serde_json::json!(s)).unwrap()
+    }
+    // Every option that ships is in the fixture.
+    let covered = |field: fn(&Case) -> &str, all: &[&str]| {
+        for want in all {
+            assert!(f.cases.iter().any(|c| field(c) == *want), "no fixture case for {want}");
+        }
+    };
+    covered(|c| &c.loss_type, &["grpo", "dapo", "bnpo", "dr_grpo"]);
+    covered(|c| &c.kl_estimator, &["k1", "k2", "k3"]);
+    covered(|c| &c.off_policy_correction, &["ppo_clip", "tis", "decoupled", "mis"]);
     for c in &f.cases {
         let cfg = LossConfig {
-            loss_type: serde_json::from_value(serde_json::json!(c.loss_type)).unwrap(),
-            importance_sampling_level: serde_json::from_value(serde_json::json!(c.importance_sampling_level)).unwrap(),
+            loss_type: name(&c.loss_type),
+            importance_sampling_level: name(&c.importance_sampling_level),
             epsilon: f.epsilon,
             epsilon_high: f.epsilon_high,
             beta: c.beta,
-            kl_estimator: KlEstimator::K3,
+            kl_estimator: name(&c.kl_estimator),
+            off_policy_correction: name(&c.off_policy_correction),
+            tis_cap: f.tis_cap,
+            mis_low: f.mis_low,
+            mis_high: f.mis_high,
             max_completion_length: f.max_completion_length,
             ..Default::default()
         };
@@ -161,11 +184,15 @@ fn losses_match_jax_autodiff() {
                 logp: &f.logp[i],
                 behavior: &f.behavior[i],
                 ref_logp: Some(&f.reference[i]),
+                prox_logp: c.use_prox.then(|| f.prox[i].as_slice()),
                 advantage: f.advantages[i],
             })
             .collect();
         let (stats, grads) = policy_loss(&samples, &cfg);
-        let what = format!("{} / {} / beta {}", c.loss_type, c.importance_sampling_level, c.beta);
+        let what = format!(
+            "{} / {} / beta {} {} / {} (prox {})",
+            c.loss_type, c.importance_sampling_level, c.beta, c.kl_estimator, c.off_policy_correction, c.use_prox
+        );
         assert!(
             (stats.loss - c.loss).abs() <= 1e-5 * c.loss.abs().max(1e-3),
             "{what}: loss {} vs JAX {}",
@@ -173,6 +200,7 @@ fn losses_match_jax_autodiff() {
             c.loss
         );
         let got: Vec<f32> = grads.concat();
+        assert_eq!(got.len(), c.grad.len(), "{what}: one gradient per token");
         for (g, w) in got.iter().zip(&c.grad) {
             assert!((*g as f64 - w).abs() <= 1e-5 * w.abs().max(1e-2), "{what}: dL/dℓ {g} vs JAX {w}");
         }
@@ -218,6 +246,31 @@ fn adamw_step_by_hand() {
     let want = w * (1.0 - 0.1 * 0.1) - 0.1 * mh / (vh.sqrt() + 1e-8);
     let got = params["w"].to_vec().unwrap()[0] as f64;
     assert!((got - want).abs() < 1e-6, "step 2: {got} vs {want}");
+}
+
+#[test]
+fn lr_schedules_follow_hugging_face() {
+    use learner::optim::{OptimConfig, Schedule};
+    // lr at optimizer steps 1..=11 for lr 1, 10 total steps: HF's multiplier at scheduler step 0..=10.
+    let check = |kind: Schedule, warmup: u64, want: &[f64]| {
+        let c = OptimConfig { learning_rate: 1.0, lr_scheduler_type: kind, warmup_steps: warmup, total_steps: 10, ..Default::default() };
+        let got: Vec<f64> = (1..=11).map(|s| c.lr_at(s)).collect();
+        assert_eq!(got.len(), want.len());
+        for (s, (g, w)) in got.iter().zip(want).enumerate() {
+            assert!((g - w).abs() < 1e-12, "{kind:?} warmup {warmup}, step {}: {g} vs {w}", s + 1);
+        }
+    };
+    let e = |x: f64| x / 8.0;
+    // get_linear_schedule_with_warmup: s/2 while s < 2, then (10 − s)/8, reaching 0 at s = 10.
+    check(Schedule::Linear, 2, &[0.0, 0.5, 1.0, e(7.0), e(6.0), e(5.0), e(4.0), e(3.0), e(2.0), e(1.0), 0.0]);
+    check(Schedule::Linear, 0, &[1.0, 0.9, 0.8, 0.7, 0.6, 0.5, 0.4, 0.3, 0.2, 0.1, 0.0]);
+    // constant ignores warmup_steps; constant_with_warmup honours it.
+    check(Schedule::Constant, 2, &[1.0; 11]);
+    check(Schedule::ConstantWithWarmup, 2, &[0.0, 0.5, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0]);
+    // cosine: ½(1 + cos(π s / 10)) → 1 at s = 0, ½ at s = 5, 0 at s = 10.
+    let cos: Vec<f64> = (0..=10).map(|s| 0.5 * (1.0 + (std::f64::consts::PI * s as f64 / 10.0).cos())).collect();
+    assert!((cos[5] - 0.5).abs() < 1e-12 && cos[10].abs() < 1e-12);
+    check(Schedule::Cosine, 0, &cos);
 }
 
 #[test]

@@ -2,10 +2,13 @@
 
 use engine::sampling::{sample, SampleContext, SamplingParams};
 
-/// Samples `logits` with `params` for seeds 0..200; returns, per token, (count, behaviour logprob).
+/// Draws per [`check`]: enough for a chi-square test to see a 2% error in a probability.
+const DRAWS: u64 = 10_000;
+
+/// Samples `logits` with `params` for seeds 0..DRAWS; returns, per token, (count, behaviour logprob).
 fn draws(logits: &[f32], params: &SamplingParams, output: &[u32]) -> Vec<(usize, Option<f32>)> {
     let mut seen = vec![(0usize, None); logits.len()];
-    for seed in 0..200 {
+    for seed in 0..DRAWS {
         let ctx = SampleContext { prompt_ids: &[], output_ids: output, eos_token_ids: &[], seed };
         let s = sample(logits, params, &ctx);
         assert!(s.behavior_logprob.is_finite() && s.raw_logprob.is_finite(), "{s:?}");
@@ -16,19 +19,29 @@ fn draws(logits: &[f32], params: &SamplingParams, output: &[u32]) -> Vec<(usize,
     seen
 }
 
-/// `check(logits, params, expected behaviour probabilities (0 = never drawn))`.
+/// `check(logits, params, expected behaviour probabilities (0 = never drawn))`: every drawn
+/// token's μ is ln of its probability, never-drawn tokens are never drawn, and the counts of
+/// DRAWS seeded draws pass a chi-square goodness-of-fit test at p = 0.001.
 fn check(logits: &[f32], params: SamplingParams, output: &[u32], expected: &[f64]) {
+    assert_eq!(expected.len(), logits.len(), "one expected probability per token");
     let got = draws(logits, &params, output);
+    let mut chi2 = 0.0;
     for (t, (&want, (count, lp))) in expected.iter().zip(&got).enumerate() {
         if want == 0.0 {
             assert_eq!(*count, 0, "token {t} must never be drawn with {params:?}");
-        } else if let Some(lp) = lp {
-            assert!((*lp as f64 - want.ln()).abs() < 1e-5, "token {t}: μ = {lp}, want ln {want} with {params:?}");
+            continue;
         }
+        let lp = lp.unwrap_or_else(|| panic!("token {t} (p = {want}) never drawn in {DRAWS} with {params:?}"));
+        assert!((lp as f64 - want.ln()).abs() < 1e-5, "token {t}: μ = {lp}, want ln {want} with {params:?}");
+        let e = want * DRAWS as f64;
+        chi2 += (*count as f64 - e).powi(2) / e;
     }
-    // The most likely token is drawn at least once in 200 tries.
-    let best = expected.iter().cloned().enumerate().max_by(|a, b| a.1.total_cmp(&b.1)).unwrap().0;
-    assert!(got[best].0 > 0);
+    // Critical values of χ² at p = 0.001 for 1..=3 degrees of freedom.
+    let df = expected.iter().filter(|&&p| p > 0.0).count() - 1;
+    if df > 0 {
+        let critical = [10.83, 13.82, 16.27][df - 1];
+        assert!(chi2 < critical, "χ² = {chi2:.2} ≥ {critical} ({df} dof): counts {got:?} vs {expected:?} with {params:?}");
+    }
 }
 
 #[test]
