@@ -88,8 +88,9 @@ fn matmul_t64(x: &[f64], w: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
 }
 
 fn linear_and_packing(dev: &Device) {
-    // Decode (m = 1), tiles with remainders, and one column.
-    for (m, n, k) in [(1, 70, 37), (7, 130, 65), (13, 1, 64), (2, 64, 1)] {
+    // Decode (m = 1), every tile shape, k with 32-, 8- and scalar tails, one column, one input.
+    let shapes = [(1, 70, 37), (1, 576, 1536), (2, 5, 576), (3, 7, 45), (7, 33, 77), (13, 1, 64), (2, 64, 1), (64, 100, 129)];
+    for (m, n, k) in shapes {
         let (x, w, b) = (vals(m * k, 1), vals(n * k, 2), vals(n, 3));
         let packed = ops::pack_weight(&up(dev, &w, &[n, k])).unwrap();
         assert_eq!(packed.shape(), [n, k]);
