@@ -113,11 +113,6 @@ impl BlockManager {
         lock(&self.state).num_free
     }
 
-    /// Blocks holding a registered prefix-cache entry.
-    pub fn num_cached(&self) -> usize {
-        lock(&self.state).cached.len()
-    }
-
     /// Takes the least recently freed block, evicting its cache entry; `None` when all are in use.
     pub fn allocate(&self) -> Option<Block> {
         let mut s = lock(&self.state);

@@ -31,7 +31,12 @@ impl ModelRunner {
 
     /// Runs `scheduled` (indices into `running`, with their token counts) through `model`
     /// in one forward; returns the host logits `[rows, vocab]` and each sequence's rows.
-    pub fn run(&mut self, model: &Model, running: &[Sequence], scheduled: &[Scheduled]) -> Result<(Vec<f32>, Vec<RowPlan>)> {
+    pub fn run(
+        &mut self,
+        model: &Model,
+        running: &[Sequence],
+        scheduled: &[Scheduled],
+    ) -> Result<(Vec<f32>, Vec<RowPlan>)> {
         let (batch, plan) = self.build_batch(running, scheduled);
         let logits = model.forward_batch(&batch, &mut self.kv)?;
         Ok((logits.to_vec()?, plan))

@@ -26,6 +26,32 @@ macro_rules! backend {
     }};
 }
 
+/// Every storage of `parts` as one backend's type (`pick` unwraps it), or
+/// [`KernelError::DeviceMismatch`].
+fn same_backend<'a, S>(
+    parts: &[&'a Storage],
+    pick: fn(&'a Storage) -> Option<&'a S>,
+    op: &'static str,
+) -> Result<Vec<&'a S>> {
+    parts.iter().map(|s| pick(s).ok_or(KernelError::DeviceMismatch { op })).collect()
+}
+
+fn cpu_of(s: &Storage) -> Option<&crate::cpu::CpuStorage> {
+    if let Storage::Cpu(x) = s {
+        Some(x)
+    } else {
+        None
+    }
+}
+
+fn cuda_of(s: &Storage) -> Option<&crate::cuda::CudaStorage> {
+    if let Storage::Cuda(x) = s {
+        Some(x)
+    } else {
+        None
+    }
+}
+
 /// Wraps a backend result as a tensor of `shape`.
 fn out<S: Into<Storage>>(r: Result<S>, shape: &[usize]) -> Result<Tensor> {
     Ok(Tensor::new(r?.into(), shape))
@@ -237,16 +263,8 @@ pub fn cat_rows(parts: &[&Tensor]) -> Result<Tensor> {
     }
     let st: Vec<&Storage> = parts.iter().map(|t| &t.storage).collect();
     let s = match &first.storage {
-        Storage::Cpu(_) => {
-            let v: Option<Vec<_>> = st.iter().map(|s| if let Storage::Cpu(x) = s { Some(x) } else { None }).collect();
-            v.ok_or(KernelError::DeviceMismatch { op: "cat_rows" })
-                .and_then(|v| BackendStorage::cat(&v).map(Storage::from))?
-        }
-        Storage::Cuda(_) => {
-            let v: Option<Vec<_>> = st.iter().map(|s| if let Storage::Cuda(x) = s { Some(x) } else { None }).collect();
-            v.ok_or(KernelError::DeviceMismatch { op: "cat_rows" })
-                .and_then(|v| BackendStorage::cat(&v).map(Storage::from))?
-        }
+        Storage::Cpu(_) => BackendStorage::cat(&same_backend(&st, cpu_of, "cat_rows")?).map(Storage::from)?,
+        Storage::Cuda(_) => BackendStorage::cat(&same_backend(&st, cuda_of, "cat_rows")?).map(Storage::from)?,
     };
     Ok(Tensor::new(s, &[rows, c]))
 }
@@ -264,25 +282,15 @@ pub fn cat_cols(parts: &[&Tensor]) -> Result<Tensor> {
         widths.push(c);
     }
     let total: usize = widths.iter().sum();
+    let st: Vec<&Storage> = parts.iter().map(|t| &t.storage).collect();
+    fn with_widths<'a, S>(v: Vec<&'a S>, widths: &[usize]) -> Vec<(&'a S, usize)> {
+        v.into_iter().zip(widths.iter().copied()).collect()
+    }
     let s = match &first.storage {
-        Storage::Cpu(_) => {
-            let v: Option<Vec<_>> = parts
-                .iter()
-                .zip(&widths)
-                .map(|(t, &w)| if let Storage::Cpu(x) = &t.storage { Some((x, w)) } else { None })
-                .collect();
-            v.ok_or(KernelError::DeviceMismatch { op: "cat_cols" })
-                .and_then(|v| BackendStorage::cat_cols(&v, m).map(Storage::from))?
-        }
-        Storage::Cuda(_) => {
-            let v: Option<Vec<_>> = parts
-                .iter()
-                .zip(&widths)
-                .map(|(t, &w)| if let Storage::Cuda(x) = &t.storage { Some((x, w)) } else { None })
-                .collect();
-            v.ok_or(KernelError::DeviceMismatch { op: "cat_cols" })
-                .and_then(|v| BackendStorage::cat_cols(&v, m).map(Storage::from))?
-        }
+        Storage::Cpu(_) => BackendStorage::cat_cols(&with_widths(same_backend(&st, cpu_of, "cat_cols")?, &widths), m)
+            .map(Storage::from)?,
+        Storage::Cuda(_) => BackendStorage::cat_cols(&with_widths(same_backend(&st, cuda_of, "cat_cols")?, &widths), m)
+            .map(Storage::from)?,
     };
     Ok(Tensor::new(s, &[m, total]))
 }
@@ -439,7 +447,10 @@ fn check_scatter(op: &'static str, dst: &Tensor, rows: &[u32], src: &Tensor) -> 
     let (l, c) = dst.dims2(op)?;
     let (n, c2) = src.dims2(op)?;
     if c != c2 || rows.len() != n || rows.iter().any(|&s| s as usize >= l) {
-        return Err(shape_err(op, format!("{} rows (max {:?}) of [{l}, {c}] from [{n}, {c2}]", rows.len(), rows.iter().max())));
+        return Err(shape_err(
+            op,
+            format!("{} rows (max {:?}) of [{l}, {c}] from [{n}, {c2}]", rows.len(), rows.iter().max()),
+        ));
     }
     Ok(c)
 }

@@ -27,7 +27,10 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
     }
     write_named(&tmp.join("model.safetensors"), model.named_weights()?.iter().map(|(n, t)| (n.clone(), t)))?;
     let moments = opt.m.iter().map(|(n, t)| (format!("exp_avg.{n}"), t));
-    write_named(&tmp.join("optimizer.safetensors"), moments.chain(opt.v.iter().map(|(n, t)| (format!("exp_avg_sq.{n}"), t))))?;
+    write_named(
+        &tmp.join("optimizer.safetensors"),
+        moments.chain(opt.v.iter().map(|(n, t)| (format!("exp_avg_sq.{n}"), t))),
+    )?;
     let mut st = serde_json::json!({ "step": opt.step, "version": model.version });
     if let (Some(o), serde_json::Value::Object(extra)) = (st.as_object_mut(), state) {
         o.extend(extra);

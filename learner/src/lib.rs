@@ -13,8 +13,8 @@
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
 pub mod advantages;
-mod error;
 pub mod checkpoint;
+mod error;
 mod grads;
 pub mod loss;
 pub mod optim;
@@ -23,7 +23,6 @@ mod trainer;
 pub use error::{LearnerError, Result};
 pub use grads::Grads;
 pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
-
 
 use engine::Model;
 use kernels::{ops, Tensor};
@@ -210,7 +209,9 @@ impl SeqForward {
             (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
         let bad = |d: String| kernels::KernelError::Shape { op: "learner backward", detail: d };
         if dl_dlogp.len() != self.completion.len() {
-            return Err(bad(format!("{} gradients for {} completion tokens", dl_dlogp.len(), self.completion.len())).into());
+            return Err(
+                bad(format!("{} gradients for {} completion tokens", dl_dlogp.len(), self.completion.len())).into()
+            );
         }
         let dz = ops::token_logprobs_backward(
             &self.logits,

@@ -138,7 +138,12 @@ impl AdamW {
 
     /// One whole step over HF-named tensors ([`Self::begin_step`] + [`Self::delta`] +
     /// the decayed update). Returns `(grad_norm before clipping, learning rate used)`.
-    pub fn step(&mut self, params: &mut BTreeMap<String, Tensor>, grads: &Grads, cfg: &OptimConfig) -> Result<(f64, f64)> {
+    pub fn step(
+        &mut self,
+        params: &mut BTreeMap<String, Tensor>,
+        grads: &Grads,
+        cfg: &OptimConfig,
+    ) -> Result<(f64, f64)> {
         let s = self.begin_step(grads, cfg)?;
         let decay = Self::decay(&s, cfg);
         for (name, g) in &grads.tensors {

@@ -334,9 +334,7 @@ impl Trainer {
                 .flat_map(|k| std::iter::repeat_n((-(c.entropy_coef as f64) * w[k]) as f32, fwd.lens[k]))
                 .collect();
             stats.loss -= (0..fwd.lens.len())
-                .map(|k| {
-                    c.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>()
-                })
+                .map(|k| c.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>())
                 .sum::<f64>();
             fwd.backward_with_entropy(model, &dl, &de, &mut grads)?;
         } else {

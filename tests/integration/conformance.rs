@@ -45,7 +45,9 @@ test_device!(
 /// Deterministic values in [-1, 1).
 fn vals(n: usize, seed: u32) -> Vec<f32> {
     (0..n as u32)
-        .map(|i| ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 8) % 2001) as f32 / 1000.0 - 1.0)
+        .map(|i| {
+            ((i.wrapping_mul(2654435761).wrapping_add(seed.wrapping_mul(40503)) >> 8) % 2001) as f32 / 1000.0 - 1.0
+        })
         .collect()
 }
 
@@ -89,7 +91,8 @@ fn matmul_t64(x: &[f64], w: &[f64], m: usize, n: usize, k: usize) -> Vec<f64> {
 
 fn linear_and_packing(dev: &Device) {
     // Decode (m = 1), every tile shape, k with 32-, 8- and scalar tails, one column, one input.
-    let shapes = [(1, 70, 37), (1, 576, 1536), (2, 5, 576), (3, 7, 45), (7, 33, 77), (13, 1, 64), (2, 64, 1), (64, 100, 129)];
+    let shapes =
+        [(1, 70, 37), (1, 576, 1536), (2, 5, 576), (3, 7, 45), (7, 33, 77), (13, 1, 64), (2, 64, 1), (64, 100, 129)];
     for (m, n, k) in shapes {
         let (x, w, b) = (vals(m * k, 1), vals(n * k, 2), vals(n, 3));
         let packed = ops::pack_weight(&up(dev, &w, &[n, k])).unwrap();
@@ -111,8 +114,12 @@ fn linear_and_packing(dev: &Device) {
             assert_eq!(host(&row), &all[i * n..(i + 1) * n], "row {i} of {m}x{n}x{k} alone");
         }
     }
-    assert!(ops::linear(&up(dev, &vals(6, 1), &[2, 3]), &ops::pack_weight(&up(dev, &vals(8, 2), &[2, 4])).unwrap(), None)
-        .is_err());
+    assert!(ops::linear(
+        &up(dev, &vals(6, 1), &[2, 3]),
+        &ops::pack_weight(&up(dev, &vals(8, 2), &[2, 4])).unwrap(),
+        None
+    )
+    .is_err());
 }
 
 fn linear_backward(dev: &Device) {
@@ -145,8 +152,8 @@ fn rms_norm_and_backward(dev: &Device) {
     let (x, w, dy) = (vals(m * d, 7), vals(d, 8), vals(m * d, 9));
     let y = ops::rms_norm(&up(dev, &x, &[m, d]), &up(dev, &w, &[d]), eps as f32).unwrap();
     close(&host(&y), &rms_norm64(&f64s(&x), &f64s(&w), d, eps), 1e-5, "rms_norm");
-    let (dx, dw) = ops::rms_norm_backward(&up(dev, &x, &[m, d]), &up(dev, &w, &[d]), &up(dev, &dy, &[m, d]), eps as f32)
-        .unwrap();
+    let (dx, dw) =
+        ops::rms_norm_backward(&up(dev, &x, &[m, d]), &up(dev, &w, &[d]), &up(dev, &dy, &[m, d]), eps as f32).unwrap();
     let loss = |x: &[f64], w: &[f64]| rms_norm64(x, w, d, eps).iter().zip(&dy).map(|(a, b)| a * *b as f64).sum::<f64>();
     let (x64, w64) = (f64s(&x), f64s(&w));
     close(&host(&dx), &numeric_grad(&x64, &|x| loss(x, &w64)), 1e-5, "rms_norm dx");
@@ -159,9 +166,8 @@ fn rope(dev: &Device) {
     let positions = [0usize, 5, 19, 7];
     let m = positions.len();
     let angle = |p: usize, i: usize| p as f64 / 10000f64.powf(2.0 * i as f64 / hd as f64);
-    let table = |f: fn(f64) -> f64| -> Vec<f32> {
-        (0..max_pos * half).map(|j| f(angle(j / half, j % half)) as f32).collect()
-    };
+    let table =
+        |f: fn(f64) -> f64| -> Vec<f32> { (0..max_pos * half).map(|j| f(angle(j / half, j % half)) as f32).collect() };
     let (cos, sin) = (up(dev, &table(f64::cos), &[max_pos, half]), up(dev, &table(f64::sin), &[max_pos, half]));
     let x = vals(m * heads * hd, 10);
     let mut t = up(dev, &x, &[m, heads * hd]);
@@ -172,7 +178,11 @@ fn rope(dev: &Device) {
             let base = j - c;
             let (i, a) = (c % half, angle(positions[row], c % half));
             let (x1, x2) = (x[base + i] as f64, x[base + i + half] as f64);
-            if c < half { x1 * a.cos() - x2 * a.sin() } else { x2 * a.cos() + x1 * a.sin() }
+            if c < half {
+                x1 * a.cos() - x2 * a.sin()
+            } else {
+                x2 * a.cos() + x1 * a.sin()
+            }
         })
         .collect();
     close(&host(&t), &want, 1e-5, "rope");
@@ -203,7 +213,12 @@ fn elementwise_and_reductions(dev: &Device) {
     let mut t = up(dev, &a, &[m, n]);
     ops::add_inplace(&mut t, &up(dev, &b, &[m, n])).unwrap();
     close(&host(&t), &a.iter().zip(&b).map(|(x, y)| *x as f64 + *y as f64).collect::<Vec<_>>(), 1e-6, "add");
-    close(&host(&ops::scale(&up(dev, &a, &[m, n]), -2.5).unwrap()), &a.iter().map(|x| -2.5 * *x as f64).collect::<Vec<_>>(), 1e-6, "scale");
+    close(
+        &host(&ops::scale(&up(dev, &a, &[m, n]), -2.5).unwrap()),
+        &a.iter().map(|x| -2.5 * *x as f64).collect::<Vec<_>>(),
+        1e-6,
+        "scale",
+    );
     let axpby: Vec<f64> = a.iter().zip(&b).map(|(x, y)| 0.9 * *x as f64 + *y as f64).collect();
     let mut t = up(dev, &a, &[m, n]);
     ops::scale_add_inplace(&mut t, 0.9, &up(dev, &b, &[m, n])).unwrap();
@@ -231,7 +246,12 @@ fn softmaxes(dev: &Device) {
         .collect();
     let ls: Vec<f64> = (0..m * n).map(|j| x[j] as f64 - lse[j / n]).collect();
     close(&host(&ops::log_softmax(&up(dev, &x, &[m, n])).unwrap()), &ls, 1e-5, "log_softmax");
-    close(&host(&ops::softmax(&up(dev, &x, &[m, n])).unwrap()), &ls.iter().map(|v| v.exp()).collect::<Vec<_>>(), 1e-6, "softmax");
+    close(
+        &host(&ops::softmax(&up(dev, &x, &[m, n])).unwrap()),
+        &ls.iter().map(|v| v.exp()).collect::<Vec<_>>(),
+        1e-6,
+        "softmax",
+    );
 }
 
 fn row_and_column_copies(dev: &Device) {
@@ -249,7 +269,10 @@ fn row_and_column_copies(dev: &Device) {
     // Gathers, scatters (KV append) and scatter-adds (embedding backward, repeated ids add up).
     let ids = [4u32, 0, 4, 2];
     let g = ops::embedding(&t, &ids).unwrap();
-    assert_eq!(host(&g), ids.iter().flat_map(|&i| x[i as usize * c..(i as usize + 1) * c].to_vec()).collect::<Vec<_>>());
+    assert_eq!(
+        host(&g),
+        ids.iter().flat_map(|&i| x[i as usize * c..(i as usize + 1) * c].to_vec()).collect::<Vec<_>>()
+    );
     assert!(ops::embedding(&t, &[5]).is_err());
     let src = vals(ids.len() * c, 17);
     let mut dst = up(dev, &x, &[m, c]);
@@ -309,8 +332,7 @@ fn paged_attention_with_block_tables(dev: &Device) {
     let mut want = vec![];
     for ((rows, start), table) in specs.iter().zip(&tables) {
         for (i, r) in rows.clone().enumerate() {
-            let keys: Vec<usize> =
-                (0..=start + i).map(|p| table[p / bs] as usize * bs + p % bs).collect();
+            let keys: Vec<usize> = (0..=start + i).map(|p| table[p / bs] as usize * bs + p % bs).collect();
             want.extend(attend64(&q64[r * qc..(r + 1) * qc], &k64, &v64, &keys, heads, kv_heads, hd));
         }
     }
@@ -324,18 +346,41 @@ fn paged_attention_with_block_tables(dev: &Device) {
     // Packed sequences without a cache (the learner's forward): each row sees its own span.
     let spans = [0..4, 4..10];
     let (kp, vp) = (vals(t * kc, 21), vals(t * kc, 22));
-    let packed = ops::attention_packed(&up(dev, &q, &[t, qc]), &up(dev, &kp, &[t, kc]), &up(dev, &vp, &[t, kc]), &spans, heads, kv_heads, hd)
-        .unwrap();
-    close(&host(&packed), &packed_attention64(&q64, &f64s(&kp), &f64s(&vp), &spans, heads, kv_heads, hd), 1e-5, "attention_packed");
+    let packed = ops::attention_packed(
+        &up(dev, &q, &[t, qc]),
+        &up(dev, &kp, &[t, kc]),
+        &up(dev, &vp, &[t, kc]),
+        &spans,
+        heads,
+        kv_heads,
+        hd,
+    )
+    .unwrap();
+    close(
+        &host(&packed),
+        &packed_attention64(&q64, &f64s(&kp), &f64s(&vp), &spans, heads, kv_heads, hd),
+        1e-5,
+        "attention_packed",
+    );
 }
 
 /// Causal attention over packed spans (positions 0..len each) in f64.
-fn packed_attention64(q: &[f64], k: &[f64], v: &[f64], spans: &[Range<usize>], heads: usize, kv_heads: usize, hd: usize) -> Vec<f64> {
+fn packed_attention64(
+    q: &[f64],
+    k: &[f64],
+    v: &[f64],
+    spans: &[Range<usize>],
+    heads: usize,
+    kv_heads: usize,
+    hd: usize,
+) -> Vec<f64> {
     let qc = heads * hd;
     spans
         .iter()
         .flat_map(|s| s.clone().map(move |r| (s.start, r)))
-        .flat_map(|(s0, r)| attend64(&q[r * qc..(r + 1) * qc], k, v, &(s0..=r).collect::<Vec<_>>(), heads, kv_heads, hd))
+        .flat_map(|(s0, r)| {
+            attend64(&q[r * qc..(r + 1) * qc], k, v, &(s0..=r).collect::<Vec<_>>(), heads, kv_heads, hd)
+        })
         .collect()
 }
 
@@ -358,7 +403,11 @@ fn attention_backward(dev: &Device) {
     .unwrap();
     let (q64, k64, v64) = (f64s(&q), f64s(&k), f64s(&v));
     let loss = |q: &[f64], k: &[f64], v: &[f64]| {
-        packed_attention64(q, k, v, &spans, heads, kv_heads, hd).iter().zip(&da).map(|(a, b)| a * *b as f64).sum::<f64>()
+        packed_attention64(q, k, v, &spans, heads, kv_heads, hd)
+            .iter()
+            .zip(&da)
+            .map(|(a, b)| a * *b as f64)
+            .sum::<f64>()
     };
     close(&host(&dq), &numeric_grad(&q64, &|x| loss(x, &k64, &v64)), 1e-5, "dq");
     close(&host(&dk), &numeric_grad(&k64, &|x| loss(&q64, x, &v64)), 1e-5, "dk");

@@ -1,9 +1,9 @@
 //! The learner's forward and backward against JAX autodiff (float64) on tiny models
 //! (fixtures from tests/fixtures/make_learner_reference.py), and ℓ = the engine's logprob.
 
-use learner::{self, Grads};
 use engine::{EngineConfig, LLMEngine, Model, SamplingParams};
 use kernels::Device;
+use learner::{self, Grads};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -253,7 +253,13 @@ fn lr_schedules_follow_hugging_face() {
     use learner::optim::{OptimConfig, Schedule};
     // lr at optimizer steps 1..=11 for lr 1, 10 total steps: HF's multiplier at scheduler step 0..=10.
     let check = |kind: Schedule, warmup: u64, want: &[f64]| {
-        let c = OptimConfig { learning_rate: 1.0, lr_scheduler_type: kind, warmup_steps: warmup, total_steps: 10, ..Default::default() };
+        let c = OptimConfig {
+            learning_rate: 1.0,
+            lr_scheduler_type: kind,
+            warmup_steps: warmup,
+            total_steps: 10,
+            ..Default::default()
+        };
         let got: Vec<f64> = (1..=11).map(|s| c.lr_at(s)).collect();
         assert_eq!(got.len(), want.len());
         for (s, (g, w)) in got.iter().zip(want).enumerate() {
@@ -292,7 +298,8 @@ fn a_tiny_model_learns_a_toy_reward() {
     let mut trainer = Trainer::new(&model.read(), cfg).unwrap();
     for step in 0..12u64 {
         let mut e =
-            LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() }).unwrap();
+            LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() })
+                .unwrap();
         e.add_request(
             "g",
             prompt.clone(),
@@ -339,11 +346,7 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     let dir = tests::temp_dir("learner-ckpt-model");
     TinySpec { seed: 62, tied: false, ..Default::default() }.write(&dir);
     let model = Model::load(&dir, &Device::Cpu).unwrap();
-    let mut trainer = Trainer::new(
-        &model,
-        TrainConfig { learning_rate: 1e-2, ..Default::default() },
-    )
-    .unwrap();
+    let mut trainer = Trainer::new(&model, TrainConfig { learning_rate: 1e-2, ..Default::default() }).unwrap();
     let batch = vec![TrainSample {
         prompt_ids: vec![1, 2],
         completion_ids: vec![3, 4],

@@ -40,7 +40,10 @@ fn check(logits: &[f32], params: SamplingParams, output: &[u32], expected: &[f64
     let df = expected.iter().filter(|&&p| p > 0.0).count() - 1;
     if df > 0 {
         let critical = [10.83, 13.82, 16.27][df - 1];
-        assert!(chi2 < critical, "χ² = {chi2:.2} ≥ {critical} ({df} dof): counts {got:?} vs {expected:?} with {params:?}");
+        assert!(
+            chi2 < critical,
+            "χ² = {chi2:.2} ≥ {critical} ({df} dof): counts {got:?} vs {expected:?} with {params:?}"
+        );
     }
 }
 

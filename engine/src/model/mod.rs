@@ -86,7 +86,8 @@ impl Model {
             let qkv_w =
                 qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.weight"), &[*r, h])).collect::<Result<Vec<_>>>()?;
             let qkv_bias = if c.qkv_bias {
-                let b = qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
+                let b =
+                    qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
                 Some(dev(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?)?)
             } else {
                 None
@@ -201,8 +202,11 @@ impl Model {
 
     /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`].
     fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
-        let mut out =
-            vec![WeightMut::Dense(&mut self.embed_tokens), WeightMut::Dense(&mut self.norm), WeightMut::Packed(&mut self.lm_head)];
+        let mut out = vec![
+            WeightMut::Dense(&mut self.embed_tokens),
+            WeightMut::Dense(&mut self.norm),
+            WeightMut::Packed(&mut self.lm_head),
+        ];
         for w in &mut self.layers {
             out.push(WeightMut::Dense(&mut w.input_layernorm));
             out.push(WeightMut::Dense(&mut w.post_attention_layernorm));
@@ -254,11 +258,15 @@ impl Model {
             let rows = qkv.iter().map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.weight"), &[*r, h]));
             out.push(packed(rows.collect::<Result<_>>()?)?);
             if w.qkv_bias.is_some() {
-                let b = qkv.iter().map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
+                let b = qkv
+                    .iter()
+                    .map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.bias"), &[*r]))
+                    .collect::<Result<Vec<_>>>()?;
                 out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
             }
             out.push(packed(vec![get(&format!("{p}self_attn.o_proj.weight"), &[h, q])?])?);
-            let (gate, up) = (get(&format!("{p}mlp.gate_proj.weight"), &[i, h])?, get(&format!("{p}mlp.up_proj.weight"), &[i, h])?);
+            let (gate, up) =
+                (get(&format!("{p}mlp.gate_proj.weight"), &[i, h])?, get(&format!("{p}mlp.up_proj.weight"), &[i, h])?);
             out.push(packed(vec![gate, up])?);
             out.push(packed(vec![get(&format!("{p}mlp.down_proj.weight"), &[h, i])?])?);
         }

@@ -35,8 +35,11 @@ pub fn paged_attention(
         let pos = seq.start_pos + (row - seq.rows.start);
         let off = (h / group) * head_dim;
         let qv = &q[row * qc + h * head_dim..row * qc + (h + 1) * head_dim];
-        let scores =
-            attention_probs(qv, (0..=pos).map(|p| &k[slot(seq, p) * kc + off..slot(seq, p) * kc + off + head_dim]), scale);
+        let scores = attention_probs(
+            qv,
+            (0..=pos).map(|p| &k[slot(seq, p) * kc + off..slot(seq, p) * kc + off + head_dim]),
+            scale,
+        );
         o.fill(0.0);
         for (p, &w) in scores.iter().enumerate() {
             let s = slot(seq, p);
