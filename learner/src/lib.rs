@@ -176,52 +176,62 @@ fn forward_inner(
     })
 }
 
-impl SeqForward {
-    /// Accumulates into `grads` the gradient of a loss whose derivative w.r.t. each
-    /// completion logprob ℓ_i (all sequences, concatenated) is `dl_dlogp[i]`.
-    pub fn backward(&self, model: &Model, dl_dlogp: &[f32], grads: &mut Grads) -> Result<()> {
-        rayon::scope(|_| self.backward_inner(model, dl_dlogp, None, grads))
-    }
-
-    /// Like [`Self::backward`], with an extra loss term whose derivative w.r.t. each
-    /// completion position's entropy `H_i` is `dl_dentropy[i]` (the entropy bonus):
+/// What a loss hands to [`SeqForward::backward`]: its derivatives w.r.t. the forward's
+/// outputs, one row per completion token (all sequences, concatenated).
+#[derive(Debug, Clone, Copy)]
+pub struct OutputGrads<'a> {
+    /// `dL/dℓ_i` per completion logprob (the policy loss).
+    pub dl_dlogp: &'a [f32],
+    /// `dL/dH_i` per completion position's entropy (the entropy bonus), if any:
     /// `dH/dz_j = −(1/T)·p_j·(ln p_j + H)`.
-    pub fn backward_with_entropy(
-        &self,
-        model: &Model,
-        dl_dlogp: &[f32],
-        dl_dentropy: &[f32],
-        grads: &mut Grads,
-    ) -> Result<()> {
-        rayon::scope(|_| self.backward_inner(model, dl_dlogp, Some(dl_dentropy), grads))
+    pub dl_dentropy: Option<&'a [f32]>,
+    /// `dL/dh_i [Σ C, hidden]` w.r.t. [`SeqForward::hidden`] (a value head on the final
+    /// hidden states), if any.
+    pub dl_dhidden: Option<&'a Tensor>,
+}
+
+impl<'a> OutputGrads<'a> {
+    /// Only the policy loss's `dL/dℓ`.
+    pub fn logprobs(dl_dlogp: &'a [f32]) -> Self {
+        Self { dl_dlogp, dl_dentropy: None, dl_dhidden: None }
+    }
+}
+
+impl SeqForward {
+    /// The final hidden states (after the last RMSNorm) of the rows that predict the
+    /// completion tokens, `[Σ C, hidden]`: what the LM head (and a value head) reads.
+    pub fn hidden(&self) -> &Tensor {
+        &self.normed
     }
 
-    fn backward_inner(
-        &self,
-        model: &Model,
-        dl_dlogp: &[f32],
-        dl_dentropy: Option<&[f32]>,
-        grads: &mut Grads,
-    ) -> Result<()> {
+    /// Accumulates into `grads` the gradient of a loss whose derivatives w.r.t. the
+    /// forward's outputs are `g` (HF tensor names and layouts).
+    pub fn backward(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {
+        rayon::scope(|_| self.backward_inner(model, g, grads))
+    }
+
+    fn backward_inner(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {
         let c = &model.config;
         let (h, t) = (c.hidden_size, self.inputs.len());
         let (q_dim, kv_dim, i_dim) =
             (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
         let bad = |d: String| kernels::KernelError::Shape { op: "learner backward", detail: d };
-        if dl_dlogp.len() != self.completion.len() {
-            return Err(
-                bad(format!("{} gradients for {} completion tokens", dl_dlogp.len(), self.completion.len())).into()
-            );
+        let n = self.completion.len();
+        if g.dl_dlogp.len() != n {
+            return Err(bad(format!("{} gradients for {n} completion tokens", g.dl_dlogp.len())).into());
         }
         let dz = ops::token_logprobs_backward(
             &self.logits,
             &self.completion,
             self.temperature,
-            dl_dlogp,
-            dl_dentropy,
+            g.dl_dlogp,
+            g.dl_dentropy,
             &self.entropies,
         )?;
-        let d_normed = ops::linear_grad_input(&dz, &model.lm_head)?;
+        let mut d_normed = ops::linear_grad_input(&dz, &model.lm_head)?;
+        if let Some(dh) = g.dl_dhidden {
+            ops::add_inplace(&mut d_normed, dh)?;
+        }
         let head_name = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
         grads.add(head_name, ops::linear_grad_weight(&dz, &self.normed)?)?;
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;

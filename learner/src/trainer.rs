@@ -8,7 +8,7 @@ use super::loss::{
     SampleLogprobs,
 };
 use super::optim::{AdamW, OptimConfig, Schedule};
-use super::{forward_batch, forward_batch_with, Grads};
+use super::{forward_batch, forward_batch_with, Grads, OutputGrads};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
@@ -336,9 +336,9 @@ impl Trainer {
             stats.loss -= (0..fwd.lens.len())
                 .map(|k| c.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>())
                 .sum::<f64>();
-            fwd.backward_with_entropy(model, &dl, &de, &mut grads)?;
+            fwd.backward(model, &OutputGrads { dl_dentropy: Some(&de), ..OutputGrads::logprobs(&dl) }, &mut grads)?;
         } else {
-            fwd.backward(model, &dl, &mut grads)?;
+            fwd.backward(model, &OutputGrads::logprobs(&dl), &mut grads)?;
         }
         let lens: Vec<usize> = batch.iter().map(|s| s.completion_ids.len()).collect();
         let tokens = fwd.logprobs.len();

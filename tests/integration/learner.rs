@@ -14,6 +14,7 @@ struct Seq {
     completion: Vec<u32>,
     weights: Vec<f32>,
     entropy_weights: Vec<f32>,
+    hidden_weights: Vec<Vec<f32>>,
     logprobs: Vec<f64>,
 }
 
@@ -24,7 +25,8 @@ struct Batch {
     batch: Vec<Seq>,
 }
 
-/// Runs forward + backward of `L = Σ w·ℓ + Σ u·H` on fixture `name`, one sequence at a
+/// Runs forward + backward of `L = Σ w·ℓ + Σ u·H + Σ U·h` (h: the final hidden rows) on
+/// fixture `name`, one sequence at a
 /// time (`packed = false`) or as one packed batch (with or without gradient
 /// checkpointing), compares with JAX, and returns the gradients.
 fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
@@ -33,14 +35,19 @@ fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
     let b: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
     let mut grads = Grads::default();
     let mut loss = 0.0f64;
-    let mut check_fwd = |f: &learner::SeqForward, w: &[f32], u: &[f32], want: &[f64], grads: &mut Grads| {
+    let mut check_fwd = |f: &learner::SeqForward, w: &[f32], u: &[f32], hw: &[f32], want: &[f64], grads: &mut Grads| {
         assert_eq!(f.logprobs.len(), want.len(), "{name}: one ℓ per completion token");
         for (got, want) in f.logprobs.iter().zip(want) {
             assert!((*got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{name}: ℓ {got} vs JAX {want}");
         }
         loss += f.logprobs.iter().zip(w).map(|(l, w)| (*l as f64) * (*w as f64)).sum::<f64>();
         loss += f.entropies.iter().zip(u).map(|(h, u)| (*h as f64) * (*u as f64)).sum::<f64>();
-        f.backward_with_entropy(&model, w, u, grads).unwrap();
+        let hidden = f.hidden().to_vec().unwrap();
+        assert_eq!(hidden.len(), hw.len(), "{name}: one hidden row per completion token");
+        loss += hidden.iter().zip(hw).map(|(h, u)| (*h as f64) * (*u as f64)).sum::<f64>();
+        let dh = kernels::Tensor::from_vec(hw.to_vec(), f.hidden().shape()).unwrap();
+        let g = learner::OutputGrads { dl_dlogp: w, dl_dentropy: Some(u), dl_dhidden: Some(&dh) };
+        f.backward(&model, &g, grads).unwrap();
     };
     if packed {
         let seqs: Vec<(&[u32], &[u32])> =
@@ -48,11 +55,12 @@ fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
         let f = learner::forward_batch_with(&model, &seqs, b.temperature, checkpointing).unwrap();
         let cat = |g: fn(&Seq) -> Vec<f32>| b.batch.iter().flat_map(g).collect::<Vec<f32>>();
         let want: Vec<f64> = b.batch.iter().flat_map(|s| s.logprobs.clone()).collect();
-        check_fwd(&f, &cat(|s| s.weights.clone()), &cat(|s| s.entropy_weights.clone()), &want, &mut grads);
+        let hw = cat(|s| s.hidden_weights.concat());
+        check_fwd(&f, &cat(|s| s.weights.clone()), &cat(|s| s.entropy_weights.clone()), &hw, &want, &mut grads);
     } else {
         for s in &b.batch {
             let f = learner::forward(&model, &s.prompt, &s.completion, b.temperature).unwrap();
-            check_fwd(&f, &s.weights, &s.entropy_weights, &s.logprobs, &mut grads);
+            check_fwd(&f, &s.weights, &s.entropy_weights, &s.hidden_weights.concat(), &s.logprobs, &mut grads);
         }
     }
     assert!((loss - b.loss).abs() <= 1e-5 * b.loss.abs(), "{name}: loss {loss} vs JAX {}", b.loss);
