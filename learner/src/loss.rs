@@ -29,6 +29,7 @@
 //!   At sequence level the ratios and weights use the mean over the sample's tokens.
 //!   Masked tokens still count in the `loss_type` normaliser.
 
+use crate::TrainConfig;
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -62,44 +63,6 @@ pub enum OffPolicyCorrection {
     Tis,
     Mis,
     Decoupled,
-}
-
-/// Loss settings (TRL `GRPOConfig` names; set through [`crate::TrainConfig`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct LossConfig {
-    pub loss_type: LossType,
-    pub importance_sampling_level: ImportanceSamplingLevel,
-    pub epsilon: f32,
-    pub epsilon_high: f32,
-    pub beta: f32,
-    pub kl_estimator: KlEstimator,
-    /// Normaliser of `dr_grpo`.
-    pub max_completion_length: usize,
-    pub off_policy_correction: OffPolicyCorrection,
-    pub tis_cap: f32,
-    pub mis_low: f32,
-    pub mis_high: f32,
-    /// Entropy bonus: `−entropy_coef · H` per token, aggregated like the policy loss.
-    pub entropy_coef: f32,
-}
-
-impl Default for LossConfig {
-    fn default() -> Self {
-        Self {
-            loss_type: LossType::Grpo,
-            importance_sampling_level: ImportanceSamplingLevel::Token,
-            epsilon: 0.2,
-            epsilon_high: 0.2,
-            beta: 0.0,
-            kl_estimator: KlEstimator::K3,
-            max_completion_length: 256,
-            off_policy_correction: OffPolicyCorrection::PpoClip,
-            tis_cap: 2.0,
-            mis_low: 0.5,
-            mis_high: 2.0,
-            entropy_coef: 0.0,
-        }
-    }
 }
 
 /// One sample's inputs to the loss.
@@ -136,7 +99,7 @@ pub struct LossStats {
 }
 
 /// Per-token weights of the aggregation (`loss_type`) for samples of these lengths.
-pub fn token_weights(lens: &[usize], cfg: &LossConfig) -> Vec<f64> {
+pub fn token_weights(lens: &[usize], cfg: &TrainConfig) -> Vec<f64> {
     let n = lens.len().max(1) as f64;
     let total: usize = lens.iter().sum();
     lens.iter()
@@ -149,7 +112,7 @@ pub fn token_weights(lens: &[usize], cfg: &LossConfig) -> Vec<f64> {
 }
 
 /// The loss of a batch and `dL/dℓ` per token of every sample.
-pub fn policy_loss(samples: &[SampleLogprobs], cfg: &LossConfig) -> (LossStats, Vec<Vec<f32>>) {
+pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats, Vec<Vec<f32>>) {
     let weights = token_weights(&samples.iter().map(|s| s.logp.len()).collect::<Vec<_>>(), cfg);
     let total_tokens: usize = samples.iter().map(|s| s.logp.len()).sum();
     let mut st = LossStats { ratio_min: f64::INFINITY, ratio_max: 0.0, tokens: total_tokens, ..Default::default() };

@@ -3,6 +3,7 @@
 
 use super::Grads;
 use crate::Result;
+use crate::TrainConfig;
 use kernels::ops::{self, AdamWStep};
 use kernels::Tensor;
 use serde::{Deserialize, Serialize};
@@ -23,42 +24,14 @@ pub enum Schedule {
     /// Warmup, then `½(1 + cos(π · (s − warmup) / (total − warmup)))` (HF `cosine`).
     Cosine,
 }
-/// Optimizer settings (HF `TrainingArguments` names; set through [`crate::TrainConfig`]).
-#[derive(Debug, Clone, PartialEq)]
-pub struct OptimConfig {
-    pub learning_rate: f64,
-    pub adam_beta1: f64,
-    pub adam_beta2: f64,
-    pub adam_epsilon: f64,
-    pub weight_decay: f64,
-    /// Clip the global gradient norm to this (0 = off).
-    pub max_grad_norm: f64,
-    pub lr_scheduler_type: Schedule,
-    pub warmup_steps: u64,
-    pub total_steps: u64,
-}
+/// Schedule length when `total_steps` is unset outside a job (a job uses its `max_steps`).
+pub const DEFAULT_TOTAL_STEPS: u64 = 1000;
 
-impl Default for OptimConfig {
-    fn default() -> Self {
-        Self {
-            learning_rate: 1e-6,
-            adam_beta1: 0.9,
-            adam_beta2: 0.999,
-            adam_epsilon: 1e-8,
-            weight_decay: 0.0,
-            max_grad_norm: 1.0,
-            lr_scheduler_type: Schedule::Constant,
-            warmup_steps: 0,
-            total_steps: 1000,
-        }
-    }
-}
-
-impl OptimConfig {
+impl TrainConfig {
     /// Learning rate at optimizer step `step` (1-based), see [`Schedule`].
     pub fn lr_at(&self, step: u64) -> f64 {
         let s = step.saturating_sub(1) as f64;
-        let (w, total) = (self.warmup_steps as f64, self.total_steps as f64);
+        let (w, total) = (self.warmup_steps as f64, self.total_steps.unwrap_or(DEFAULT_TOTAL_STEPS) as f64);
         let warming = self.lr_scheduler_type != Schedule::Constant && s < w;
         let factor = if warming {
             s / w.max(1.0)
@@ -98,7 +71,7 @@ pub struct StepScale {
 impl AdamW {
     /// Starts a step: global norm, clip factor (`max_grad_norm / (norm + 1e-6)` above the
     /// limit, as `torch.nn.utils.clip_grad_norm_`), step count + 1, learning rate.
-    pub fn begin_step(&mut self, grads: &Grads, cfg: &OptimConfig) -> Result<StepScale> {
+    pub fn begin_step(&mut self, grads: &Grads, cfg: &TrainConfig) -> Result<StepScale> {
         let norm = grads.global_norm()?;
         let clip =
             if cfg.max_grad_norm > 0.0 && norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
@@ -111,7 +84,7 @@ impl AdamW {
     /// `p ← (1 − lr·weight_decay)·p + Δ` (decoupled decay first, as PyTorch). Needs no
     /// access to `p`: the learner computes it while the engine keeps serving and applies it
     /// under the write guard in one pass.
-    pub fn delta(&mut self, name: &str, g: &Tensor, s: &StepScale, cfg: &OptimConfig) -> Result<Tensor> {
+    pub fn delta(&mut self, name: &str, g: &Tensor, s: &StepScale, cfg: &TrainConfig) -> Result<Tensor> {
         let t = self.step as i32;
         let step = AdamWStep {
             lr: s.lr,
@@ -132,7 +105,7 @@ impl AdamW {
     }
 
     /// The decoupled weight-decay factor `1 − lr·weight_decay` of this step.
-    pub fn decay(s: &StepScale, cfg: &OptimConfig) -> f32 {
+    pub fn decay(s: &StepScale, cfg: &TrainConfig) -> f32 {
         (1.0 - s.lr * cfg.weight_decay) as f32
     }
 
@@ -142,7 +115,7 @@ impl AdamW {
         &mut self,
         params: &mut BTreeMap<String, Tensor>,
         grads: &Grads,
-        cfg: &OptimConfig,
+        cfg: &TrainConfig,
     ) -> Result<(f64, f64)> {
         let s = self.begin_step(grads, cfg)?;
         let decay = Self::decay(&s, cfg);

@@ -4,10 +4,9 @@
 
 use super::advantages::{compute_advantages, ScaleRewards};
 use super::loss::{
-    policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossConfig, LossType, OffPolicyCorrection,
-    SampleLogprobs,
+    policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossType, OffPolicyCorrection, SampleLogprobs,
 };
-use super::optim::{AdamW, OptimConfig, Schedule};
+use super::optim::{AdamW, Schedule};
 use super::{forward_batch, forward_batch_with, Grads, OutputGrads};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
@@ -17,8 +16,8 @@ use std::time::Instant;
 
 /// The learner's settings: one flat table of TRL / HF `TrainingArguments` names (the
 /// `[learner]` table of a job config, `train-step --config`, `--learner-config`). Unknown
-/// keys are errors. [`Self::loss`] and [`Self::optim`] are the views the loss and the
-/// optimizer read.
+/// keys are errors. The loss (`loss.rs`), the optimizer and its schedule (`optim.rs`) and the
+/// trainer all read this one type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
@@ -48,7 +47,7 @@ pub struct TrainConfig {
     pub lr_scheduler_type: Schedule,
     pub warmup_steps: u64,
     /// Length of the schedule (`linear` and `cosine` reach 0 here); unset, a job uses its
-    /// `max_steps` and other learners 1000.
+    /// `max_steps` and other learners [`crate::optim::DEFAULT_TOTAL_STEPS`].
     pub total_steps: Option<u64>,
     // Advantages and sample selection.
     pub scale_rewards: ScaleRewards,
@@ -73,29 +72,29 @@ pub struct TrainConfig {
 }
 
 impl Default for TrainConfig {
+    /// TRL's `GRPOConfig` defaults (HF `TrainingArguments` for the optimizer).
     fn default() -> Self {
-        let (l, o) = (LossConfig::default(), OptimConfig::default());
         Self {
-            loss_type: l.loss_type,
-            importance_sampling_level: l.importance_sampling_level,
-            epsilon: l.epsilon,
-            epsilon_high: l.epsilon_high,
-            beta: l.beta,
-            kl_estimator: l.kl_estimator,
-            max_completion_length: l.max_completion_length,
-            off_policy_correction: l.off_policy_correction,
-            tis_cap: l.tis_cap,
-            mis_low: l.mis_low,
-            mis_high: l.mis_high,
-            entropy_coef: l.entropy_coef,
-            learning_rate: o.learning_rate,
-            adam_beta1: o.adam_beta1,
-            adam_beta2: o.adam_beta2,
-            adam_epsilon: o.adam_epsilon,
-            weight_decay: o.weight_decay,
-            max_grad_norm: o.max_grad_norm,
-            lr_scheduler_type: o.lr_scheduler_type,
-            warmup_steps: o.warmup_steps,
+            loss_type: LossType::Grpo,
+            importance_sampling_level: ImportanceSamplingLevel::Token,
+            epsilon: 0.2,
+            epsilon_high: 0.2,
+            beta: 0.0,
+            kl_estimator: KlEstimator::K3,
+            max_completion_length: 256,
+            off_policy_correction: OffPolicyCorrection::PpoClip,
+            tis_cap: 2.0,
+            mis_low: 0.5,
+            mis_high: 2.0,
+            entropy_coef: 0.0,
+            learning_rate: 1e-6,
+            adam_beta1: 0.9,
+            adam_beta2: 0.999,
+            adam_epsilon: 1e-8,
+            weight_decay: 0.0,
+            max_grad_norm: 1.0,
+            lr_scheduler_type: Schedule::Constant,
+            warmup_steps: 0,
             total_steps: None,
             scale_rewards: ScaleRewards::Group,
             filter_zero_std_groups: false,
@@ -106,41 +105,6 @@ impl Default for TrainConfig {
             overlong_penalty_factor: 1.0,
             gradient_checkpointing: false,
             log_kl_to_initial: false,
-        }
-    }
-}
-
-impl TrainConfig {
-    /// The loss settings.
-    pub fn loss(&self) -> LossConfig {
-        LossConfig {
-            loss_type: self.loss_type,
-            importance_sampling_level: self.importance_sampling_level,
-            epsilon: self.epsilon,
-            epsilon_high: self.epsilon_high,
-            beta: self.beta,
-            kl_estimator: self.kl_estimator,
-            max_completion_length: self.max_completion_length,
-            off_policy_correction: self.off_policy_correction,
-            tis_cap: self.tis_cap,
-            mis_low: self.mis_low,
-            mis_high: self.mis_high,
-            entropy_coef: self.entropy_coef,
-        }
-    }
-
-    /// The optimizer settings.
-    pub fn optim(&self) -> OptimConfig {
-        OptimConfig {
-            learning_rate: self.learning_rate,
-            adam_beta1: self.adam_beta1,
-            adam_beta2: self.adam_beta2,
-            adam_epsilon: self.adam_epsilon,
-            weight_decay: self.weight_decay,
-            max_grad_norm: self.max_grad_norm,
-            lr_scheduler_type: self.lr_scheduler_type,
-            warmup_steps: self.warmup_steps,
-            total_steps: self.total_steps.unwrap_or(OptimConfig::default().total_steps),
         }
     }
 }
@@ -323,13 +287,12 @@ impl Trainer {
                 advantage: s.advantage.unwrap_or(adv.advantages[*i]),
             })
             .collect();
-        let loss_cfg = c.loss();
-        let (mut stats, dl) = policy_loss(&samples, &loss_cfg);
+        let (mut stats, dl) = policy_loss(&samples, c);
         let dl: Vec<f32> = dl.concat();
         let mut grads = Grads::default();
         if c.entropy_coef != 0.0 {
             // Entropy bonus: L −= entropy_coef · Σ w_t H_t with the loss_type's token weights.
-            let w = token_weights(&fwd.lens, &loss_cfg);
+            let w = token_weights(&fwd.lens, c);
             let de: Vec<f32> = (0..fwd.lens.len())
                 .flat_map(|k| std::iter::repeat_n((-(c.entropy_coef as f64) * w[k]) as f32, fwd.lens[k]))
                 .collect();
@@ -372,7 +335,7 @@ impl Trainer {
     pub fn step(&mut self, model: &SharedModel, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
         let t0 = Instant::now();
         let (mut m, grads) = self.gradients(&model.read(), batch)?;
-        let cfg = &self.config.optim();
+        let cfg = &self.config;
         let scale = self.optimizer.begin_step(&grads, cfg)?;
         // AdamW's step Δ is computed and laid out like the served weights while the engine
         // keeps serving; the write guard covers one elementwise pass `w ← decay·w + Δ`.

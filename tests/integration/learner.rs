@@ -173,7 +173,7 @@ fn losses_match_jax_autodiff() {
     covered(|c| &c.kl_estimator, &["k1", "k2", "k3"]);
     covered(|c| &c.off_policy_correction, &["ppo_clip", "tis", "decoupled", "mis"]);
     for c in &f.cases {
-        let cfg = LossConfig {
+        let cfg = learner::TrainConfig {
             loss_type: name(&c.loss_type),
             importance_sampling_level: name(&c.importance_sampling_level),
             epsilon: f.epsilon,
@@ -232,12 +232,12 @@ fn advantages_by_hand() {
 
 #[test]
 fn adamw_step_by_hand() {
-    use learner::optim::{AdamW, OptimConfig};
+    use learner::{optim::AdamW, TrainConfig};
     let t = |v: f32| kernels::Tensor::from_vec(vec![v], &[1]).unwrap();
     let mut params = std::collections::BTreeMap::from([("w".to_string(), t(1.0))]);
     let mut g = Grads::default();
     g.add("w", t(0.5)).unwrap();
-    let cfg = OptimConfig { learning_rate: 0.1, weight_decay: 0.1, max_grad_norm: 0.25, ..Default::default() };
+    let cfg = TrainConfig { learning_rate: 0.1, weight_decay: 0.1, max_grad_norm: 0.25, ..Default::default() };
     let mut opt = AdamW::default();
     let (norm, lr) = opt.step(&mut params, &g, &cfg).unwrap();
     // Clipped g = 0.25·0.5/(0.5 + 1e-6); m̂ = g, v̂ = g² → step 0.1·g/(g + 1e-8) ≈ 0.1; decay first: 1·(1 − 0.01).
@@ -258,14 +258,14 @@ fn adamw_step_by_hand() {
 
 #[test]
 fn lr_schedules_follow_hugging_face() {
-    use learner::optim::{OptimConfig, Schedule};
+    use learner::{optim::Schedule, TrainConfig};
     // lr at optimizer steps 1..=11 for lr 1, 10 total steps: HF's multiplier at scheduler step 0..=10.
     let check = |kind: Schedule, warmup: u64, want: &[f64]| {
-        let c = OptimConfig {
+        let c = TrainConfig {
             learning_rate: 1.0,
             lr_scheduler_type: kind,
             warmup_steps: warmup,
-            total_steps: 10,
+            total_steps: Some(10),
             ..Default::default()
         };
         let got: Vec<f64> = (1..=11).map(|s| c.lr_at(s)).collect();
@@ -371,7 +371,7 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     // The in-place update of the fused, packed storage equals AdamW on the HF tensors.
     let host = |t: &kernels::Tensor| t.to_vec().unwrap();
     let mut params = initial.clone();
-    learner::optim::AdamW::default().step(&mut params, &grads, &trainer.config.optim()).unwrap();
+    learner::optim::AdamW::default().step(&mut params, &grads, &trainer.config).unwrap();
     let served = model.read().named_weights().unwrap();
     assert_eq!(served.len(), params.len());
     for (name, v) in &served {
