@@ -350,7 +350,7 @@ fn dropping_a_stream_aborts_and_frees_blocks() {
     }
     assert_eq!(free, 64);
     // The engine still serves, and a finished stream ends.
-    let out = h.add_request(vec![9, 8, 7], greedy(3)).unwrap().collect();
+    let out = h.add_request(vec![9, 8, 7], greedy(3)).unwrap().collect().unwrap();
     assert_eq!(out.iter().map(|o| o.tokens.len()).sum::<usize>(), 3);
     assert!(out.last().unwrap().request_finished);
     assert!(matches!(
