@@ -166,11 +166,7 @@ impl EngineHandle {
 
     /// [`Self::add_request`] for async code: waits for the engine's answer without blocking
     /// the runtime's thread. Dropping the future before it resolves aborts the request.
-    pub async fn add_request_async(
-        &self,
-        prompt: Vec<u32>,
-        params: SamplingParams,
-    ) -> Result<RequestStream, AddError> {
+    pub async fn add_request_async(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream, AddError> {
         let (mut stream, answer) = self.submit(self.new_id(), prompt, params)?;
         let accepted = answer.recv_async().await;
         Self::accepted(&mut stream, accepted)?;

@@ -6,9 +6,9 @@ use super::{median, peak_rss_mib};
 use crate::cli::ModelArgs;
 use anyhow::Result;
 use clap::Args;
-use learner::{forward, TrainConfig, TrainSample, Trainer};
 use engine::Model;
 use kernels::Device;
+use learner::{forward, TrainConfig, TrainSample, Trainer};
 
 /// Flags of `bench train`.
 #[derive(Args)]
