@@ -134,7 +134,7 @@ fn outputs_are_identical_alone_batched_and_after_preemption() {
     let alone: Vec<Vec<Sample>> = reqs[..8]
         .iter()
         .map(|r| {
-            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), &[r.clone()]).remove(0)
+            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), std::slice::from_ref(r)).remove(0)
         })
         .collect();
     let batched = run(&mut engine(m, EngineConfig { num_blocks: Some(256), ..Default::default() }), &reqs);

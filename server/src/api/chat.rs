@@ -95,6 +95,9 @@ pub async fn chat_completions(
     collect(state, req, gen, id, created, prompt).await.map(IntoResponse::into_response)
 }
 
+/// One choice of a non-streamed answer as its outputs arrive: text, tokens, finish and stop reasons.
+type ChoiceSoFar = (String, Vec<TokenOutput>, Option<FinishReason>, Option<StopReason>);
+
 async fn collect(
     state: Arc<AppState>,
     req: ChatRequest,
@@ -103,8 +106,7 @@ async fn collect(
     created: u64,
     prompt: Vec<u32>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let mut choices: BTreeMap<usize, (String, Vec<TokenOutput>, Option<FinishReason>, Option<StopReason>)> =
-        BTreeMap::new();
+    let mut choices: BTreeMap<usize, ChoiceSoFar> = BTreeMap::new();
     while let Some(ev) = gen.events.next().await {
         // A failed prompt fails the response: 500; dropping `gen` aborts the other prompts.
         let ev = ev?;
