@@ -7,11 +7,11 @@ use crate::model::{KvCache, SharedModel};
 use crate::model_runner::ModelRunner;
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
 use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SamplingParams};
-use crate::scheduler::{Scheduler, SchedulerConfig};
+use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationError;
-use crate::Result;
+use crate::{ModelError, Result};
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -79,6 +79,19 @@ pub struct EngineStats {
     pub version: u64,
     /// Sequences whose KV was dropped for recomputation after a weight update.
     pub num_kv_recomputes: u64,
+}
+
+/// A failed [`LLMEngine::step`]: the batched forward pass returned an error (a model or
+/// kernel fault, not a bad request: requests are validated before they are queued). The
+/// requests it had scheduled are already aborted and their KV blocks freed; requests that
+/// were not in the step are untouched, and the engine keeps serving.
+#[derive(Debug, thiserror::Error)]
+#[error("engine step failed: {cause}")]
+pub struct StepError {
+    /// The aborted requests, in schedule order.
+    pub requests: Vec<String>,
+    /// What the forward pass reported.
+    pub cause: ModelError,
 }
 
 struct RequestState {
@@ -264,8 +277,9 @@ impl LLMEngine {
     }
 
     /// One engine step: schedule → run the model once on the whole batch → sample →
-    /// outputs (what each sequence produced).
-    pub fn step(&mut self) -> Result<Vec<SeqOutput>> {
+    /// outputs (what each sequence produced). When the forward pass fails, every request
+    /// with a sequence in this step is aborted (see [`StepError`]).
+    pub fn step(&mut self) -> std::result::Result<Vec<SeqOutput>, StepError> {
         // The read guard spans the whole step: the optimizer's write lands between steps, and
         // every token of this step is computed by (and tagged with) one version.
         let shared = self.model.clone();
@@ -285,7 +299,13 @@ impl LLMEngine {
             return Ok(vec![]);
         }
         self.steps += 1;
-        let (logits, plan) = self.runner.run(&model, &self.sched.running, &scheduled)?;
+        let (logits, plan) = match self.runner.run(&model, &self.sched.running, &scheduled) {
+            Ok(r) => r,
+            Err(cause) => {
+                drop(model);
+                return Err(self.fail_scheduled(&scheduled, cause));
+            }
+        };
         drop(model);
         let vocab = self.vocab_size;
         let mut outputs = Vec::new();
@@ -345,6 +365,24 @@ impl LLMEngine {
             }
         }
         Ok(outputs)
+    }
+
+    /// The error path of [`Self::step`]: one batched forward computes every scheduled row, so
+    /// a failure loses them all. Aborts each request with a sequence in `scheduled` (all its
+    /// samples, scheduled or waiting; their blocks are freed, and blocks this step half wrote
+    /// were never put in the prefix cache). Requests not in the step are untouched.
+    fn fail_scheduled(&mut self, scheduled: &[Scheduled], cause: ModelError) -> StepError {
+        let mut requests: Vec<String> = Vec::new();
+        for sch in scheduled {
+            let id = &self.sched.running[sch.seq].request_id;
+            if !requests.contains(id) {
+                requests.push(id.clone());
+            }
+        }
+        for id in &requests {
+            self.abort(id);
+        }
+        StepError { requests, cause }
     }
 
     /// `--kv-on-update recompute`: every running sequence drops its KV and goes back to the

@@ -1,27 +1,34 @@
 //! The engine loop on its own thread, fed by a `flume` channel (DESIGN-NOTES §5). The
-//! public API: [`EngineHandle::add_request`] → a [`RequestStream`] of [`SeqOutput`]s,
-//! [`EngineHandle::abort`], [`EngineHandle::stats`]. Dropping a stream before it finishes
-//! aborts the request, which frees its KV blocks at once.
+//! public API: [`EngineHandle::add_request`] (blocking, for threads) or
+//! [`EngineHandle::add_request_async`] (for async code) → a [`RequestStream`] of
+//! [`StreamItem`]s, [`EngineHandle::abort`], [`EngineHandle::stats`]. Dropping a stream
+//! before it finishes aborts the request, which frees its KV blocks at once.
+//!
+//! A failed engine step ([`StepError`]) ends each request it had scheduled with one
+//! `Err(`[`EngineFault`]`)` item; the other requests go on.
 
-use crate::engine::{EngineStats, LLMEngine};
-use crate::outputs::SeqOutput;
+use crate::engine::{EngineStats, LLMEngine, StepError};
+use crate::outputs::{EngineFault, SeqOutput};
 use crate::sampling::SamplingParams;
 use crate::validation::ValidationError;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
+
+/// One item of a request's stream: an output, or the fault that ended the request (always
+/// the last item).
+pub type StreamItem = Result<SeqOutput, EngineFault>;
 
 enum Command {
     Add {
         request_id: String,
         prompt: Vec<u32>,
         params: SamplingParams,
-        out: flume::Sender<SeqOutput>,
+        out: flume::Sender<StreamItem>,
         reply: flume::Sender<Result<(), ValidationError>>,
     },
     Abort(String),
-    Stats(flume::Sender<EngineStats>),
 }
 
 /// A cloneable handle to the engine thread. The thread ends when the last handle is dropped.
@@ -29,15 +36,20 @@ enum Command {
 pub struct EngineHandle {
     tx: flume::Sender<Command>,
     next_id: Arc<AtomicU64>,
+    /// The engine's counters, published by the engine thread after each step and before it
+    /// waits for work, so reading them never waits for a step.
+    stats: Arc<Mutex<EngineStats>>,
     thread: Arc<JoinHandle<()>>,
 }
 
-/// The outputs of one request, in order; ends after the output with `request_finished`.
+/// The outputs of one request, in order; ends after the output with `request_finished`, or
+/// after an `Err` item when the engine could not finish the request.
 pub struct RequestStream {
     pub request_id: String,
-    rx: flume::Receiver<SeqOutput>,
+    rx: flume::Receiver<StreamItem>,
     tx: flume::Sender<Command>,
     done: bool,
+    fault: Option<EngineFault>,
 }
 
 /// The engine thread is gone (it panicked or was shut down).
@@ -55,29 +67,59 @@ pub enum AddError {
 }
 
 impl RequestStream {
-    /// The next output (blocking); `None` after the last one.
+    /// The next item (blocking): an output, or the fault that ended the request; `None`
+    /// after the last one. A stream whose engine thread died ends with a fault too, never
+    /// silently.
+    pub fn recv_item(&mut self) -> Option<StreamItem> {
+        if self.done {
+            return None;
+        }
+        let item = self.rx.recv();
+        Some(self.take(item))
+    }
+
+    /// [`Self::recv_item`] for async code: waits without blocking the runtime's thread.
+    pub async fn recv_item_async(&mut self) -> Option<StreamItem> {
+        if self.done {
+            return None;
+        }
+        let item = self.rx.recv_async().await;
+        Some(self.take(item))
+    }
+
+    /// The next output (blocking); `None` after the last one, or after a fault, which
+    /// [`Self::fault`] then returns. Prefer [`Self::recv_item`], which hands the fault over.
     pub fn recv(&mut self) -> Option<SeqOutput> {
-        if self.done {
-            return None;
-        }
-        let o = self.rx.recv().ok()?;
-        self.done = o.request_finished;
-        Some(o)
+        self.recv_item()?.ok()
     }
 
-    /// The next output (async, for the server); `None` after the last one.
+    /// [`Self::recv`] for async code.
     pub async fn recv_async(&mut self) -> Option<SeqOutput> {
-        if self.done {
-            return None;
-        }
-        let o = self.rx.recv_async().await.ok()?;
-        self.done = o.request_finished;
-        Some(o)
+        self.recv_item_async().await?.ok()
     }
 
-    /// Collects every remaining output.
-    pub fn collect(mut self) -> Vec<SeqOutput> {
-        std::iter::from_fn(|| self.recv()).collect()
+    /// The fault that ended this request, once it has been received.
+    pub fn fault(&self) -> Option<&EngineFault> {
+        self.fault.as_ref()
+    }
+
+    /// Collects every remaining output (blocking), or the fault that ended the request.
+    pub fn collect(mut self) -> Result<Vec<SeqOutput>, EngineFault> {
+        std::iter::from_fn(|| self.recv_item()).collect()
+    }
+
+    fn take(&mut self, item: Result<StreamItem, flume::RecvError>) -> StreamItem {
+        // The engine drops a stream's sender only after its last item: a disconnect before
+        // that means the engine thread is gone.
+        let item = item.unwrap_or_else(|_| Err(EngineFault(EngineStopped.to_string())));
+        match &item {
+            Ok(o) => self.done = o.request_finished,
+            Err(f) => {
+                self.done = true;
+                self.fault = Some(f.clone());
+            }
+        }
+        item
     }
 }
 
@@ -93,17 +135,20 @@ impl EngineHandle {
     /// Starts the engine loop on a new thread.
     pub fn spawn(engine: LLMEngine) -> Self {
         let (tx, rx) = flume::unbounded();
+        let stats = Arc::new(Mutex::new(engine.stats()));
+        let published = stats.clone();
         let thread = std::thread::Builder::new()
             .name("rlserve-engine".into())
-            .spawn(move || run(engine, rx))
+            .spawn(move || run(engine, rx, published))
             .expect("spawning the engine thread");
-        Self { tx, next_id: Arc::new(AtomicU64::new(0)), thread: Arc::new(thread) }
+        Self { tx, next_id: Arc::new(AtomicU64::new(0)), stats, thread: Arc::new(thread) }
     }
 
-    /// Submits a request; the engine validates it before accepting.
+    /// Submits a request; the engine validates it before accepting. Blocks until the engine
+    /// thread has taken it (up to one engine step): async code uses
+    /// [`Self::add_request_async`].
     pub fn add_request(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream, AddError> {
-        let request_id = format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed));
-        self.add_request_with_id(request_id, prompt, params)
+        self.add_request_with_id(self.new_id(), prompt, params)
     }
 
     /// Like [`Self::add_request`] with a caller-chosen id (unique among running requests).
@@ -113,24 +158,68 @@ impl EngineHandle {
         prompt: Vec<u32>,
         params: SamplingParams,
     ) -> Result<RequestStream, AddError> {
+        let (mut stream, answer) = self.submit(request_id, prompt, params)?;
+        let accepted = answer.recv();
+        Self::accepted(&mut stream, accepted)?;
+        Ok(stream)
+    }
+
+    /// [`Self::add_request`] for async code: waits for the engine's answer without blocking
+    /// the runtime's thread. Dropping the future before it resolves aborts the request.
+    pub async fn add_request_async(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream, AddError> {
+        let (mut stream, answer) = self.submit(self.new_id(), prompt, params)?;
+        let accepted = answer.recv_async().await;
+        Self::accepted(&mut stream, accepted)?;
+        Ok(stream)
+    }
+
+    fn new_id(&self) -> String {
+        format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Sends the request to the engine thread (never blocks: the channel is unbounded).
+    /// The stream exists from here on, so dropping it (or a future holding it) aborts.
+    fn submit(
+        &self,
+        request_id: String,
+        prompt: Vec<u32>,
+        params: SamplingParams,
+    ) -> Result<(RequestStream, flume::Receiver<Result<(), ValidationError>>), EngineStopped> {
         let (out, rx) = flume::unbounded();
         let (reply, answer) = flume::bounded(1);
         self.tx
             .send(Command::Add { request_id: request_id.clone(), prompt, params, out, reply })
             .map_err(|_| EngineStopped)?;
-        answer.recv().map_err(|_| EngineStopped)??;
-        Ok(RequestStream { request_id, rx, tx: self.tx.clone(), done: false })
+        let stream = RequestStream { request_id, rx, tx: self.tx.clone(), done: false, fault: None };
+        Ok((stream, answer))
     }
 
-    /// Aborts a request; its blocks are freed before the next step.
+    /// Applies the engine's answer to a submitted request. A rejected request was never
+    /// queued: its stream must not send an abort (the id may belong to another request).
+    fn accepted(
+        stream: &mut RequestStream,
+        answer: Result<Result<(), ValidationError>, flume::RecvError>,
+    ) -> Result<(), AddError> {
+        let r = answer.map_err(|_| AddError::Stopped(EngineStopped)).and_then(|r| r.map_err(AddError::Invalid));
+        if r.is_err() {
+            stream.done = true;
+        }
+        r
+    }
+
+    /// Aborts a request; its blocks are freed before the next step. Its stream, if still
+    /// read, ends with a fault saying so.
     pub fn abort(&self, request_id: &str) {
         let _ = self.tx.send(Command::Abort(request_id.into()));
     }
 
+    /// The engine's counters as of its last step (or of the last request it took while
+    /// idle). Never waits for the engine thread.
     pub fn stats(&self) -> Result<EngineStats, EngineStopped> {
-        let (tx, rx) = flume::bounded(1);
-        self.tx.send(Command::Stats(tx)).map_err(|_| EngineStopped)?;
-        rx.recv().map_err(|_| EngineStopped)
+        if !self.is_alive() {
+            return Err(EngineStopped);
+        }
+        Ok(self.stats.lock().unwrap_or_else(PoisonError::into_inner).clone())
     }
 
     /// Whether the engine thread is still running.
@@ -139,11 +228,15 @@ impl EngineHandle {
     }
 }
 
-fn run(mut engine: LLMEngine, rx: flume::Receiver<Command>) {
-    let mut streams: HashMap<String, flume::Sender<SeqOutput>> = HashMap::new();
+type Streams = HashMap<String, flume::Sender<StreamItem>>;
+
+fn run(mut engine: LLMEngine, rx: flume::Receiver<Command>, stats: Arc<Mutex<EngineStats>>) {
+    let mut streams = Streams::new();
+    let publish = |engine: &LLMEngine| *stats.lock().unwrap_or_else(PoisonError::into_inner) = engine.stats();
     loop {
         // Block while idle; otherwise take what has arrived and step.
         if !engine.has_unfinished() {
+            publish(&engine);
             match rx.recv() {
                 Ok(cmd) => handle(&mut engine, &mut streams, cmd),
                 Err(_) => return,
@@ -155,32 +248,44 @@ fn run(mut engine: LLMEngine, rx: flume::Receiver<Command>) {
         if !engine.has_unfinished() {
             continue;
         }
-        match engine.step() {
-            Ok(outputs) => {
-                for o in outputs {
-                    let finished = o.request_finished;
-                    let gone = streams.get(&o.request_id).is_none_or(|tx| tx.send(o.clone()).is_err());
-                    if finished || gone {
-                        streams.remove(&o.request_id);
-                    }
-                    if gone && !finished {
-                        engine.abort(&o.request_id);
-                    }
-                }
-            }
-            Err(e) => {
-                // A model error is a bug, not a client's fault: fail every request, keep serving.
-                eprintln!("engine step failed: {e}");
-                for id in streams.keys().cloned().collect::<Vec<_>>() {
-                    engine.abort(&id);
-                }
-                streams.clear();
-            }
+        let step = engine.step();
+        // Before the outputs go out: a client that reads the stats after its last output
+        // sees its blocks freed.
+        publish(&engine);
+        match step {
+            Ok(outputs) => deliver(&mut engine, &mut streams, outputs),
+            Err(e) => fail(&mut streams, e),
         }
     }
 }
 
-fn handle(engine: &mut LLMEngine, streams: &mut HashMap<String, flume::Sender<SeqOutput>>, cmd: Command) {
+fn deliver(engine: &mut LLMEngine, streams: &mut Streams, outputs: Vec<SeqOutput>) {
+    for o in outputs {
+        let finished = o.request_finished;
+        let id = o.request_id.clone();
+        let gone = streams.get(&id).is_none_or(|tx| tx.send(Ok(o)).is_err());
+        if finished || gone {
+            streams.remove(&id);
+        }
+        if gone && !finished {
+            engine.abort(&id);
+        }
+    }
+}
+
+/// A failed step: its requests are already aborted by the engine; each of their streams
+/// gets the fault as its last item. The other requests go on.
+fn fail(streams: &mut Streams, e: StepError) {
+    eprintln!("rlserve engine: {e}; aborted {} request(s): {}", e.requests.len(), e.requests.join(", "));
+    let fault = EngineFault(format!("{e}; the request was aborted"));
+    for id in &e.requests {
+        if let Some(tx) = streams.remove(id) {
+            let _ = tx.send(Err(fault.clone()));
+        }
+    }
+}
+
+fn handle(engine: &mut LLMEngine, streams: &mut Streams, cmd: Command) {
     match cmd {
         Command::Add { request_id, prompt, params, out, reply } => {
             let r = engine.add_request(&request_id, prompt, params);
@@ -191,10 +296,9 @@ fn handle(engine: &mut LLMEngine, streams: &mut HashMap<String, flume::Sender<Se
         }
         Command::Abort(id) => {
             engine.abort(&id);
-            streams.remove(&id);
-        }
-        Command::Stats(tx) => {
-            let _ = tx.send(engine.stats());
+            if let Some(tx) = streams.remove(&id) {
+                let _ = tx.send(Err(EngineFault(format!("request {id} was aborted by the server"))));
+            }
         }
     }
 }

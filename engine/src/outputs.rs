@@ -61,3 +61,10 @@ pub struct SeqOutput {
     /// True on the last output of the request (all `n` samples finished).
     pub request_finished: bool,
 }
+
+/// Why the engine could not finish a request: the step that ran its sequences failed (a
+/// model or kernel error: the server's fault, not the client's). The request was aborted and
+/// its KV blocks freed; the engine keeps serving the other requests.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct EngineFault(pub String);

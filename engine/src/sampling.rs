@@ -8,8 +8,9 @@
 //! Two log-probabilities are returned for every sampled token (DESIGN-NOTES §3):
 //! - `raw_logprob`: `log_softmax(logits)[token]` of the unprocessed model logits (T = 1);
 //! - `behavior_logprob` (μ): the log-probability with which the token was actually drawn,
-//!   after penalties, temperature and truncation. Greedy sampling (temperature 0) has
-//!   μ = 0 by definition: never feed greedy samples to the learner as on-policy.
+//!   after penalties, temperature and truncation. Greedy sampling (a temperature below
+//!   [`GREEDY_EPS`], 0 included: [`is_greedy_temperature`]) has μ = 0 by definition: never
+//!   feed greedy samples to the learner as on-policy.
 
 use crate::validation::ValidationError;
 use rand::rngs::StdRng;
@@ -18,12 +19,19 @@ use rand::{Rng, SeedableRng};
 /// Temperatures below this are treated as greedy (vLLM `_SAMPLING_EPS`).
 pub const GREEDY_EPS: f32 = 1e-5;
 
+/// The one greedy rule: a temperature below [`GREEDY_EPS`] takes the argmax (μ = 0). The
+/// sampler, the feedback check ("cannot be rated") and the RL config all decide with it.
+/// NaN (rejected by validation anyway) is never a sampling temperature, so it counts as greedy.
+pub fn is_greedy_temperature(temperature: f32) -> bool {
+    temperature.is_nan() || temperature < GREEDY_EPS
+}
+
 /// Sampling parameters of one request (vLLM `SamplingParams`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {
     /// Number of samples to draw for the prompt.
     pub n: usize,
-    /// 0 = greedy; otherwise logits are divided by it.
+    /// Below [`GREEDY_EPS`] (0 included) = greedy; otherwise logits are divided by it.
     pub temperature: f32,
     /// Nucleus mass in (0, 1]; 1 = off.
     pub top_p: f32,
@@ -94,8 +102,9 @@ impl SamplingParams {
         Self { temperature: 0.0, ..Default::default() }
     }
 
+    /// Whether these parameters sample greedily ([`is_greedy_temperature`]).
     pub fn is_greedy(&self) -> bool {
-        self.temperature < GREEDY_EPS
+        is_greedy_temperature(self.temperature)
     }
 
     /// Range checks that need no model; messages name the parameter, value and range.

@@ -31,7 +31,7 @@ pub enum Command {
     TrainStep(crate::train_step::TrainStepArgs),
     /// Generate a completion for one prompt, streaming it to stdout.
     Generate(GenerateArgs),
-    /// Benchmarks: `latency` (prefill/decode tokens/s) and `throughput` (batched serving).
+    /// Benchmarks: `latency`, `throughput`, `serve`, `train`, `rl` (kernel micro-benchmarks: `cargo bench -p benches`).
     #[command(subcommand)]
     Bench(crate::bench::BenchCommand),
 }

@@ -2,10 +2,6 @@
 //! `generate`, `bench`.
 
 mod bench;
-mod bench_rl;
-mod bench_serve;
-mod bench_throughput;
-mod bench_train;
 mod cli;
 mod train;
 mod train_step;

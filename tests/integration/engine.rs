@@ -1,12 +1,13 @@
 //! The serving engine: paged attention vs dense, batch invariance, preemption, prefix
-//! caching, stop strings, n > 1, logprobs vs the llama.cpp fixture, validation, leaks.
+//! caching, stop strings, n > 1, logprobs vs the llama.cpp fixture, validation, leaks, and
+//! a failing forward pass (its requests fail, the others go on).
 
 use engine::generate::generate;
 use engine::outputs::{FinishReason, SeqOutput, StopReason};
 use engine::{
     ChatMessage, EngineConfig, EngineHandle, LLMEngine, Model, SamplingParams, SharedModel, Tokenizer, ValidationError,
 };
-use kernels::{ops, Device};
+use kernels::{ops, Device, Tensor};
 use std::collections::BTreeMap;
 use std::sync::{Arc, OnceLock};
 use tests::tiny::TinySpec;
@@ -133,7 +134,7 @@ fn outputs_are_identical_alone_batched_and_after_preemption() {
     let alone: Vec<Vec<Sample>> = reqs[..8]
         .iter()
         .map(|r| {
-            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), &[r.clone()]).remove(0)
+            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), std::slice::from_ref(r)).remove(0)
         })
         .collect();
     let batched = run(&mut engine(m, EngineConfig { num_blocks: Some(256), ..Default::default() }), &reqs);
@@ -350,7 +351,7 @@ fn dropping_a_stream_aborts_and_frees_blocks() {
     }
     assert_eq!(free, 64);
     // The engine still serves, and a finished stream ends.
-    let out = h.add_request(vec![9, 8, 7], greedy(3)).unwrap().collect();
+    let out = h.add_request(vec![9, 8, 7], greedy(3)).unwrap().collect().unwrap();
     assert_eq!(out.iter().map(|o| o.tokens.len()).sum::<usize>(), 3);
     assert!(out.last().unwrap().request_finished);
     assert!(matches!(
@@ -388,4 +389,58 @@ fn in_flight_sequences_keep_or_recompute_their_kv_after_an_update() {
     }
     // The weights did not change, so recomputed KV gives the same tokens (batch invariance).
     assert_eq!(outs[0], outs[1]);
+}
+
+/// Makes the model's forward fail for one token id, as a weight update of the wrong shape
+/// would: the embedding table loses its last row (the tied LM head keeps it, so requests
+/// holding the id still validate, and sampling is unchanged). Returns that id.
+pub(crate) fn drop_last_embedding_row(model: &SharedModel) -> u32 {
+    let mut m = model.write();
+    let (vocab, hidden) = (m.config.vocab_size, m.config.hidden_size);
+    let mut table = m.embed_tokens.to_vec().unwrap();
+    table.truncate((vocab - 1) * hidden);
+    m.embed_tokens = Tensor::from_vec(table, &[vocab - 1, hidden]).unwrap();
+    (vocab - 1) as u32
+}
+
+#[test]
+fn a_failed_step_aborts_the_requests_it_ran_and_the_engine_keeps_serving() {
+    let m = tiny(47);
+    let bad = drop_last_embedding_row(&m.0);
+    let cfg = EngineConfig { block_size: 4, num_blocks: Some(64), max_num_seqs: 2, ..Default::default() };
+    let mut e = engine(&m, cfg.clone());
+    // One step runs "bad" and sample 0 of "mate" (max_num_seqs 2); mate's sample 1 waits for
+    // its prompt, "later" for a free slot.
+    e.add_request("bad", vec![1, 2, bad], greedy(4)).unwrap();
+    e.add_request("mate", vec![3, 4, 5, 6, 7], SamplingParams { n: 2, ..greedy(4) }).unwrap();
+    e.add_request("later", vec![6, 7, 8], greedy(4)).unwrap();
+    let err = e.step().unwrap_err();
+    assert_eq!(err.requests, ["bad", "mate"], "the requests of the failed step");
+    let want = format!("token id {bad} >= vocab size {bad}");
+    assert!(err.to_string().contains(&want), "{err} lacks {want:?}");
+    // Both requests are gone (mate's waiting sample too) and their blocks are free.
+    let st = e.stats();
+    assert_eq!((st.num_running, st.num_waiting), (0, 1), "only `later` is left");
+    assert_eq!(e.num_free_blocks(), 64, "the failed step's blocks are freed");
+    let mut got = BTreeMap::new();
+    while e.has_unfinished() {
+        collect(e.step().unwrap(), &mut got);
+    }
+    assert_eq!(got.keys().cloned().collect::<Vec<_>>(), [("later".to_string(), 0)]);
+    assert_eq!(got[&("later".to_string(), 0)].tokens.len(), 4);
+    assert_eq!(got[&("later".to_string(), 0)].finish, Some(FinishReason::Length));
+    assert_eq!(e.num_free_blocks(), 64);
+
+    // Through the handle: the failed request's stream ends with the fault, never as if it
+    // had finished; the next request is served.
+    let h = EngineHandle::spawn(engine(&m, cfg));
+    let mut s = h.add_request(vec![1, bad], greedy(3)).unwrap();
+    let fault = s.recv_item().unwrap().unwrap_err();
+    assert!(fault.0.contains(&want) && fault.0.contains("aborted"), "{fault}");
+    assert!(s.recv_item().is_none(), "the fault is the last item");
+    assert_eq!(s.fault(), Some(&fault));
+    let out = h.add_request(vec![1, 2], greedy(3)).unwrap().collect().unwrap();
+    assert_eq!(out.iter().map(|o| o.tokens.len()).sum::<usize>(), 3);
+    assert!(out.last().unwrap().request_finished);
+    assert_eq!(h.stats().unwrap().num_free_blocks, 64);
 }

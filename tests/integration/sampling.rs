@@ -1,6 +1,6 @@
 //! The sampler against hand-derived distributions.
 
-use engine::sampling::{sample, SampleContext, SamplingParams};
+use engine::sampling::{is_greedy_temperature, sample, SampleContext, SamplingParams, GREEDY_EPS};
 
 /// Draws per [`check`]: enough for a chi-square test to see a 2% error in a probability.
 const DRAWS: u64 = 10_000;
@@ -106,6 +106,25 @@ fn greedy_tiny_temperature_and_min_tokens_never_give_nan() {
     // Raw logprob ignores processing: ln softmax(l)[1].
     let z = (3f64).exp() + (3.0f64 - 1e-3).exp() + (-50f64).exp();
     assert!((s.raw_logprob as f64 - ((3.0f64 - 1e-3).exp() / z).ln()).abs() < 1e-6);
+}
+
+#[test]
+fn greedy_is_one_rule_a_temperature_below_greedy_eps() {
+    // Two tied best tokens: a draw picks either with μ = ln ½; greedy takes the first, μ = 0.
+    let l = [2.0f32, 2.0, -1.0];
+    for t in [0.0, 1e-6, GREEDY_EPS * 0.99] {
+        let params = SamplingParams { temperature: t, ..Default::default() };
+        assert!(is_greedy_temperature(t) && params.is_greedy(), "T = {t}");
+        assert_eq!(draws(&l, &params, &[])[0], (200, Some(0.0)), "T = {t}: the argmax every time, μ = 0");
+    }
+    assert!(is_greedy_temperature(f32::NAN), "NaN is never a sampling temperature");
+    for t in [GREEDY_EPS, 1e-4] {
+        let params = SamplingParams { temperature: t, ..Default::default() };
+        assert!(!is_greedy_temperature(t) && !params.is_greedy(), "T = {t}");
+        let got = draws(&l, &params, &[]);
+        assert!(got[0].0 > 0 && got[1].0 > 0, "T = {t}: a draw between the tied tokens: {got:?}");
+        assert!((got[0].1.unwrap() - 0.5f32.ln()).abs() < 1e-6, "T = {t}: {got:?}");
+    }
 }
 
 #[test]

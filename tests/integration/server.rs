@@ -1,5 +1,6 @@
 //! The HTTP server over a real socket: endpoints, streaming = non-streaming, n and seeds,
-//! logprobs, stop strings, disconnects, auth, limits, and a table of bad requests.
+//! logprobs, stop strings, disconnects, auth, limits, a table of bad requests, a failing
+//! engine step (500 / SSE error event), and the greedy rule of feedback.
 
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -292,5 +293,107 @@ async fn bad_requests_get_the_right_status_and_envelope() {
     }
     let (st, ok) = post(&base, "/v1/completions", json!({"prompt": "a", "max_tokens": 2})).await;
     assert_eq!(st, 200, "the server still answers: {ok}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+/// The `error` object of an error envelope, checked to be the 500 of a failed engine step.
+fn engine_error(v: &Value, bad: u32) -> &Value {
+    let e = &v["error"];
+    assert_eq!((e["type"].as_str(), &e["code"]), (Some("server_error"), &json!(500)), "{v}");
+    assert!(e.get("param").is_some_and(Value::is_null), "{v}");
+    let msg = e["message"].as_str().unwrap();
+    assert!(msg.contains(&format!("token id {bad} >= vocab size {bad}")) && msg.contains("aborted"), "{msg}");
+    e
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_engine_step_answers_500_or_an_sse_error_and_the_server_keeps_serving() {
+    // Prefill chunks of 8 tokens: a long prompt's last chunk runs several steps after a short
+    // prompt of the same request has started generating.
+    let mut a = args("tiny-fault");
+    a.engine.max_num_batched_tokens = 8;
+    let (s, base) = start(tiny_dir(), a).await;
+    let bad = crate::engine::drop_last_embedding_row(&s.state.model);
+    // Two prompts: [1, 2, 3] generates; the long one fails when its last chunk (holding the
+    // bad id) runs, and that step also ran the short one's decode.
+    let body = |first: u32| {
+        let long: Vec<u32> = (first..first + 40).chain([bad]).collect();
+        json!({"prompt": [[1, 2, 3], long], "max_tokens": 30, "ignore_eos": true, "temperature": 0})
+    };
+    let (st, out) = post(&base, "/v1/completions", body(10)).await;
+    assert_eq!(st, 500, "{out}");
+    engine_error(&out, bad);
+    assert!(out.get("choices").is_none(), "no partial result: {out}");
+
+    // Streamed (a new long prompt: no prefix-cache hits): the short prompt's chunks (one per
+    // token, with logprobs, even when a token adds no text), then one error event, then
+    // [DONE]; no finish_reason and no usage chunk.
+    let mut sb = body(50);
+    sb["stream"] = json!(true);
+    sb["logprobs"] = json!(1);
+    sb["stream_options"] = json!({"include_usage": true});
+    let events = stream(&base, "/v1/completions", sb).await;
+    let (done, rest) = events.split_last().unwrap();
+    assert_eq!(done, "[DONE]");
+    let (err, chunks) = rest.split_last().unwrap();
+    engine_error(&serde_json::from_str(err).unwrap(), bad);
+    assert!(!chunks.is_empty(), "the short prompt streamed before the failure: {events:?}");
+    for c in chunks {
+        let v: Value = serde_json::from_str(c).unwrap();
+        assert!(v.get("error").is_none() && v.get("usage").is_none(), "{v}");
+        for choice in v["choices"].as_array().unwrap() {
+            assert_eq!((choice["index"].as_u64(), &choice["finish_reason"]), (Some(0), &Value::Null), "{v}");
+        }
+    }
+
+    // Chat: the tiny template closes every message with <|im_end|>, the bad id.
+    let chat = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3});
+    let (st, out) = post(&base, "/v1/chat/completions", chat.clone()).await;
+    assert_eq!(st, 500, "{out}");
+    engine_error(&out, bad);
+    let mut cs = chat;
+    cs["stream"] = json!(true);
+    let events = stream(&base, "/v1/chat/completions", cs).await;
+    assert_eq!(events.len(), 2, "{events:?}");
+    engine_error(&serde_json::from_str(&events[0]).unwrap(), bad);
+    assert_eq!(events[1], "[DONE]");
+
+    // The engine keeps serving, and the failed requests left no KV block behind.
+    let (st, ok) = post(
+        &base,
+        "/v1/completions",
+        json!({"prompt": [1, 2, 3], "max_tokens": 4, "ignore_eos": true, "temperature": 0, "return_token_ids": true}),
+    )
+    .await;
+    assert_eq!(st, 200, "{ok}");
+    assert_eq!(ok["choices"][0]["token_ids"].as_array().unwrap().len(), 4);
+    assert_eq!(ok["choices"][0]["finish_reason"], "length");
+    let (usage, line) = free_blocks(&base, "tiny-fault").await;
+    assert_eq!(usage, 0.0, "{line}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_response_below_the_greedy_temperature_cannot_be_rated() {
+    let mut a = args("tiny-greedy");
+    a.feedback.learn_from_feedback = true;
+    a.feedback.feedback_dir = temp_dir("server-greedy-feedback");
+    a.feedback.feedback_batch_size = 1000; // no learner step
+    let (s, base) = start(tiny_dir(), a).await;
+    assert!(engine::sampling::is_greedy_temperature(1e-6) && !engine::sampling::is_greedy_temperature(1e-4));
+    let rate = |id: &Value| json!({"id": id, "choice": 0, "reward": 1.0});
+    // Just below the threshold: the sampler took the argmax (μ = 0), so no rating.
+    let body = json!({"prompt": "ab", "max_tokens": 3, "temperature": 1e-6, "return_token_ids": true});
+    let (st, out) = post(&base, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    assert!(out["choices"][0]["behavior_logprobs"].as_array().unwrap().iter().all(|lp| lp == &json!(0.0)), "{out}");
+    let (st, fb) = post(&base, "/v1/feedback", rate(&out["id"])).await;
+    assert_eq!(st, 400, "{fb}");
+    assert!(fb["error"]["message"].as_str().unwrap().contains("generated greedily"), "{fb}");
+    // Above it the response is sampled and can be rated.
+    let body = json!({"prompt": "ab", "max_tokens": 3, "temperature": 1e-4, "seed": 1, "return_token_ids": true});
+    let (_, out) = post(&base, "/v1/completions", body).await;
+    let (st, fb) = post(&base, "/v1/feedback", rate(&out["id"])).await;
+    assert_eq!(st, 200, "{fb}");
     s.shutdown(Duration::from_secs(5)).await;
 }

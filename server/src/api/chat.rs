@@ -87,13 +87,16 @@ pub async fn chat_completions(
     }
     let params = sampling_params(&req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs);
     let id = response_id("chatcmpl-");
-    let gen = submit(&state, vec![prompt.clone()], params, &id)?;
+    let gen = submit(&state, vec![prompt.clone()], params, &id).await?;
     let created = unix_now();
     if req.sampling.stream {
         return Ok(stream(state, req, gen, id, created).into_response());
     }
     collect(state, req, gen, id, created, prompt).await.map(IntoResponse::into_response)
 }
+
+/// One choice of a non-streamed answer as its outputs arrive: text, tokens, finish and stop reasons.
+type ChoiceSoFar = (String, Vec<TokenOutput>, Option<FinishReason>, Option<StopReason>);
 
 async fn collect(
     state: Arc<AppState>,
@@ -103,9 +106,10 @@ async fn collect(
     created: u64,
     prompt: Vec<u32>,
 ) -> Result<axum::Json<Value>, ApiError> {
-    let mut choices: BTreeMap<usize, (String, Vec<TokenOutput>, Option<FinishReason>, Option<StopReason>)> =
-        BTreeMap::new();
+    let mut choices: BTreeMap<usize, ChoiceSoFar> = BTreeMap::new();
     while let Some(ev) = gen.events.next().await {
+        // A failed prompt fails the response: 500; dropping `gen` aborts the other prompts.
+        let ev = ev?;
         let c = choices.entry(gen.choice(ev.prompt, ev.out.index)).or_default();
         c.0.push_str(&ev.out.text);
         c.1.extend(ev.out.tokens);

@@ -60,7 +60,7 @@ pub async fn completions(
         vec![]
     };
     let id = response_id("cmpl-");
-    let gen = submit(&state, ps.clone(), params, &id)?;
+    let gen = submit(&state, ps.clone(), params, &id).await?;
     let created = unix_now();
     if req.sampling.stream {
         return Ok(stream(state, req, gen, id, created, echo).into_response());
@@ -88,6 +88,8 @@ async fn collect(
 ) -> Result<axum::Json<Value>, ApiError> {
     let mut choices: BTreeMap<usize, (usize, Choice)> = BTreeMap::new();
     while let Some(ev) = gen.events.next().await {
+        // A failed prompt fails the response: 500; dropping `gen` aborts the other prompts.
+        let ev = ev?;
         let idx = gen.choice(ev.prompt, ev.out.index);
         let (_, c) = choices.entry(idx).or_insert_with(|| (ev.prompt, Choice::default()));
         c.text.push_str(&ev.out.text);

@@ -5,6 +5,7 @@ use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
+use engine::outputs::EngineFault;
 use engine::ValidationError;
 use serde::de::DeserializeOwned;
 
@@ -33,6 +34,7 @@ pub enum ApiError {
     TooManyRequests(String),
     #[error("{0}")]
     Unavailable(String),
+    /// The server failed (a failed engine step, a panicked task): 500.
     #[error("{0}")]
     Internal(String),
 }
@@ -80,11 +82,25 @@ impl From<engine::handle::AddError> for ApiError {
     }
 }
 
+/// The engine could not finish the request (a failed step): the server's fault, 500.
+impl From<EngineFault> for ApiError {
+    fn from(e: EngineFault) -> Self {
+        ApiError::Internal(e.to_string())
+    }
+}
+
+impl ApiError {
+    /// The OpenAI error envelope of this error: the body of an error response, and the
+    /// `data:` of the error event that ends a failed stream.
+    pub fn envelope(&self) -> serde_json::Value {
+        let (status, kind, param) = self.parts();
+        serde_json::json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": status.as_u16()}})
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
-        let (status, kind, param) = self.parts();
-        let body = serde_json::json!({"error": {"message": self.to_string(), "type": kind, "param": param, "code": status.as_u16()}});
-        (status, axum::Json(body)).into_response()
+        (self.parts().0, axum::Json(self.envelope())).into_response()
     }
 }
 

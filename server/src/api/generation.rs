@@ -7,6 +7,7 @@ use super::protocol::Usage;
 use super::{AppState, InFlight};
 use crate::rl::rollout::RolloutSet;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use engine::outputs::EngineFault;
 use engine::{RequestStream, SamplingParams, SeqOutput};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde_json::{json, Value};
@@ -55,7 +56,9 @@ pub struct Event {
 
 /// The merged outputs of all prompts of one HTTP request, plus latency bookkeeping.
 pub struct Generation {
-    pub events: BoxStream<'static, Event>,
+    /// Outputs in arrival order; an `Err` means the engine failed one of the prompts (that
+    /// prompt's stream ends there), and the response has failed.
+    pub events: BoxStream<'static, Result<Event, EngineFault>>,
     pub prompt_lens: Vec<usize>,
     pub n: usize,
     _in_flight: InFlight,
@@ -67,8 +70,22 @@ pub struct Submitted {
     pub in_flight: InFlight,
 }
 
-/// Submits every prompt (each with `params.n` samples). A validation error of any prompt
+/// Submits every prompt (each with `params.n` samples), all at once, and waits for the
+/// engine to accept them without blocking the runtime. A validation error of any prompt
 /// fails the whole request; the already submitted ones are aborted when their streams drop.
+pub async fn submit_streams_async(
+    state: &Arc<AppState>,
+    prompts: Vec<Vec<u32>>,
+    params: SamplingParams,
+) -> Result<Submitted, ApiError> {
+    let in_flight = state.admit()?;
+    let adds = prompts.into_iter().map(|p| state.engine.add_request_async(p, params.clone()));
+    let streams = futures_util::future::try_join_all(adds).await?;
+    Ok(Submitted { streams, in_flight })
+}
+
+/// Blocking form of [`submit_streams_async`], for code off the async runtime: it waits on
+/// the engine's answer (up to one engine step) on the calling thread.
 pub fn submit_streams(
     state: &Arc<AppState>,
     prompts: Vec<Vec<u32>>,
@@ -80,9 +97,9 @@ pub fn submit_streams(
     Ok(Submitted { streams, in_flight })
 }
 
-/// [`submit_streams`], merged into one event stream with latency metrics. With feedback
-/// learning on, the finished response is kept under `id` for `POST /v1/feedback`.
-pub fn submit(
+/// [`submit_streams_async`], merged into one event stream with latency metrics. With
+/// feedback learning on, the finished response is kept under `id` for `POST /v1/feedback`.
+pub async fn submit(
     state: &Arc<AppState>,
     prompts: Vec<Vec<u32>>,
     params: SamplingParams,
@@ -90,9 +107,9 @@ pub fn submit(
 ) -> Result<Generation, ApiError> {
     let n = params.n;
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let greedy = params.temperature == 0.0;
+    let greedy = params.is_greedy();
     let recorder = state.feedback.clone().map(|fb| (fb, RolloutSet::new(&prompts, n), id.to_string(), prompts.len()));
-    let Submitted { streams, in_flight } = submit_streams(state, prompts, params)?;
+    let Submitted { streams, in_flight } = submit_streams_async(state, prompts, params).await?;
     let metrics = state.metrics.clone();
     let start = Instant::now();
     let per_prompt = streams.into_iter().enumerate().map(move |(i, s)| {
@@ -100,7 +117,10 @@ pub fn submit(
         stream::unfold((s, None::<Instant>), move |(mut s, last)| {
             let metrics = metrics.clone();
             async move {
-                let out = s.recv_async().await?;
+                let out = match s.recv_item_async().await? {
+                    Ok(out) => out,
+                    Err(fault) => return Some((Err(fault), (s, last))),
+                };
                 let now = Instant::now();
                 match last {
                     None => metrics.ttft(now - start),
@@ -109,7 +129,7 @@ pub fn submit(
                 if out.request_finished {
                     metrics.e2e(now - start);
                 }
-                Some((Event { prompt: i, out }, (s, Some(now))))
+                Some((Ok(Event { prompt: i, out }), (s, Some(now))))
             }
         })
         .boxed()
@@ -118,8 +138,9 @@ pub fn submit(
     if let Some((fb, set, id, mut left)) = recorder {
         let mut set = Some(set);
         events = events
-            .inspect(move |ev: &Event| {
-                let Some(rollouts) = set.as_mut() else { return };
+            .inspect(move |ev: &Result<Event, EngineFault>| {
+                // A failed prompt never finishes, so a failed response is never kept.
+                let (Some(rollouts), Ok(ev)) = (set.as_mut(), ev) else { return };
                 rollouts.push(ev.prompt, ev.out.clone());
                 if ev.out.request_finished && ev.out.finish_reason != Some(engine::FinishReason::Abort) {
                     left -= 1;
@@ -149,6 +170,10 @@ impl Generation {
 /// (`on_output(prompt, choice index, output)` builds the choice object or skips it), then a
 /// usage chunk when asked, then `data: [DONE]`; keep-alive comments while idle. Dropping the
 /// body (client gone) drops the engine streams, which aborts the requests.
+///
+/// When the engine fails a prompt, the status is already 200, so (as vLLM) the failure is
+/// one `data: {"error": {...}}` event (the 500 envelope of [`ApiError`]) followed by
+/// `data: [DONE]`: no `finish_reason`, no usage chunk, and the other prompts are aborted.
 pub fn sse<E, F>(
     gen: Generation,
     include_usage: bool,
@@ -178,7 +203,13 @@ where
         loop {
             match st.phase {
                 Phase::Events => match st.gen.events.next().await {
-                    Some(ev) => {
+                    Some(Err(fault)) => {
+                        st.phase = Phase::Done;
+                        // Drops the other prompts' engine streams: their requests are aborted.
+                        st.gen.events = stream::empty().boxed();
+                        return Some((data(ApiError::from(fault).envelope()), st));
+                    }
+                    Some(Ok(ev)) => {
                         st.completion_tokens += ev.out.tokens.len();
                         let idx = st.gen.choice(ev.prompt, ev.out.index);
                         if let Some(choice) = (st.on_output)(ev.prompt, idx, &ev.out) {

@@ -142,7 +142,7 @@ impl JobConfig {
             ),
             (!self.rewards.is_empty(), "`rewards` must name at least one reward function".into()),
             (
-                t.temperature > 0.0,
+                !engine::sampling::is_greedy_temperature(t.temperature),
                 format!(
                     "`temperature` must be > 0 for RL sampling (greedy samples are not on-policy), got {}",
                     t.temperature

@@ -13,6 +13,7 @@ use server::rl::job::{Job, JobContext, LearnerSlot};
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Flags of `bench rl`.
 #[derive(Args)]
 pub struct RlBenchArgs {
     #[command(flatten)]
@@ -31,6 +32,7 @@ pub struct RlBenchArgs {
     pub max_staleness: Vec<u64>,
 }
 
+/// Runs `bench rl`.
 pub fn run(a: RlBenchArgs) -> Result<()> {
     let dir = a.model.resolve()?;
     let tok = Arc::new(Tokenizer::from_dir(&dir)?);

@@ -2,14 +2,15 @@
 //! sequences of `--prompt-len` + `--completion-len` random tokens; tokens/s and peak RSS.
 //! `benches/train_step_torch.py` runs the same step in PyTorch for comparison.
 
-use crate::bench::{median, peak_rss_mib};
+use super::{median, peak_rss_mib};
 use crate::cli::ModelArgs;
 use anyhow::Result;
 use clap::Args;
-use learner::{forward, TrainConfig, TrainSample, Trainer};
 use engine::Model;
 use kernels::Device;
+use learner::{forward, TrainConfig, TrainSample, Trainer};
 
+/// Flags of `bench train`.
 #[derive(Args)]
 pub struct TrainBenchArgs {
     #[command(flatten)]
@@ -28,6 +29,7 @@ pub struct TrainBenchArgs {
     pub steps: usize,
 }
 
+/// Runs `bench train`.
 pub fn run(a: TrainBenchArgs) -> Result<()> {
     anyhow::ensure!(
         a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1,

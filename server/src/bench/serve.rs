@@ -13,13 +13,14 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// Flags of `bench serve`.
 #[derive(Args, Clone)]
 pub struct BenchServeArgs {
     /// Server base URL (without /v1).
     #[arg(long, default_value = "http://127.0.0.1:8000")]
     pub base_url: String,
     #[command(flatten)]
-    pub workload: crate::bench::WorkloadArgs,
+    pub workload: super::WorkloadArgs,
     /// Requests per second (Poisson arrivals); `inf` sends all at once.
     #[arg(long, default_value = "inf")]
     pub request_rate: f64,
@@ -107,6 +108,7 @@ async fn one(client: reqwest::Client, url: String, key: Option<String>, body: Va
     o
 }
 
+/// Runs `bench serve`.
 pub fn run(a: BenchServeArgs) -> Result<()> {
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(run_async(a))

@@ -2,7 +2,7 @@
 //! generating `--output-len` tokens (`ignore_eos`), all submitted at once to the engine,
 //! like `vllm bench throughput`; then the curve of output tokens/s at fixed concurrency.
 
-use crate::bench::peak_rss_mib;
+use super::peak_rss_mib;
 use crate::cli::{load, ModelArgs};
 use anyhow::Result;
 use clap::Args;
@@ -12,12 +12,13 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
 
+/// Flags of `bench throughput`.
 #[derive(Args)]
 pub struct ThroughputArgs {
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]
-    pub workload: crate::bench::WorkloadArgs,
+    pub workload: super::WorkloadArgs,
     /// Samples per prompt (a GRPO group); the samples share the prompt's KV blocks.
     #[arg(long, default_value_t = 1)]
     pub n: usize,
@@ -77,6 +78,7 @@ fn run_batch(
     })
 }
 
+/// Runs `bench throughput`.
 pub fn run(a: ThroughputArgs) -> Result<()> {
     anyhow::ensure!(
         a.workload.num_prompts >= 1 && a.workload.input_len >= 1 && a.workload.output_len >= 1 && a.n >= 1,
