@@ -115,7 +115,7 @@ fn greedy_is_one_rule_a_temperature_below_greedy_eps() {
     for t in [0.0, 1e-6, GREEDY_EPS * 0.99] {
         let params = SamplingParams { temperature: t, ..Default::default() };
         assert!(is_greedy_temperature(t) && params.is_greedy(), "T = {t}");
-        assert_eq!(draws(&l, &params, &[])[0], (200, Some(0.0)), "T = {t}: the argmax every time, μ = 0");
+        assert_eq!(draws(&l, &params, &[])[0], (DRAWS as usize, Some(0.0)), "T = {t}: the argmax every time, μ = 0");
     }
     assert!(is_greedy_temperature(f32::NAN), "NaN is never a sampling temperature");
     for t in [GREEDY_EPS, 1e-4] {
