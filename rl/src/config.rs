@@ -1,16 +1,26 @@
 //! A training job's configuration: `rlserve train --config job.toml` or the JSON body of
-//! `POST /v1/train/jobs`. Learner knobs are the learner's [`TrainConfig`] fields (TRL
-//! names), flattened to the top level as in TRL's `GRPOConfig`; `temperature`,
-//! `max_staleness` and `max_completion_length` are read from there too.
+//! `POST /v1/train/jobs`, one serde type for both. Unknown keys are errors at every level.
+//! Job keys are at the top; the learner's settings ([`TrainConfig`], TRL names) are the
+//! `[learner]` table (`"learner": {...}` in JSON). `learner.temperature`,
+//! `learner.max_staleness` and `learner.max_completion_length` also drive the rollouts.
+//!
+//! Learner defaults: a job starts from one default set, [`job_learner_defaults`]
+//! (`TrainConfig::default()` with `learning_rate = 1e-5`, `max_completion_length = 64`,
+//! `max_staleness = 0`, `log_kl_to_initial = true`), whether `[learner]` is absent or
+//! names only some keys: a given table is laid over that set, key by key. When
+//! `total_steps` is unset the schedule's length is the job's `max_steps`, so `linear` and
+//! `cosine` reach 0 at the end of the run (as in Hugging Face / TRL).
 
+use super::error::{Result, RlError};
 use super::rewards::RewardSpec;
-use learner::TrainConfig;
 use engine::SamplingParams;
-use serde::{Deserialize, Serialize};
+use learner::TrainConfig;
+use serde::{Deserialize, Deserializer};
 use std::path::PathBuf;
 
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
+/// A training job: data, rewards, sampling, schedule, outputs, and the `[learner]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
 pub struct JobConfig {
     /// Model folder; default the served model (or the default model for `rlserve train`).
     pub model: Option<PathBuf>,
@@ -27,15 +37,23 @@ pub struct JobConfig {
     pub num_generations: usize,
     /// Prompts per optimizer step (samples per step = prompts_per_step × num_generations).
     pub prompts_per_step: usize,
+    /// Steps of the run (and the learning-rate schedule's length unless `total_steps`).
     pub max_steps: u64,
+    /// Rollout nucleus mass (1 = off: μ is then the tempered softmax the learner computes).
     pub top_p: f32,
+    /// Rollout top-k cutoff (0 = off).
     pub top_k: i32,
+    /// Rollout min-p cutoff (0 = off).
     pub min_p: f32,
+    /// Stop strings of the rollouts and evaluations.
     pub stop: Vec<String>,
     /// Render `prompt` lines as one user message through the chat template.
     pub apply_chat_template: bool,
+    /// A system message put before every prompt (through the chat template).
     pub system_prompt: Option<String>,
+    /// Seeds the dataset order and the rollouts' sampling.
     pub seed: u64,
+    /// Reward functions, summed with their weights.
     pub rewards: Vec<RewardSpec>,
     /// Save a checkpoint every this many steps (0 = only at the end).
     pub save_steps: u64,
@@ -47,16 +65,49 @@ pub struct JobConfig {
     pub resume_from_checkpoint: Option<String>,
     /// Entropy-collapse alarm: mean entropy below this fraction of its first-steps value.
     pub entropy_collapse_fraction: f64,
-    /// Learner settings (TRL names), flattened.
-    #[serde(flatten)]
-    pub train: TrainConfig,
+    /// The learner's settings (the `[learner]` table), over [`job_learner_defaults`].
+    #[serde(deserialize_with = "over_job_learner_defaults")]
+    pub learner: TrainConfig,
+}
+
+/// The learner settings every job starts from (see the module docs).
+pub fn job_learner_defaults() -> TrainConfig {
+    TrainConfig {
+        learning_rate: 1e-5,
+        max_completion_length: 64,
+        max_staleness: Some(0),
+        log_kl_to_initial: true,
+        ..Default::default()
+    }
+}
+
+/// Deserializes a `[learner]` table as [`job_learner_defaults`] with the table's keys laid
+/// over it. [`TrainConfig`] itself rejects unknown keys and wrong types; the message names
+/// the key (`learner.<key>`).
+fn over_job_learner_defaults<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<TrainConfig, D::Error> {
+    use serde::de::Error;
+    use serde_json::{Map, Value};
+    let given = Map::<String, Value>::deserialize(d)?;
+    let defaults = match serde_json::to_value(job_learner_defaults()) {
+        Ok(Value::Object(m)) => m,
+        other => return Err(D::Error::custom(format!("the learner defaults are not a table: {other:?}"))),
+    };
+    let over = |keys: &mut dyn Iterator<Item = (&String, &Value)>| {
+        let mut table = defaults.clone();
+        table.extend(keys.map(|(k, v)| (k.clone(), v.clone())));
+        serde_json::from_value::<TrainConfig>(Value::Object(table))
+    };
+    over(&mut given.iter()).map_err(|e| {
+        // The first key that fails on its own is the one to name.
+        match given.iter().find(|kv| over(&mut std::iter::once(*kv)).is_err()) {
+            Some((k, _)) => D::Error::custom(format!("`learner.{k}`: {e}")),
+            None => D::Error::custom(format!("`learner`: {e}")),
+        }
+    })
 }
 
 impl Default for JobConfig {
     fn default() -> Self {
-        let mut train = TrainConfig { max_staleness: Some(0), log_kl_to_initial: true, ..Default::default() };
-        train.learning_rate = 1e-5;
-        train.max_completion_length = 64;
         Self {
             model: None,
             dataset: "builtin:arithmetic".into(),
@@ -79,116 +130,103 @@ impl Default for JobConfig {
             output_dir: PathBuf::from("runs/job"),
             resume_from_checkpoint: None,
             entropy_collapse_fraction: 0.3,
-            train,
+            learner: job_learner_defaults(),
         }
     }
 }
 
 impl JobConfig {
-    /// Parses TOML; unknown keys are errors (a typo must not silently use a default).
-    pub fn from_toml(text: &str) -> Result<Self, String> {
-        let raw: toml::Table = text.parse().map_err(|e: toml::de::Error| e.to_string())?;
-        let mut cfg: JobConfig =
-            toml::Value::Table(raw.clone()).try_into().map_err(|e: toml::de::Error| e.to_string())?;
-        let known = serde_json::to_value(&cfg).map_err(|e| e.to_string())?;
-        check_keys(raw.keys(), &known)?;
-        cfg.job_defaults(|k| raw.contains_key(k));
+    /// Parses and validates a TOML job config (`rlserve train --config`).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let cfg: JobConfig = toml::from_str(text).map_err(|e| RlError::invalid_input(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
     }
 
-    /// Parses the JSON body of `POST /v1/train/jobs` (unknown keys are errors).
-    pub fn from_json(v: serde_json::Value) -> Result<Self, String> {
-        let keys: Vec<String> = v.as_object().map(|o| o.keys().cloned().collect()).unwrap_or_default();
-        let mut cfg: JobConfig = serde_json::from_value(v).map_err(|e| e.to_string())?;
-        check_keys(keys.iter(), &serde_json::to_value(&cfg).map_err(|e| e.to_string())?)?;
-        cfg.job_defaults(|k| keys.iter().any(|x| x == k));
+    /// Parses and validates the JSON body of `POST /v1/train/jobs`.
+    pub fn from_json(v: serde_json::Value) -> Result<Self> {
+        let cfg: JobConfig = serde_json::from_value(v).map_err(|e| RlError::invalid_input(e.to_string()))?;
         cfg.validate()?;
         Ok(cfg)
-    }
-
-    /// A flattened struct takes its own defaults when deserialized, so the job's defaults
-    /// for learner keys (see [`Default`]) are applied here to the keys the input left out.
-    fn job_defaults(&mut self, given: impl Fn(&str) -> bool) {
-        let d = JobConfig::default().train;
-        let t = &mut self.train;
-        if !given("learning_rate") {
-            t.learning_rate = d.learning_rate;
-        }
-        if !given("max_completion_length") {
-            t.max_completion_length = d.max_completion_length;
-        }
-        if !given("max_staleness") {
-            t.max_staleness = d.max_staleness;
-        }
-        if !given("log_kl_to_initial") {
-            t.log_kl_to_initial = d.log_kl_to_initial;
-        }
     }
 
     /// The allowed ranges; messages name the field, the value and the limit.
-    pub fn validate(&self) -> Result<(), String> {
-        let t = &self.train;
-        let checks: [(bool, String); 8] = [
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.learner;
+        let checks: [(bool, &str, String); 9] = [
             (
                 self.num_generations >= 2,
+                "num_generations",
                 format!("`num_generations` must be >= 2 (a group needs two samples), got {}", self.num_generations),
             ),
-            (self.prompts_per_step >= 1, format!("`prompts_per_step` must be >= 1, got {}", self.prompts_per_step)),
-            (self.max_steps >= 1, format!("`max_steps` must be >= 1, got {}", self.max_steps)),
+            (
+                self.prompts_per_step >= 1,
+                "prompts_per_step",
+                format!("`prompts_per_step` must be >= 1, got {}", self.prompts_per_step),
+            ),
+            (self.max_steps >= 1, "max_steps", format!("`max_steps` must be >= 1, got {}", self.max_steps)),
             (
                 t.max_completion_length >= 1,
-                format!("`max_completion_length` must be >= 1, got {}", t.max_completion_length),
+                "learner.max_completion_length",
+                format!("`learner.max_completion_length` must be >= 1, got {}", t.max_completion_length),
             ),
-            (!self.rewards.is_empty(), "`rewards` must name at least one reward function".into()),
+            (!self.rewards.is_empty(), "rewards", "`rewards` must name at least one reward function".into()),
             (
                 t.temperature > 0.0,
+                "learner.temperature",
                 format!(
-                    "`temperature` must be > 0 for RL sampling (greedy samples are not on-policy), got {}",
+                    "`learner.temperature` must be > 0 for RL sampling (greedy samples are not on-policy), got {}",
                     t.temperature
                 ),
             ),
             (
                 (0.0..=1.0).contains(&self.entropy_collapse_fraction),
+                "entropy_collapse_fraction",
                 format!("`entropy_collapse_fraction` must be in [0, 1], got {}", self.entropy_collapse_fraction),
             ),
-            (t.learning_rate >= 0.0, format!("`learning_rate` must be >= 0, got {}", t.learning_rate)),
+            (
+                t.learning_rate >= 0.0,
+                "learner.learning_rate",
+                format!("`learner.learning_rate` must be >= 0, got {}", t.learning_rate),
+            ),
+            (
+                t.total_steps != Some(0),
+                "learner.total_steps",
+                "`learner.total_steps` must be >= 1 when set, got 0".into(),
+            ),
         ];
-        if let Some((_, msg)) = checks.into_iter().find(|(ok, _)| !ok) {
-            return Err(msg);
+        if let Some((_, param, msg)) = checks.into_iter().find(|(ok, ..)| !ok) {
+            return Err(RlError::invalid(param, msg));
         }
         for r in &self.rewards {
             r.validate()?;
         }
-        self.sampling_params(0).validate().map_err(|e| e.to_string())
+        self.sampling_params(0).validate().map_err(|e| RlError::invalid_input(e.to_string()))
     }
 
     /// `max_staleness` (0 = synchronous: generate step k+1 only after step k's update).
     pub fn max_staleness(&self) -> u64 {
-        self.train.max_staleness.unwrap_or(0)
+        self.learner.max_staleness.unwrap_or(0)
+    }
+
+    /// The learner's settings for this job: `[learner]` with `total_steps` defaulting to
+    /// `max_steps` (the schedule ends with the run).
+    pub fn train_config(&self) -> TrainConfig {
+        TrainConfig { total_steps: Some(self.learner.total_steps.unwrap_or(self.max_steps)), ..self.learner.clone() }
     }
 
     /// Sampling parameters of the rollouts of step `step` (seeded per step).
     pub fn sampling_params(&self, step: u64) -> SamplingParams {
         SamplingParams {
             n: self.num_generations,
-            temperature: self.train.temperature,
+            temperature: self.learner.temperature,
             top_p: self.top_p,
             top_k: self.top_k,
             min_p: self.min_p,
             seed: Some(engine::sampling::splitmix64(self.seed ^ engine::sampling::splitmix64(step))),
-            max_tokens: Some(self.train.max_completion_length),
+            max_tokens: Some(self.learner.max_completion_length),
             stop: self.stop.clone(),
             ..Default::default()
         }
     }
-}
-
-fn check_keys<'a>(keys: impl Iterator<Item = &'a String>, known: &serde_json::Value) -> Result<(), String> {
-    for k in keys {
-        if known.get(k).is_none() {
-            return Err(format!("unknown field `{k}` in the job config"));
-        }
-    }
-    Ok(())
 }

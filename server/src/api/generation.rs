@@ -5,7 +5,6 @@ use super::error::ApiError;
 use super::protocol::SamplingFields;
 use super::protocol::Usage;
 use super::{AppState, InFlight};
-use crate::rl::rollout::RolloutSet;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use engine::{RequestStream, SamplingParams, SeqOutput};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
@@ -90,8 +89,7 @@ pub fn submit(
 ) -> Result<Generation, ApiError> {
     let n = params.n;
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let greedy = params.temperature == 0.0;
-    let recorder = state.feedback.clone().map(|fb| (fb, RolloutSet::new(&prompts, n), id.to_string(), prompts.len()));
+    let recorder = state.feedback.as_ref().map(|fb| fb.recorder(id, &prompts, &params));
     let Submitted { streams, in_flight } = submit_streams(state, prompts, params)?;
     let metrics = state.metrics.clone();
     let start = Instant::now();
@@ -115,21 +113,8 @@ pub fn submit(
         .boxed()
     });
     let mut events = stream::select_all(per_prompt).boxed();
-    if let Some((fb, set, id, mut left)) = recorder {
-        let mut set = Some(set);
-        events = events
-            .inspect(move |ev: &Event| {
-                let Some(rollouts) = set.as_mut() else { return };
-                rollouts.push(ev.prompt, ev.out.clone());
-                if ev.out.request_finished && ev.out.finish_reason != Some(engine::FinishReason::Abort) {
-                    left -= 1;
-                    if left == 0 {
-                        let done = set.take().expect("registered once");
-                        fb.register(&id, &done.rollouts, greedy);
-                    }
-                }
-            })
-            .boxed();
+    if let Some(mut recorder) = recorder {
+        events = events.inspect(move |ev: &Event| recorder.observe(ev.prompt, &ev.out)).boxed();
     }
     Ok(Generation { events, prompt_lens, n, _in_flight: in_flight })
 }
