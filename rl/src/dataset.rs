@@ -47,7 +47,8 @@ pub fn load(
     system_prompt: Option<&str>,
 ) -> Result<Vec<Example>> {
     let rows = rows(key, spec)?;
-    let line_error = |i: usize, msg: &dyn std::fmt::Display| RlError::invalid(key, format!("{key} {spec} line {}: {msg}", i + 1));
+    let line_error =
+        |i: usize, msg: &dyn std::fmt::Display| RlError::invalid(key, format!("{key} {spec} line {}: {msg}", i + 1));
     rows.into_iter()
         .enumerate()
         .map(|(i, fields)| {
@@ -90,12 +91,18 @@ fn rows(key: &'static str, spec: &str) -> Result<Vec<Map<String, Value>>> {
             ))
         }
         path => {
-            let text = std::fs::read_to_string(path).map_err(|source| RlError::File { key, path: path.into(), source })?;
+            let text =
+                std::fs::read_to_string(path).map_err(|source| RlError::File { key, path: path.into(), source })?;
             let mut rows = Vec::new();
             for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
                 match serde_json::from_str::<Value>(line) {
                     Ok(Value::Object(m)) => rows.push(m),
-                    Ok(_) => return Err(RlError::invalid(key, format!("{key} {path} line {}: expected a JSON object", i + 1))),
+                    Ok(_) => {
+                        return Err(RlError::invalid(
+                            key,
+                            format!("{key} {path} line {}: expected a JSON object", i + 1),
+                        ))
+                    }
                     Err(e) => return Err(RlError::invalid(key, format!("{key} {path} line {}: {e}", i + 1))),
                 }
             }

@@ -22,10 +22,10 @@ use super::context::RlContext;
 use super::error::{Result, RlError};
 use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
 use super::metrics::FeedbackCounts;
+pub use super::ratings::FeedbackRequest;
 use super::ratings::{LogLine, Ratings};
 use super::report::{JobLog, StepRecord};
 use super::rollout::RolloutSet;
-pub use super::ratings::FeedbackRequest;
 use engine::{SamplingParams, SeqOutput};
 use learner::{TrainConfig, Trainer};
 use std::io::Write;
@@ -124,14 +124,13 @@ impl FeedbackStore {
     /// Validates and applies one rating; durable (fsynced) before it returns Ok.
     pub fn submit(&self, req: &FeedbackRequest) -> Result<serde_json::Value> {
         let mut ratings = self.lock();
-        let (rated, choices) = match ratings.check(req) {
-            Ok(x) => x,
+        let line = match ratings.check(req) {
+            Ok(line) => line,
             Err(e) => {
                 ratings.rejected += 1;
                 return Err(e);
             }
         };
-        let line = LogLine { seq: ratings.next_seq, id: req.id.clone(), ratings: rated, choices };
         {
             let path = self.cfg.dir.join("feedback.jsonl");
             let mut f = self.log.lock().unwrap_or_else(|e| e.into_inner());
@@ -225,7 +224,7 @@ impl LearnerTask for FeedbackTask {
 
     fn checkpoint_dir(&self, _step: u64, optimizer_step: u64, _last: bool) -> Option<PathBuf> {
         let cfg = &self.0.cfg;
-        (optimizer_step % cfg.save_steps.max(1) == 0).then(|| cfg.dir.join("checkpoint"))
+        optimizer_step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
     }
 
     /// A failed save is logged; the ratings after the last good checkpoint are replayed on

@@ -195,7 +195,12 @@ impl JobRun<'_> {
 
 /// What the rewards see of rollout `r` of example `ex`.
 fn scored<'e>(ex: &'e Example, r: &'e Rollout) -> Scored<'e> {
-    Scored { prompt: &ex.prompt_text, completion: &r.text, completion_tokens: r.completion_ids.len(), fields: &ex.fields }
+    Scored {
+        prompt: &ex.prompt_text,
+        completion: &r.text,
+        completion_tokens: r.completion_ids.len(),
+        fields: &ex.fields,
+    }
 }
 
 impl LearnerTask for JobTask<'_, '_> {
@@ -224,7 +229,8 @@ impl LearnerTask for JobTask<'_, '_> {
         *self.progress.done.lock().unwrap_or_else(|e| e.into_inner()) = record.step;
         self.progress.cv.notify_all();
         let last = record.step == cfg.max_steps || job.stopping();
-        let eval_due = cfg.eval_dataset.is_some() && cfg.eval_interval > 0 && record.step % cfg.eval_interval == 0;
+        let eval_due =
+            cfg.eval_dataset.is_some() && cfg.eval_interval > 0 && record.step.is_multiple_of(cfg.eval_interval);
         if eval_due || (last && !self.run.eval.is_empty()) {
             self.run.record_eval(record.step, log)?;
         }
@@ -233,7 +239,7 @@ impl LearnerTask for JobTask<'_, '_> {
 
     fn checkpoint_dir(&self, step: u64, _optimizer_step: u64, last: bool) -> Option<PathBuf> {
         let cfg = &self.run.job.config;
-        ((cfg.save_steps > 0 && step % cfg.save_steps == 0) || last)
+        ((cfg.save_steps > 0 && step.is_multiple_of(cfg.save_steps)) || last)
             .then(|| cfg.output_dir.join(format!("checkpoint-{step}")))
     }
 

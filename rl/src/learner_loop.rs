@@ -7,8 +7,8 @@
 use super::context::{LearnerGuard, RlContext};
 use super::error::{Result, RlError};
 use super::report::{JobLog, RolloutTiming, StepRecord};
-use learner::{checkpoint, TrainSample, Trainer};
 use engine::SharedModel;
+use learner::{checkpoint, TrainSample, Trainer};
 use std::path::{Path, PathBuf};
 
 /// One batch for the learner.
@@ -74,8 +74,7 @@ impl LearnerLoop {
                     None
                 }
             };
-            let record =
-                self.log.step(step, metrics, &batch.samples, &batch.timing, self.entropy_collapse_fraction);
+            let record = self.log.step(step, metrics, &batch.samples, &batch.timing, self.entropy_collapse_fraction);
             self.ctx.metrics.learner_step(&record, &batch.samples);
             let last = task.after_step(&record, &batch, &mut self.log)?;
             if let Some(dir) = task.checkpoint_dir(step, self.trainer.optimizer.step, last) {

@@ -84,8 +84,9 @@ impl Ratings {
         }
     }
 
-    /// Checks a rating against the window; the rewards it sets and the response's choices.
-    pub fn check(&self, req: &FeedbackRequest) -> Result<(Vec<(usize, f32)>, Vec<TrainSample>)> {
+    /// Checks a rating against the window; the log line that records it (the next sequence
+    /// number, the rewards it sets, the response's choices).
+    pub fn check(&self, req: &FeedbackRequest) -> Result<LogLine> {
         if self.done.contains(&req.id) {
             return Err(RlError::AlreadyRated(format!("every choice of `{}` is already rated", req.id)));
         }
@@ -137,9 +138,13 @@ impl Ratings {
                 }
                 (0..n).map(|i| (i, if i == p { 1.0 } else { 0.0 })).collect()
             }
-            _ => return Err(RlError::invalid_input("give either `choice` and `reward`, or `preferred` (a choice index)")),
+            _ => {
+                return Err(RlError::invalid_input(
+                    "give either `choice` and `reward`, or `preferred` (a choice index)",
+                ))
+            }
         };
-        Ok((ratings, k.choices.clone()))
+        Ok(LogLine { seq: self.next_seq, id: req.id.clone(), ratings, choices: k.choices.clone() })
     }
 
     /// Applies a logged rating (from a request or the replay). Ratings at or before

@@ -94,9 +94,7 @@ impl JobLog {
             read_lines(&path).into_iter().filter(|l| l["step"].as_u64().is_some_and(|s| s <= start_step)).collect();
         let tmp = path.with_extension("jsonl.partial");
         let text: String = kept.iter().map(|l| format!("{l}\n")).collect();
-        std::fs::write(&tmp, text)
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|e| RlError::io(&path, e))?;
+        std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| RlError::io(&path, e))?;
         let file =
             std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| RlError::io(&path, e))?;
         let bar = max_steps.map(|n| {

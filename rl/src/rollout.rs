@@ -1,8 +1,8 @@
 //! Rollouts (token in, token out): the engine's per-step outputs of a batch of prompts ×
 //! `n` samples gathered into one record per sample, with everything the learner needs.
 
-use learner::TrainSample;
 use engine::{FinishReason, RequestStream, SeqOutput};
+use learner::TrainSample;
 use serde::Serialize;
 
 /// One sample of one prompt.

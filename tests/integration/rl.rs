@@ -23,7 +23,8 @@ fn tiny(name: &str, seed: u64) -> PathBuf {
 /// P(first completion byte is ASCII) after the prompt "abc", from the model's logits.
 fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
     let ids = tok.encode("abc", false).unwrap();
-    let lp = kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16).unwrap(), false).unwrap()).unwrap();
+    let lp =
+        kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16).unwrap(), false).unwrap()).unwrap();
     (0..lp.len() as u32)
         .filter(|&t| tok.decode(&[t], false).is_ok_and(|s| s.len() == 1 && s.is_ascii()))
         .map(|t| lp.as_slice().unwrap()[t as usize].exp())
@@ -49,7 +50,8 @@ fn run_job_in(dir: &Path, extra: &str, learner_extra: &str) -> (Arc<Job>, f32, f
     let model = SharedModel::new(Model::load(dir, &Device::Cpu).unwrap());
     let start = p_ascii(&model.read(), &tok);
     let engine =
-        LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() }).unwrap();
+        LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() })
+            .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let ctx = RlContext {
         engine: EngineHandle::spawn(engine),
@@ -436,7 +438,10 @@ fn job_configs_reject_unknown_keys_and_keep_the_job_learner_defaults() {
     assert_eq!(from_toml, from_json);
     // The job's learner defaults differ from the learner's own...
     let d = job_learner_defaults();
-    assert_eq!((d.learning_rate, d.max_completion_length, d.max_staleness, d.log_kl_to_initial), (1e-5, 64, Some(0), true));
+    assert_eq!(
+        (d.learning_rate, d.max_completion_length, d.max_staleness, d.log_kl_to_initial),
+        (1e-5, 64, Some(0), true)
+    );
     let plain = TrainConfig::default();
     assert_ne!(
         (plain.learning_rate, plain.max_completion_length, plain.max_staleness, plain.log_kl_to_initial),

@@ -141,7 +141,9 @@ pub async fn list_jobs(State(state): State<Arc<AppState>>) -> impl IntoResponse 
         .jobs
         .statuses()
         .into_iter()
-        .map(|s| json!({"id": s.id, "status": s.status, "step": s.step, "max_steps": s.max_steps, "version": s.version}))
+        .map(
+            |s| json!({"id": s.id, "status": s.status, "step": s.step, "max_steps": s.max_steps, "version": s.version}),
+        )
         .collect();
     axum::Json(json!({"object": "list", "data": jobs}))
 }
@@ -175,8 +177,9 @@ pub async fn feedback(
     let store = state.feedback.clone().ok_or_else(|| {
         ApiError::NotFound("feedback learning is off: start the server with --learn-from-feedback".into())
     })?;
-    let v =
-        tokio::task::spawn_blocking(move || store.submit(&req)).await.map_err(|e| ApiError::Internal(e.to_string()))??;
+    let v = tokio::task::spawn_blocking(move || store.submit(&req))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(axum::Json(v).into_response())
 }
 
