@@ -11,13 +11,21 @@ pub enum RlError {
     /// allowed range, a malformed dataset line, a malformed rating. `param` is the offending
     /// field when one is known (`num_generations`, `learner.temperature`, `choice`).
     #[error("{message}")]
-    Invalid { param: Option<String>, message: String },
+    Invalid {
+        /// The field, as the caller wrote it.
+        param: Option<String>,
+        /// What is wrong, with the value and the limit.
+        message: String,
+    },
     /// A file or folder the config names (`dataset`, `eval_dataset`, `output_dir`) cannot be
     /// read or created: the caller's input is at fault, not the server.
     #[error("`{key}` {}: {source}", path.display())]
     File {
+        /// The config key that names the file.
         key: &'static str,
+        /// The file or folder.
         path: PathBuf,
+        /// Why it cannot be used (not found, permission denied, ...).
         #[source]
         source: std::io::Error,
     },
@@ -37,13 +45,20 @@ pub enum RlError {
     /// The server's own files (feedback log, `metrics.jsonl`, checkpoints it prunes) failed.
     #[error("{}: {source}", path.display())]
     Io {
+        /// The file.
         path: PathBuf,
+        /// The failure.
         #[source]
         source: std::io::Error,
     },
     /// Drawing `metrics.png` failed.
     #[error("{}: {message}", path.display())]
-    Plot { path: PathBuf, message: String },
+    Plot {
+        /// The PNG being drawn.
+        path: PathBuf,
+        /// The drawing backend's message.
+        message: String,
+    },
     /// Weights could not be loaded (a checkpoint folder's files).
     #[error(transparent)]
     Model(#[from] engine::ModelError),

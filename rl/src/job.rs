@@ -181,7 +181,7 @@ impl Job {
     }
 
     /// Whether a stop was requested.
-    pub fn stopping(&self) -> bool {
+    pub(crate) fn stopping(&self) -> bool {
         self.stop.load(Ordering::SeqCst)
     }
 

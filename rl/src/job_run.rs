@@ -285,7 +285,7 @@ pub(crate) fn resolve_resume(cfg: &JobConfig) -> Result<Option<PathBuf>> {
 }
 
 /// Complete checkpoints `output_dir/checkpoint-<step>`, oldest first.
-pub fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
+fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
     let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
         .into_iter()
         .flatten()

@@ -2,7 +2,9 @@
 //! the job runner, reports), and learning from user feedback. The engine and the learner
 //! share one set of weights ([`engine::SharedModel`]); one learner loop
 //! ([`learner_loop::LearnerLoop`]) serves jobs and feedback. No HTTP here: the server maps
-//! [`RlError`] to HTTP statuses and records the metrics exporter.
+//! [`RlError`] to HTTP statuses and installs the exporter of the metrics recorded here.
+
+#![warn(missing_docs)]
 
 pub mod config;
 pub mod context;
@@ -24,6 +26,5 @@ pub use context::{LearnerSlot, RlContext};
 pub use error::{Result, RlError};
 pub use feedback::{FeedbackConfig, FeedbackRecorder, FeedbackRequest, FeedbackStore};
 pub use job::{Job, JobState, JobStatus, Jobs};
-pub use job_run::checkpoints;
 pub use learner_loop::load_weights;
 pub use metrics::RlMetrics;

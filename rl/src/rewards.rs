@@ -24,27 +24,35 @@ pub enum RewardSpec {
     /// answer is the number after the last `####` (GSM8K), else the last `\boxed{}`, else
     /// the last number in the text; numbers compare numerically (`1,000` = `1000.0`).
     ExactAnswer {
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
     /// 1 when `pattern` (Rust `regex` syntax) matches the completion, else 0.
     Regex {
+        /// The pattern.
         pattern: String,
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
     /// Length shaping toward `target` completion tokens: `−|len − target| / target`, at least −1.
     Length {
+        /// The target length in tokens (>= 1).
         target: usize,
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
     /// `POST url` with `{"prompt", "completion", ...the example's fields}`; the reply must be
     /// `{"reward": float}`. Plain `http://` only.
     Http {
+        /// The scorer's address (`http://` only).
         url: String,
+        /// Seconds before the request counts as failed (default 5).
         #[serde(default = "five")]
         timeout_s: f64,
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
@@ -81,10 +89,20 @@ impl RewardSpec {
 pub enum RewardError {
     /// The `http` reward's request failed, timed out, or got a non-2xx status.
     #[error("reward http {url}: {message}")]
-    Request { url: String, message: String },
+    Request {
+        /// The scorer's address.
+        url: String,
+        /// The failure.
+        message: String,
+    },
     /// The `http` reward's reply is not `{"reward": <finite number>}`.
-    #[error("reward http {url}: {message}")]
-    BadReply { url: String, message: String },
+    #[error("reward http {url}: bad reply: {message}")]
+    BadReply {
+        /// The scorer's address.
+        url: String,
+        /// What is wrong with the reply.
+        message: String,
+    },
 }
 
 /// What a reward sees of one sample.
@@ -152,7 +170,7 @@ impl Rewards {
             .as_f64()
             .filter(|r| r.is_finite())
             .map(|r| r as f32)
-            .ok_or_else(|| bad_reply("the reply has no finite `reward`".into()))
+            .ok_or_else(|| bad_reply("no finite `reward`".into()))
     }
 }
 
