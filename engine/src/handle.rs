@@ -49,7 +49,6 @@ pub struct RequestStream {
     rx: flume::Receiver<StreamItem>,
     tx: flume::Sender<Command>,
     done: bool,
-    fault: Option<EngineFault>,
 }
 
 /// The engine thread is gone (it panicked or was shut down).
@@ -87,22 +86,6 @@ impl RequestStream {
         Some(self.take(item))
     }
 
-    /// The next output (blocking); `None` after the last one, or after a fault, which
-    /// [`Self::fault`] then returns. Prefer [`Self::recv_item`], which hands the fault over.
-    pub fn recv(&mut self) -> Option<SeqOutput> {
-        self.recv_item()?.ok()
-    }
-
-    /// [`Self::recv`] for async code.
-    pub async fn recv_async(&mut self) -> Option<SeqOutput> {
-        self.recv_item_async().await?.ok()
-    }
-
-    /// The fault that ended this request, once it has been received.
-    pub fn fault(&self) -> Option<&EngineFault> {
-        self.fault.as_ref()
-    }
-
     /// Collects every remaining output (blocking), or the fault that ended the request.
     pub fn collect(mut self) -> Result<Vec<SeqOutput>, EngineFault> {
         std::iter::from_fn(|| self.recv_item()).collect()
@@ -112,13 +95,7 @@ impl RequestStream {
         // The engine drops a stream's sender only after its last item: a disconnect before
         // that means the engine thread is gone.
         let item = item.unwrap_or_else(|_| Err(EngineFault(EngineStopped.to_string())));
-        match &item {
-            Ok(o) => self.done = o.request_finished,
-            Err(f) => {
-                self.done = true;
-                self.fault = Some(f.clone());
-            }
-        }
+        self.done = item.as_ref().map_or(true, |o| o.request_finished);
         item
     }
 }
@@ -190,7 +167,7 @@ impl EngineHandle {
         self.tx
             .send(Command::Add { request_id: request_id.clone(), prompt, params, out, reply })
             .map_err(|_| EngineStopped)?;
-        let stream = RequestStream { request_id, rx, tx: self.tx.clone(), done: false, fault: None };
+        let stream = RequestStream { request_id, rx, tx: self.tx.clone(), done: false };
         Ok((stream, answer))
     }
 

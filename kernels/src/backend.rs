@@ -33,7 +33,7 @@ pub trait BackendDevice: Clone + Debug + Send + Sync {
     /// `n` zeros.
     fn zeros(&self, n: usize) -> Result<Self::Storage>;
     /// A copy of host data.
-    fn from_host(&self, data: &[f32]) -> Result<Self::Storage>;
+    fn upload(&self, data: &[f32]) -> Result<Self::Storage>;
 }
 
 /// A buffer of f32 on one device and every op over such buffers.

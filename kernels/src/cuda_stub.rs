@@ -30,7 +30,7 @@ impl BackendDevice for CudaDevice {
     fn zeros(&self, _: usize) -> Result<CudaStorage> {
         match *self {}
     }
-    fn from_host(&self, _: &[f32]) -> Result<CudaStorage> {
+    fn upload(&self, _: &[f32]) -> Result<CudaStorage> {
         match *self {}
     }
 }

@@ -30,8 +30,8 @@ impl Device {
     /// A copy of host data on this device.
     pub(crate) fn upload(&self, data: &[f32]) -> Result<Storage> {
         match self {
-            Device::Cpu => CpuDevice.from_host(data).map(Storage::Cpu),
-            Device::Cuda(d) => d.from_host(data).map(Storage::Cuda),
+            Device::Cpu => CpuDevice.upload(data).map(Storage::Cpu),
+            Device::Cuda(d) => d.upload(data).map(Storage::Cuda),
         }
     }
 }

@@ -1,7 +1,7 @@
-//! The rlserve server: OpenAI-compatible HTTP API over the engine, Prometheus metrics,
-//! and the `serve` command. The `rlserve` binary (`main.rs`) adds the other commands.
+//! The rlserve server: OpenAI-compatible HTTP API over the engine and the `rl` crate
+//! (rollouts, training jobs, feedback), Prometheus metrics, and the `serve` command. The
+//! `rlserve` binary (`main.rs`) adds the other commands.
 
 pub mod api;
 pub mod metrics;
-pub mod rl;
 pub mod serve;

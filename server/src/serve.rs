@@ -8,6 +8,7 @@ use anyhow::{Context, Result};
 use clap::Args;
 use engine::{EngineConfig, EngineHandle, KvOnUpdate, LLMEngine, Model, SharedModel, Tokenizer};
 use kernels::Device;
+use rl::{FeedbackConfig, FeedbackStore, LearnerSlot, RlContext, RlMetrics};
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::atomic::AtomicUsize;
@@ -134,7 +135,8 @@ pub struct FeedbackArgs {
     /// replayed and retrained on restart).
     #[arg(long, default_value_t = 10)]
     pub feedback_save_steps: u64,
-    /// TOML with learner settings (TRL names, as `rlserve train-step --config`).
+    /// TOML with the feedback learner's settings: the keys of a job's `[learner]` table
+    /// (TRL names), at the top level as in `rlserve train-step --config`.
     #[arg(long)]
     pub learner_config: Option<std::path::PathBuf>,
     /// Learner learning rate (overrides --learner-config).
@@ -143,23 +145,23 @@ pub struct FeedbackArgs {
 }
 
 impl FeedbackArgs {
-    fn config(&self) -> Result<crate::rl::feedback::FeedbackConfig> {
-        let mut train: learner::TrainConfig = match &self.learner_config {
+    fn config(&self) -> Result<FeedbackConfig> {
+        let mut learner: learner::TrainConfig = match &self.learner_config {
             Some(p) => toml::from_str(&std::fs::read_to_string(p).with_context(|| format!("reading {}", p.display()))?)
                 .with_context(|| format!("--learner-config {}", p.display()))?,
             None => learner::TrainConfig::default(),
         };
         if let Some(lr) = self.learning_rate {
-            train.learning_rate = lr;
+            learner.learning_rate = lr;
         }
         anyhow::ensure!(self.feedback_batch_size >= 1, "--feedback-batch-size must be >= 1");
         anyhow::ensure!(self.feedback_window >= 1, "--feedback-window must be >= 1");
-        Ok(crate::rl::feedback::FeedbackConfig {
+        Ok(FeedbackConfig {
             window: self.feedback_window,
             batch_size: self.feedback_batch_size,
             dir: self.feedback_dir.clone(),
             save_steps: self.feedback_save_steps.max(1),
-            train,
+            learner,
         })
     }
 }
@@ -221,19 +223,20 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         .unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
     let engine = EngineHandle::spawn(engine);
     let metrics = Metrics::new(&model_name);
-    let learner = crate::rl::job::LearnerSlot::default();
+    let rl = RlContext {
+        engine: engine.clone(),
+        model: model.clone(),
+        tokenizer: tokenizer.clone(),
+        model_dir: dir.to_path_buf(),
+        runtime: tokio::runtime::Handle::try_current().context("the server needs the tokio runtime")?,
+        metrics: RlMetrics::new(&model_name),
+        learner: LearnerSlot::default(),
+        max_model_len,
+    };
     let feedback = if args.feedback.learn_from_feedback {
-        let ctx = crate::rl::job::JobContext {
-            engine: engine.clone(),
-            model: model.clone(),
-            tokenizer: tokenizer.clone(),
-            model_dir: dir.to_path_buf(),
-            runtime: tokio::runtime::Handle::try_current().context("feedback learning needs the tokio runtime")?,
-            metrics: metrics.clone(),
-            learner: learner.clone(),
-            max_model_len,
-        };
-        Some(crate::rl::feedback::FeedbackStore::open(args.feedback.config()?, ctx).map_err(anyhow::Error::msg)?)
+        let store = FeedbackStore::open(args.feedback.config()?, rl.clone())
+            .with_context(|| format!("--feedback-dir {}", args.feedback.feedback_dir.display()))?;
+        Some(store)
     } else {
         None
     };
@@ -252,7 +255,7 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         admin_key: args.admin_key.clone(),
         admin_enabled,
         jobs: Default::default(),
-        learner,
+        rl,
         feedback,
     }))
 }

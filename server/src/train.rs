@@ -4,8 +4,7 @@
 
 use anyhow::{Context, Result};
 use clap::Args;
-use server::rl::config::JobConfig;
-use server::rl::job::Job;
+use rl::{Job, JobConfig};
 use server::serve::{build_state, shutdown_signal, ServeArgs, Server};
 use std::path::PathBuf;
 use std::time::Duration;
@@ -25,7 +24,7 @@ pub struct TrainArgs {
 pub fn run(a: TrainArgs) -> Result<()> {
     let text =
         std::fs::read_to_string(&a.config).with_context(|| format!("reading --config {}", a.config.display()))?;
-    let cfg = JobConfig::from_toml(&text).map_err(|e| anyhow::anyhow!("--config {}: {e}", a.config.display()))?;
+    let cfg = JobConfig::from_toml(&text).with_context(|| format!("--config {}", a.config.display()))?;
     let dir = match &cfg.model {
         Some(p) => p.clone(),
         None => engine::fetch::ensure_default_model(&|m| eprintln!("{m}"))?,
@@ -40,11 +39,9 @@ pub fn run(a: TrainArgs) -> Result<()> {
             eprintln!("rlserve: serving `{}` on http://{} while training", s.state.model_name, s.addr);
             Some(s)
         };
-        let ctx = state.job_context();
-        let job = tokio::task::spawn_blocking(move || Job::start("job-cli".into(), cfg, ctx, true))
-            .await?
-            .map_err(|e| anyhow::anyhow!("{e}"))?;
-        state.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(job.id.clone(), job.clone());
+        let ctx = state.rl.clone();
+        let job = tokio::task::spawn_blocking(move || Job::start("job-cli".into(), cfg, ctx, true)).await??;
+        state.jobs.insert(job.clone());
         let j = job.clone();
         let mut done = tokio::task::spawn_blocking(move || j.wait());
         tokio::select! {

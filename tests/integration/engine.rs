@@ -338,7 +338,7 @@ fn dropping_a_stream_aborts_and_frees_blocks() {
             SamplingParams { max_tokens: Some(100), ignore_eos: true, ..Default::default() },
         )
         .unwrap();
-    assert!(s.recv().is_some());
+    assert!(matches!(s.recv_item(), Some(Ok(_))));
     assert!(h.stats().unwrap().num_free_blocks < 64);
     drop(s);
     let mut free = 0;
@@ -438,7 +438,6 @@ fn a_failed_step_aborts_the_requests_it_ran_and_the_engine_keeps_serving() {
     let fault = s.recv_item().unwrap().unwrap_err();
     assert!(fault.0.contains(&want) && fault.0.contains("aborted"), "{fault}");
     assert!(s.recv_item().is_none(), "the fault is the last item");
-    assert_eq!(s.fault(), Some(&fault));
     let out = h.add_request(vec![1, 2], greedy(3)).unwrap().collect().unwrap();
     assert_eq!(out.iter().map(|o| o.tokens.len()).sum::<usize>(), 3);
     assert!(out.last().unwrap().request_finished);

@@ -1,12 +1,12 @@
 //! Online RL on the tiny model: training jobs with max_staleness 0 and 2 learn a toy reward
 //! within bounds on staleness, ℓ = μ at sampling, rollouts, feedback durability across a
-//! restart, and a 4xx for each malformed rollout, feedback or job request.
+//! restart, job configs (TOML = JSON, unknown keys, `[learner]` defaults), and a 4xx for
+//! each malformed rollout, feedback or job request.
 
 use engine::{EngineConfig, EngineHandle, LLMEngine, Model, SharedModel, Tokenizer};
 use kernels::Device;
+use rl::{job_learner_defaults, Job, JobConfig, JobState, LearnerSlot, RlContext, RlMetrics};
 use serde_json::{json, Value};
-use server::rl::config::JobConfig;
-use server::rl::job::{Job, JobContext, JobState, LearnerSlot};
 use server::serve::{build_state, ServeArgs, Server};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -23,7 +23,8 @@ fn tiny(name: &str, seed: u64) -> PathBuf {
 /// P(first completion byte is ASCII) after the prompt "abc", from the model's logits.
 fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
     let ids = tok.encode("abc", false).unwrap();
-    let lp = kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16).unwrap(), false).unwrap()).unwrap();
+    let lp =
+        kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16).unwrap(), false).unwrap()).unwrap();
     (0..lp.len() as u32)
         .filter(|&t| tok.decode(&[t], false).is_ok_and(|s| s.len() == 1 && s.is_ascii()))
         .map(|t| lp.as_slice().unwrap()[t as usize].exp())
@@ -33,30 +34,32 @@ fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
 /// Runs a job on the tiny model: reward 1 when the completion starts with an ASCII character.
 fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
     let dir = tiny(name, 71);
-    let (job, start, end, _) = run_job_in(&dir, &format!("max_staleness = {max_staleness}\nmax_steps = 12"));
+    let (job, start, end, _) = run_job_in(&dir, "max_steps = 12", &format!("max_staleness = {max_staleness}"));
     (job, start, end)
 }
 
 /// HF-named weights: name → (shape, values).
 type Weights = std::collections::BTreeMap<String, Vec<f32>>;
 
-/// A job on the tiny model in `dir` with extra TOML lines; also returns the final weights.
-fn run_job_in(dir: &Path, extra: &str) -> (Arc<Job>, f32, f32, Weights) {
+/// A job on the tiny model in `dir` with extra TOML lines at the top level and in
+/// `[learner]`; also returns the final weights.
+fn run_job_in(dir: &Path, extra: &str, learner_extra: &str) -> (Arc<Job>, f32, f32, Weights) {
     let data = dir.join("data.jsonl");
     std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
     let tok = Arc::new(Tokenizer::from_dir(dir).unwrap());
     let model = SharedModel::new(Model::load(dir, &Device::Cpu).unwrap());
     let start = p_ascii(&model.read(), &tok);
     let engine =
-        LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() }).unwrap();
+        LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() })
+            .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
-    let ctx = JobContext {
+    let ctx = RlContext {
         engine: EngineHandle::spawn(engine),
         model: model.clone(),
         tokenizer: tok.clone(),
         model_dir: dir.to_path_buf(),
         runtime: rt.handle().clone(),
-        metrics: server::metrics::Metrics::new("tiny"),
+        metrics: RlMetrics::new("tiny"),
         learner: LearnerSlot::default(),
         max_model_len: 128,
     };
@@ -66,11 +69,13 @@ fn run_job_in(dir: &Path, extra: &str) -> (Arc<Job>, f32, f32, Weights) {
         apply_chat_template = false
         num_generations = 8
         prompts_per_step = 1
-        max_completion_length = 2
-        learning_rate = 2e-2
         {extra}
         output_dir = "{}"
         rewards = [{{ type = "regex", pattern = '^[\x00-\x7F]' }}]
+        [learner]
+        max_completion_length = 2
+        learning_rate = 2e-2
+        {learner_extra}
         "#,
         data.display(),
         dir.join("run").display()
@@ -113,13 +118,23 @@ fn a_synchronous_job_learns_and_its_logprobs_equal_the_samplers() {
 #[test]
 fn a_job_resumed_from_a_checkpoint_ends_where_an_uninterrupted_one_does() {
     // Uninterrupted: 6 steps. Interrupted: 3 steps (checkpoint-3), then a new process-like
-    // start from the original weights with resume_from_checkpoint = "latest" up to 6.
+    // start from the original weights with resume_from_checkpoint = "latest" up to 6. A
+    // linear schedule: unset, its length is the job's max_steps, so the interrupted runs
+    // name it (total_steps = 6) to follow the same schedule.
+    let linear = "lr_scheduler_type = \"linear\"";
     let whole = tiny("rl-resume-whole", 78);
-    let (_, _, _, want) = run_job_in(&whole, "max_steps = 6");
+    let (uninterrupted, _, _, want) = run_job_in(&whole, "max_steps = 6", linear);
+    let lrs: Vec<f64> = uninterrupted.status().history.iter().map(|r| r.learner.learning_rate).collect();
+    let expected: Vec<f64> = (0..6).map(|s| 2e-2 * (6 - s) as f64 / 6.0).collect();
+    assert_eq!(lrs.len(), 6);
+    for (got, want) in lrs.iter().zip(&expected) {
+        assert!((got - want).abs() < 1e-12, "linear decay to 0 at max_steps: {lrs:?} vs {expected:?}");
+    }
     let cut = tiny("rl-resume-cut", 78);
-    let (first, ..) = run_job_in(&cut, "max_steps = 3");
+    let cut_learner = format!("{linear}\ntotal_steps = 6");
+    let (first, ..) = run_job_in(&cut, "max_steps = 3", &cut_learner);
     assert!(cut.join("run/checkpoint-3/trainer_state.json").exists());
-    let (job, _, _, got) = run_job_in(&cut, "max_steps = 6\nresume_from_checkpoint = \"latest\"");
+    let (job, _, _, got) = run_job_in(&cut, "max_steps = 6\nresume_from_checkpoint = \"latest\"", &cut_learner);
     let st = job.status();
     assert_eq!((st.status, st.step, st.version, st.history.len()), (JobState::Completed, 6, 6, 3), "{:?}", st.error);
     assert_eq!(first.status().version, 3);
@@ -128,7 +143,7 @@ fn a_job_resumed_from_a_checkpoint_ends_where_an_uninterrupted_one_does() {
     // Loading a checkpoint never moves a live model's version back (no stale prefix-cache hits).
     let live = SharedModel::new(Model::load(&cut, &Device::Cpu).unwrap());
     live.write().version = 10;
-    server::rl::job::load_weights(&live, &cut.join("run/checkpoint-3"), 3).unwrap();
+    rl::load_weights(&live, &cut.join("run/checkpoint-3"), 3).unwrap();
     assert_eq!(live.version(), 11);
     assert_eq!(want.len(), got.len());
     for (name, v) in &want {
@@ -207,22 +222,31 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/rollouts", json!({"prompts": ["a"], "num_generations": 100000000}), 400, "[1, 256]"),
         ("/v1/rollouts", json!({"prompts": vec!["a"; 20], "num_generations": 256}), 400, "at most 4096"),
         ("/v1/train/jobs", json!({"num_generations": 1}), 400, "group needs two"),
-        ("/v1/train/jobs", json!({"max_completion_length": 100000}), 400, "context of 128"),
+        ("/v1/train/jobs", json!({"learner": {"max_completion_length": 100000}}), 400, "context of 128"),
         ("/v1/train/jobs", json!({"dataset": "builtin:nope"}), 400, "builtin:arithmetic"),
-        ("/v1/train/jobs", json!({"eval_dataset": "/nope.jsonl"}), 400, "eval_dataset /nope.jsonl"),
-        ("/v1/train/jobs", json!({"output_dir": "/proc/forbidden", "max_completion_length": 8}), 400, "`output_dir`"),
+        ("/v1/train/jobs", json!({"eval_dataset": "/nope.jsonl"}), 400, "`eval_dataset` /nope.jsonl"),
         (
             "/v1/train/jobs",
-            json!({"resume_from_checkpoint": "latest", "output_dir": temp_dir("rl-bad-resume"), "max_completion_length": 8}),
+            json!({"output_dir": "/proc/forbidden", "learner": {"max_completion_length": 8}}),
+            400,
+            "`output_dir`",
+        ),
+        (
+            "/v1/train/jobs",
+            json!({"resume_from_checkpoint": "latest", "output_dir": temp_dir("rl-bad-resume"),
+                   "learner": {"max_completion_length": 8}}),
             400,
             "no checkpoint",
         ),
         ("/v1/train/jobs", json!({"num_generations": 0}), 400, "`num_generations`"),
         ("/v1/train/jobs", json!({"learning_rat": 1e-5}), 400, "unknown field `learning_rat`"),
+        ("/v1/train/jobs", json!({"learning_rate": 1e-5}), 400, "unknown field `learning_rate`"),
+        ("/v1/train/jobs", json!({"learner": {"learning_rat": 1e-5}}), 400, "unknown field `learning_rat`"),
+        ("/v1/train/jobs", json!({"learner": {"total_steps": 0}}), 400, "`learner.total_steps`"),
         ("/v1/train/jobs", json!({"dataset": "/nonexistent.jsonl"}), 400, "/nonexistent.jsonl"),
         ("/v1/train/jobs", json!({"rewards": [{"type": "regex", "pattern": "("}]}), 400, "regex"),
         ("/v1/train/jobs", json!({"rewards": [{"type": "http", "url": "ftp://x"}]}), 400, "http://"),
-        ("/v1/train/jobs", json!({"temperature": 0}), 400, "`temperature`"),
+        ("/v1/train/jobs", json!({"learner": {"temperature": 0}}), 400, "`learner.temperature`"),
         ("/v1/train/jobs", json!({"model": "/elsewhere"}), 400, "served model"),
         ("/v1/train/jobs/nope/stop", json!({}), 404, "nope"),
         ("/v1/feedback", json!({"id": "x", "preferred": 0}), 404, "--learn-from-feedback"),
@@ -370,7 +394,7 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
 
 #[test]
 fn exact_answer_reads_the_final_answer() {
-    use server::rl::rewards::exact_answer;
+    use rl::rewards::exact_answer;
     let check = |completion: &str, answer: Value, want: bool| {
         assert_eq!(exact_answer(completion, Some(&answer)), want, "{completion:?} vs {answer}");
     };
@@ -391,15 +415,107 @@ fn dataset_order_is_a_seeded_permutation_per_epoch() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let data = dir.join("d.jsonl");
     std::fs::write(&data, (0..7).map(|i| format!("{{\"prompt\": \"p{i}\"}}\n")).collect::<String>()).unwrap();
-    let ex = server::rl::dataset::load("dataset", data.to_str().unwrap(), &tok, false, None).unwrap();
+    let ex = rl::dataset::load("dataset", data.to_str().unwrap(), &tok, false, None).unwrap();
     let order = |seed, epoch: u64| -> Vec<String> {
-        (0..7).map(|i| server::rl::dataset::at(&ex, seed, epoch * 7 + i).prompt_text.clone()).collect()
+        (0..7).map(|i| rl::dataset::at(&ex, seed, epoch * 7 + i).prompt_text.clone()).collect()
     };
     let mut e0 = order(1, 0);
     assert_eq!(order(1, 0), e0, "deterministic: a resumed job continues the same order");
     assert_ne!(order(1, 1), e0, "reshuffled each epoch");
     e0.sort();
     assert_eq!(e0, (0..7).map(|i| format!("p{i}")).collect::<Vec<_>>(), "each epoch visits every example once");
-    let err = server::rl::dataset::load("dataset", "builtin:nope", &tok, false, None).unwrap_err();
+    let err = rl::dataset::load("dataset", "builtin:nope", &tok, false, None).unwrap_err().to_string();
     assert!(err.contains("builtin:arithmetic"), "{err}");
+}
+
+#[test]
+fn job_configs_reject_unknown_keys_and_keep_the_job_learner_defaults() {
+    use learner::TrainConfig;
+    // TOML (`rlserve train`) and JSON (`POST /v1/train/jobs`) go through one type.
+    let from_toml = JobConfig::from_toml("max_steps = 7\n[learner]\nbeta = 0.04\nlearning_rate = 3e-6\n").unwrap();
+    let from_json =
+        JobConfig::from_json(json!({"max_steps": 7, "learner": {"beta": 0.04, "learning_rate": 3e-6}})).unwrap();
+    assert_eq!(from_toml, from_json);
+    // The job's learner defaults differ from the learner's own...
+    let d = job_learner_defaults();
+    assert_eq!(
+        (d.learning_rate, d.max_completion_length, d.max_staleness, d.log_kl_to_initial),
+        (1e-5, 64, Some(0), true)
+    );
+    let plain = TrainConfig::default();
+    assert_ne!(
+        (plain.learning_rate, plain.max_completion_length, plain.max_staleness, plain.log_kl_to_initial),
+        (d.learning_rate, d.max_completion_length, d.max_staleness, d.log_kl_to_initial)
+    );
+    // ...and hold for every key a partial [learner] table leaves out, and when it is absent.
+    assert_eq!(from_toml.learner, TrainConfig { beta: 0.04, learning_rate: 3e-6, ..d.clone() });
+    assert_eq!(JobConfig::from_toml("max_steps = 7").unwrap().learner, d);
+    assert_eq!(JobConfig::from_json(json!({"learner": {}})).unwrap().learner, d);
+    // Unset total_steps: the schedule ends with the run.
+    assert_eq!(from_toml.train_config().total_steps, Some(7));
+    let given = JobConfig::from_json(json!({"max_steps": 7, "learner": {"total_steps": 100}})).unwrap();
+    assert_eq!(given.train_config().total_steps, Some(100));
+    // Unknown keys, at the top level and inside [learner], in TOML and JSON: rejected as
+    // invalid input (HTTP 400), naming the key.
+    let cases: [(rl::Result<JobConfig>, &str); 6] = [
+        (JobConfig::from_toml("max_step = 3"), "max_step"),
+        (JobConfig::from_toml("max_steps = 3\n[learner]\nlerning_rate = 1e-5"), "lerning_rate"),
+        (JobConfig::from_toml("[learner]\nmax_steps = 3"), "max_steps"),
+        (JobConfig::from_json(json!({"max_step": 3})), "max_step"),
+        (JobConfig::from_json(json!({"learner": {"lerning_rate": 1e-5}})), "lerning_rate"),
+        // A learner key at the top level is not a job key.
+        (JobConfig::from_json(json!({"temperature": 0.7})), "temperature"),
+    ];
+    for (r, key) in cases {
+        let e = r.expect_err(key);
+        let msg = e.to_string();
+        assert!(matches!(e, rl::RlError::Invalid { .. }), "{key}: {e:?}");
+        assert!(msg.contains(&format!("unknown field `{key}`")), "{key}: {msg}");
+    }
+    // The example config parses, with its [learner] table.
+    let text = std::fs::read_to_string(tests::workspace_root().join("examples/arithmetic.toml")).unwrap();
+    let example = JobConfig::from_toml(&text).unwrap();
+    assert_eq!((example.learner.max_completion_length, example.learner.max_staleness), (16, Some(1)));
+    assert_eq!((example.max_steps, example.learner.log_kl_to_initial), (20, true));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_job_gets_409_while_one_runs() {
+    let dir = tiny("rl-busy", 81);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let (s, base) = start_server(dir.clone(), ServeArgs::default()).await;
+    let job = |out: &str| {
+        json!({"dataset": data, "apply_chat_template": false, "num_generations": 2, "prompts_per_step": 1,
+               "max_steps": 100000, "output_dir": dir.join(out), "rewards": [{"type": "length", "target": 2}],
+               "learner": {"max_completion_length": 2}})
+    };
+    let (st, first) = post(&base, "/v1/train/jobs", job("a")).await;
+    assert_eq!(st, 201, "{first}");
+    let (st, out) = post(&base, "/v1/train/jobs", job("b")).await;
+    assert_eq!(st, 409, "{out}");
+    assert!(out["error"]["message"].as_str().unwrap().contains("already updating the weights"), "{out}");
+    let id = first["id"].as_str().unwrap();
+    let (st, out) = post(&base, &format!("/v1/train/jobs/{id}/stop"), json!({})).await;
+    assert_eq!(st, 200, "{out}");
+    let mut status = Value::Null;
+    for _ in 0..400 {
+        status = reqwest::get(format!("{base}/v1/train/jobs/{id}")).await.unwrap().json().await.unwrap();
+        if status["status"] == "stopped" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(status["status"], "stopped", "{status}");
+    let r = reqwest::get(format!("{base}/v1/train/jobs/{id}/plot")).await.unwrap();
+    assert_eq!(r.status(), 200);
+    assert!(r.bytes().await.unwrap().starts_with(b"\x89PNG"));
+    // The slot is free again.
+    let (st, second) = post(&base, "/v1/train/jobs", job("b")).await;
+    assert_eq!(st, 201, "{second}");
+    let (st, _) = post(&base, &format!("/v1/train/jobs/{}/stop", second["id"].as_str().unwrap()), json!({})).await;
+    assert_eq!(st, 200);
+    let list: Value = reqwest::get(format!("{base}/v1/train/jobs")).await.unwrap().json().await.unwrap();
+    assert_eq!(list["data"].as_array().unwrap().len(), 2, "{list}");
+    s.shutdown(Duration::from_secs(5)).await;
 }

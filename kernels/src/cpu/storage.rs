@@ -20,7 +20,7 @@ impl BackendDevice for CpuDevice {
     fn zeros(&self, n: usize) -> Result<CpuStorage> {
         Ok(CpuStorage(vec![0.0; n]))
     }
-    fn from_host(&self, data: &[f32]) -> Result<CpuStorage> {
+    fn upload(&self, data: &[f32]) -> Result<CpuStorage> {
         Ok(CpuStorage(data.to_vec()))
     }
 }

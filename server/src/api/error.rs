@@ -98,6 +98,30 @@ impl ApiError {
     }
 }
 
+/// The one mapping of RL errors to HTTP: the caller's mistakes are 4xx (a bad config,
+/// dataset or rating, or a file the config names → 400; unknown job or response → 404; a
+/// busy learner or a repeated rating → 409; an expired response → 410), the server's own
+/// failures 5xx.
+impl From<rl::RlError> for ApiError {
+    fn from(e: rl::RlError) -> Self {
+        use rl::RlError as E;
+        match e {
+            E::Invalid { ref param, .. } => {
+                let param = param.clone();
+                ApiError::BadRequest { message: e.to_string(), param }
+            }
+            E::File { key, .. } => ApiError::bad(e.to_string(), Some(key)),
+            E::NotFound(_) => ApiError::NotFound(e.to_string()),
+            E::Expired(_) => ApiError::Gone(e.to_string()),
+            E::AlreadyRated(_) | E::Busy => ApiError::Conflict(e.to_string()),
+            E::Engine(add) => add.into(),
+            E::Io { .. } | E::Plot { .. } | E::Model(_) | E::Learner(_) | E::Generation(_) | E::Spawn(_) => {
+                ApiError::Internal(e.to_string())
+            }
+        }
+    }
+}
+
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.parts().0, axum::Json(self.envelope())).into_response()

@@ -5,7 +5,6 @@ use super::error::ApiError;
 use super::protocol::SamplingFields;
 use super::protocol::Usage;
 use super::{AppState, InFlight};
-use crate::rl::rollout::RolloutSet;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use engine::outputs::EngineFault;
 use engine::{RequestStream, SamplingParams, SeqOutput};
@@ -84,19 +83,6 @@ pub async fn submit_streams_async(
     Ok(Submitted { streams, in_flight })
 }
 
-/// Blocking form of [`submit_streams_async`], for code off the async runtime: it waits on
-/// the engine's answer (up to one engine step) on the calling thread.
-pub fn submit_streams(
-    state: &Arc<AppState>,
-    prompts: Vec<Vec<u32>>,
-    params: SamplingParams,
-) -> Result<Submitted, ApiError> {
-    let in_flight = state.admit()?;
-    let streams =
-        prompts.into_iter().map(|p| state.engine.add_request(p, params.clone())).collect::<Result<Vec<_>, _>>()?;
-    Ok(Submitted { streams, in_flight })
-}
-
 /// [`submit_streams_async`], merged into one event stream with latency metrics. With
 /// feedback learning on, the finished response is kept under `id` for `POST /v1/feedback`.
 pub async fn submit(
@@ -107,8 +93,7 @@ pub async fn submit(
 ) -> Result<Generation, ApiError> {
     let n = params.n;
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
-    let greedy = params.is_greedy();
-    let recorder = state.feedback.clone().map(|fb| (fb, RolloutSet::new(&prompts, n), id.to_string(), prompts.len()));
+    let recorder = state.feedback.as_ref().map(|fb| fb.recorder(id, &prompts, &params));
     let Submitted { streams, in_flight } = submit_streams_async(state, prompts, params).await?;
     let metrics = state.metrics.clone();
     let start = Instant::now();
@@ -135,19 +120,12 @@ pub async fn submit(
         .boxed()
     });
     let mut events = stream::select_all(per_prompt).boxed();
-    if let Some((fb, set, id, mut left)) = recorder {
-        let mut set = Some(set);
+    if let Some(mut recorder) = recorder {
+        // A failed prompt never finishes, so a failed response is never kept.
         events = events
             .inspect(move |ev: &Result<Event, EngineFault>| {
-                // A failed prompt never finishes, so a failed response is never kept.
-                let (Some(rollouts), Ok(ev)) = (set.as_mut(), ev) else { return };
-                rollouts.push(ev.prompt, ev.out.clone());
-                if ev.out.request_finished && ev.out.finish_reason != Some(engine::FinishReason::Abort) {
-                    left -= 1;
-                    if left == 0 {
-                        let done = set.take().expect("registered once");
-                        fb.register(&id, &done.rollouts, greedy);
-                    }
+                if let Ok(ev) = ev {
+                    recorder.observe(ev.prompt, &ev.out)
                 }
             })
             .boxed();

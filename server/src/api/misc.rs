@@ -62,7 +62,7 @@ pub async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
         s.metrics.engine(&stats);
     }
     if let Some(fb) = &s.feedback {
-        s.metrics.feedback(fb.counts());
+        fb.record_metrics();
     }
     ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], s.metrics.render())
 }

@@ -10,7 +10,6 @@ pub mod protocol;
 pub mod rl;
 
 use crate::metrics::Metrics;
-use crate::rl::job::{Job, LearnerSlot};
 use axum::extract::{DefaultBodyLimit, Request, State};
 use axum::middleware::{self, Next};
 use axum::response::Response;
@@ -18,11 +17,9 @@ use axum::routing::{get, post};
 use axum::Router;
 use engine::{EngineHandle, SharedModel, Tokenizer};
 use error::ApiError;
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::sync::Mutex;
 
 /// Shared state of all handlers.
 pub struct AppState {
@@ -45,9 +42,13 @@ pub struct AppState {
     /// Whether the RL endpoints are enabled: an admin key is set, or the server listens on
     /// a loopback address only.
     pub admin_enabled: bool,
-    pub jobs: Mutex<BTreeMap<String, Arc<Job>>>,
-    pub learner: LearnerSlot,
-    pub feedback: Option<Arc<crate::rl::feedback::FeedbackStore>>,
+    /// Training jobs started on this server (over HTTP or by `rlserve train`).
+    pub jobs: ::rl::Jobs,
+    /// What training jobs and the feedback learner run against (this engine and weights,
+    /// the learner slot, RL metrics).
+    pub rl: ::rl::RlContext,
+    /// Ratings and the feedback learner, with `--learn-from-feedback`.
+    pub feedback: Option<Arc<::rl::FeedbackStore>>,
 }
 
 /// Counts one request in flight until dropped.

@@ -7,9 +7,8 @@ use super::error::{ApiError, ApiJson};
 use super::generation::{response_id, sampling_params};
 use super::protocol::{ChatMessageIn, SamplingFields};
 use super::AppState;
-use crate::rl::config::JobConfig;
-use crate::rl::job::{Job, JobContext, JobError};
-use crate::rl::rollout::RolloutSet;
+use ::rl::rollout::RolloutSet;
+use ::rl::{FeedbackRequest, Job, JobConfig};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
@@ -101,8 +100,8 @@ pub async fn rollouts(
         ));
     }
     let t0 = Instant::now();
-    let sub = super::generation::submit_streams(&state, prompts.clone(), params.clone())?;
-    let rollouts = RolloutSet::new(&prompts, params.n).collect_async(sub.streams).await;
+    let sub = super::generation::submit_streams_async(&state, prompts.clone(), params.clone()).await?;
+    let rollouts = RolloutSet::new(&prompts, params.n).collect(sub.streams).await?;
     drop(sub.in_flight);
     let secs = t0.elapsed().as_secs_f64();
     let completion_tokens: usize = rollouts.iter().map(|r| r.completion_ids.len()).sum();
@@ -125,119 +124,63 @@ pub async fn create_job(
     State(state): State<Arc<AppState>>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let cfg = JobConfig::from_json(body).map_err(|m| ApiError::bad(m, None))?;
-    if let Some(m) = &cfg.model {
-        if m != &state.model_dir {
-            return Err(ApiError::bad(
-                format!(
-                    "`model` must be the served model ({}); a job trains the weights being served",
-                    state.model_dir.display()
-                ),
-                Some("model"),
-            ));
-        }
-    }
+    let cfg = JobConfig::from_json(body)?;
     let id = format!("job-{:016x}", rand::random::<u64>());
-    let ctx = state.job_context();
+    let ctx = state.rl.clone();
     let job = tokio::task::spawn_blocking(move || Job::start(id, cfg, ctx, false))
         .await
-        .map_err(|e| ApiError::Internal(e.to_string()))?
-        .map_err(|e| match e {
-            JobError::Invalid(m) => ApiError::bad(m, None),
-            JobError::Busy => ApiError::Conflict(e.to_string()),
-        })?;
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
     let status = job.status();
-    state.jobs.lock().unwrap_or_else(|e| e.into_inner()).insert(job.id.clone(), job);
+    state.jobs.insert(job);
     Ok((StatusCode::CREATED, axum::Json(status)).into_response())
 }
 
-fn find(state: &AppState, id: &str) -> Result<Arc<Job>, ApiError> {
-    state
-        .jobs
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .get(id)
-        .cloned()
-        .ok_or_else(|| ApiError::NotFound(format!("no training job with id `{id}`")))
-}
-
+/// `GET /v1/train/jobs`: every job's id, status, step and version.
 pub async fn list_jobs(State(state): State<Arc<AppState>>) -> impl IntoResponse {
     let jobs: Vec<Value> = state
         .jobs
-        .lock()
-        .unwrap_or_else(|e| e.into_inner())
-        .values()
-        .map(|j| {
-            let s = j.status();
-            json!({"id": s.id, "status": s.status, "step": s.step, "max_steps": s.max_steps, "version": s.version})
-        })
+        .statuses()
+        .into_iter()
+        .map(
+            |s| json!({"id": s.id, "status": s.status, "step": s.step, "max_steps": s.max_steps, "version": s.version}),
+        )
         .collect();
     axum::Json(json!({"object": "list", "data": jobs}))
 }
 
+/// `GET /v1/train/jobs/{id}`: the job's status with its step and eval history.
 pub async fn get_job(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    Ok(axum::Json(find(&state, &id)?.status()).into_response())
+    Ok(axum::Json(state.jobs.get(&id)?.status()).into_response())
 }
 
+/// `POST /v1/train/jobs/{id}/stop`: stop after the current step (a checkpoint is saved).
 pub async fn stop_job(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let job = find(&state, &id)?;
+    let job = state.jobs.get(&id)?;
     job.request_stop();
     Ok(axum::Json(job.status()).into_response())
 }
 
 /// The job's `metrics.png`, redrawn from its history now.
 pub async fn job_plot(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
-    let st = find(&state, &id)?.status();
-    let dir = st.output_dir;
-    if !dir.join("metrics.jsonl").exists() {
-        return Err(ApiError::NotFound(format!("training job `{id}` has no metrics to plot yet")));
-    }
-    let bytes = tokio::task::spawn_blocking(move || {
-        crate::rl::report::plot(&dir)?;
-        std::fs::read(dir.join("metrics.png")).map_err(|e| e.to_string())
-    })
-    .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
-    .map_err(ApiError::Internal)?;
+    let job = state.jobs.get(&id)?;
+    let bytes =
+        tokio::task::spawn_blocking(move || job.plot()).await.map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(([(header::CONTENT_TYPE, "image/png")], bytes).into_response())
-}
-
-impl AppState {
-    /// What a training job started over HTTP runs against.
-    pub fn job_context(&self) -> JobContext {
-        JobContext {
-            engine: self.engine.clone(),
-            model: self.model.clone(),
-            tokenizer: self.tokenizer.clone(),
-            model_dir: self.model_dir.clone(),
-            runtime: tokio::runtime::Handle::current(),
-            metrics: self.metrics.clone(),
-            learner: self.learner.clone(),
-            max_model_len: self.max_model_len,
-        }
-    }
 }
 
 /// `POST /v1/feedback`: `{"id", "choice", "reward"}` or `{"id", "preferred"}`. 200 only
 /// after the rating is in the durable log.
 pub async fn feedback(
     State(state): State<Arc<AppState>>,
-    ApiJson(req): ApiJson<crate::rl::feedback::FeedbackRequest>,
+    ApiJson(req): ApiJson<FeedbackRequest>,
 ) -> Result<Response, ApiError> {
-    use crate::rl::feedback::FeedbackError as F;
     let store = state.feedback.clone().ok_or_else(|| {
         ApiError::NotFound("feedback learning is off: start the server with --learn-from-feedback".into())
     })?;
-    let r =
-        tokio::task::spawn_blocking(move || store.submit(&req)).await.map_err(|e| ApiError::Internal(e.to_string()))?;
-    match r {
-        Ok(v) => Ok(axum::Json(v).into_response()),
-        Err(e @ F::Invalid(_)) => Err(ApiError::bad(e.to_string(), None)),
-        Err(e @ F::Unknown(_)) => Err(ApiError::NotFound(e.to_string())),
-        Err(e @ F::Expired(_)) => Err(ApiError::Gone(e.to_string())),
-        Err(e @ F::Duplicate(_)) => Err(ApiError::Conflict(e.to_string())),
-        Err(e @ F::Io(_)) => Err(ApiError::Internal(e.to_string())),
-    }
+    let v = tokio::task::spawn_blocking(move || store.submit(&req))
+        .await
+        .map_err(|e| ApiError::Internal(e.to_string()))??;
+    Ok(axum::Json(v).into_response())
 }
 
 #[derive(Debug, Deserialize)]

@@ -8,8 +8,7 @@ use anyhow::Result;
 use clap::Args;
 use engine::{EngineConfig, EngineHandle, LLMEngine, Model, SharedModel, Tokenizer};
 use kernels::Device;
-use server::rl::config::JobConfig;
-use server::rl::job::{Job, JobContext, LearnerSlot};
+use rl::{Job, JobConfig, LearnerSlot, RlContext, RlMetrics};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -54,23 +53,22 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default())?;
         let max_model_len = engine.max_model_len();
         let out = tempdir(k)?;
-        let ctx = JobContext {
+        let ctx = RlContext {
             engine: EngineHandle::spawn(engine),
             model,
             tokenizer: tok.clone(),
             model_dir: dir.clone(),
             runtime: rt.handle().clone(),
-            metrics: server::metrics::Metrics::new("bench"),
+            metrics: RlMetrics::new("bench"),
             learner: LearnerSlot::default(),
             max_model_len,
         };
         let cfg = JobConfig::from_toml(&format!(
-            "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\nmax_completion_length = {}\nmax_staleness = {k}\noutput_dir = {:?}\nsave_steps = 1000000\n",
-            a.steps, a.prompts_per_step, a.num_generations, a.max_completion_length, out.display().to_string()
-        ))
-        .map_err(anyhow::Error::msg)?;
+            "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\noutput_dir = {:?}\nsave_steps = 1000000\n[learner]\nmax_completion_length = {}\nmax_staleness = {k}\n",
+            a.steps, a.prompts_per_step, a.num_generations, out.display().to_string(), a.max_completion_length
+        ))?;
         let t0 = Instant::now();
-        let job = Job::start(format!("bench-{k}"), cfg, ctx, false).map_err(|e| anyhow::anyhow!("{e}"))?;
+        let job = Job::start(format!("bench-{k}"), cfg, ctx, false)?;
         job.wait();
         let wall = t0.elapsed().as_secs_f64();
         let st = job.status();
@@ -78,7 +76,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             anyhow::bail!("max_staleness {k}: the job failed: {e}");
         }
         let h = &st.history;
-        let sum = |f: &dyn Fn(&server::rl::report::StepRecord) -> f64| h.iter().map(f).sum::<f64>();
+        let sum = |f: &dyn Fn(&rl::report::StepRecord) -> f64| h.iter().map(f).sum::<f64>();
         let pauses: Vec<f64> = h.iter().filter(|r| r.updated).map(|r| r.learner.pause_seconds).collect();
         println!(
             "| {k} | {:.3} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",

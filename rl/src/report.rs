@@ -2,9 +2,9 @@
 //! throughput, waits, reward-hacking signals, the entropy-collapse alarm), appended to
 //! `output_dir/metrics.jsonl`, shown on a progress bar, and plotted at the end.
 
-use super::job::EvalRecord;
-use learner::{StepMetrics, TrainSample};
+use super::error::{Result, RlError};
 use indicatif::{ProgressBar, ProgressStyle};
+use learner::{StepMetrics, TrainSample};
 use serde::Serialize;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -15,16 +15,21 @@ const BASELINE_STEPS: usize = 3;
 /// One step of a job (`metrics.jsonl` line with `"kind": "train"`).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct StepRecord {
+    /// The job's step (the feedback learner: its optimizer step).
     pub step: u64,
     /// False when every sample was filtered out (no optimizer step, version unchanged).
     pub updated: bool,
+    /// The learner's metrics of the step (defaults when nothing was trained).
     #[serde(flatten)]
     pub learner: StepMetrics,
     /// Mean and std of the job reward over the step's samples (before any filtering).
     pub reward: f64,
+    /// See `reward`.
     pub reward_std: f64,
+    /// Where the step's samples came from.
     #[serde(flatten)]
     pub timing: RolloutTiming,
+    /// Completion tokens generated per second of generation.
     pub rollout_tokens_per_s: f64,
     /// k3 KL to the initial weights on the trained tokens (= the learner's `kl`).
     pub kl_to_initial: f64,
@@ -34,18 +39,38 @@ pub struct StepRecord {
     pub entropy_collapse: bool,
     /// Training reward minus the latest eval reward (None before any eval).
     pub train_eval_reward_gap: Option<f64>,
+    /// Seconds since the log was opened.
     pub elapsed_seconds: f64,
+}
+
+/// Greedy evaluation on the eval set (`metrics.jsonl` line with `"kind": "eval"`).
+#[derive(Debug, Clone, Serialize)]
+pub struct EvalRecord {
+    /// The job step after which it ran (0 = before the first).
+    pub step: u64,
+    /// The policy version evaluated.
+    pub version: u64,
+    /// Mean job reward of the greedy completions.
+    pub eval_reward: f64,
+    /// Fraction whose final answer equals `answer` (when the eval set has answers).
+    pub eval_accuracy: Option<f64>,
+    /// Eval prompts completed.
+    pub eval_size: usize,
 }
 
 /// Where a step's samples came from: rollout volume, time and waits (all zero for the
 /// feedback learner, whose samples were served to users).
 #[derive(Debug, Clone, Default, Serialize)]
 pub struct RolloutTiming {
+    /// Completion tokens generated for the step.
     pub rollout_tokens: usize,
+    /// Seconds from submitting the step's prompts to the last completion.
     pub generation_seconds: f64,
-    /// Generator time waiting for admission (staleness bound), learner time waiting for a batch.
+    /// Generator time waiting for admission (staleness bound).
     pub admission_wait_seconds: f64,
+    /// Learner time waiting for the batch.
     pub learner_wait_seconds: f64,
+    /// Samples skipped because a reward function failed.
     pub reward_errors: usize,
 }
 
@@ -63,20 +88,15 @@ pub struct JobLog {
 impl JobLog {
     /// Appends to `dir/metrics.jsonl`, first dropping lines after `start_step` (a resumed
     /// run redoes those steps); a progress bar over `max_steps` when given.
-    pub fn open(dir: &Path, start_step: u64, max_steps: Option<u64>) -> Result<Self, String> {
+    pub fn open(dir: &Path, start_step: u64, max_steps: Option<u64>) -> Result<Self> {
         let path = dir.join("metrics.jsonl");
         let kept: Vec<serde_json::Value> =
             read_lines(&path).into_iter().filter(|l| l["step"].as_u64().is_some_and(|s| s <= start_step)).collect();
         let tmp = path.with_extension("jsonl.partial");
         let text: String = kept.iter().map(|l| format!("{l}\n")).collect();
-        std::fs::write(&tmp, text)
-            .and_then(|_| std::fs::rename(&tmp, &path))
-            .map_err(|e| format!("{}: {e}", path.display()))?;
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .map_err(|e| format!("{}: {e}", path.display()))?;
+        std::fs::write(&tmp, text).and_then(|_| std::fs::rename(&tmp, &path)).map_err(|e| RlError::io(&path, e))?;
+        let file =
+            std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| RlError::io(&path, e))?;
         let bar = max_steps.map(|n| {
             let b = ProgressBar::new(n);
             b.set_style(
@@ -111,11 +131,11 @@ impl JobLog {
         }
     }
 
-    fn write(&mut self, kind: &str, v: &impl Serialize) -> Result<(), String> {
+    fn write(&mut self, kind: &str, v: &impl Serialize) -> Result<()> {
         let Some(f) = &mut self.file else { return Ok(()) };
-        let mut j = serde_json::to_value(v).map_err(|e| e.to_string())?;
+        let mut j = serde_json::to_value(v).map_err(|e| RlError::io(self.dir.join("metrics.jsonl"), e.into()))?;
         j["kind"] = kind.into();
-        writeln!(f, "{j}").and_then(|_| f.flush()).map_err(|e| format!("metrics.jsonl: {e}"))
+        writeln!(f, "{j}").and_then(|_| f.flush()).map_err(|e| RlError::io(self.dir.join("metrics.jsonl"), e))
     }
 
     /// Builds, logs and shows the record of one step (`learner` is `None` when nothing was
@@ -180,7 +200,8 @@ impl JobLog {
         rec
     }
 
-    pub fn eval(&mut self, rec: &EvalRecord) -> Result<(), String> {
+    /// Logs and shows an evaluation; later steps report their gap to it.
+    pub fn eval(&mut self, rec: &EvalRecord) -> Result<()> {
         self.last_eval_reward = Some(rec.eval_reward);
         if let Some(b) = &self.bar {
             b.println(format!(
@@ -194,7 +215,7 @@ impl JobLog {
     }
 
     /// Finishes the bar and writes `metrics.png`.
-    pub fn finish(&mut self) -> Result<(), String> {
+    pub fn finish(&mut self) -> Result<()> {
         if let Some(b) = &self.bar {
             b.finish();
         }
@@ -208,6 +229,6 @@ fn read_lines(path: &Path) -> Vec<serde_json::Value> {
 }
 
 /// Writes `dir/metrics.png` from `dir/metrics.jsonl` (see `plot.rs` for the layout).
-pub fn plot(dir: &Path) -> Result<(), String> {
+pub fn plot(dir: &Path) -> Result<()> {
     super::plot::write_png(&dir.join("metrics.png"), &read_lines(&dir.join("metrics.jsonl")))
 }

@@ -3,7 +3,8 @@
 //! it never crashes the job. DAPO's soft overlong shaping is the learner's
 //! `overlong_buffer_len` / `overlong_penalty_factor`, applied on top.
 
-use serde::{Deserialize, Serialize};
+use super::error::{Result, RlError};
+use serde::Deserialize;
 use serde_json::{Map, Value};
 use std::time::Duration;
 
@@ -16,65 +17,103 @@ fn five() -> f64 {
 }
 
 /// One reward function and its weight in the sum.
-#[derive(Debug, Clone, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Deserialize)]
 #[serde(tag = "type", rename_all = "snake_case", deny_unknown_fields)]
 pub enum RewardSpec {
     /// 1 when the completion's final answer equals the example's `answer`, else 0. The
     /// answer is the number after the last `####` (GSM8K), else the last `\boxed{}`, else
     /// the last number in the text; numbers compare numerically (`1,000` = `1000.0`).
     ExactAnswer {
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
     /// 1 when `pattern` (Rust `regex` syntax) matches the completion, else 0.
     Regex {
+        /// The pattern.
         pattern: String,
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
     /// Length shaping toward `target` completion tokens: `−|len − target| / target`, at least −1.
     Length {
+        /// The target length in tokens (>= 1).
         target: usize,
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
     /// `POST url` with `{"prompt", "completion", ...the example's fields}`; the reply must be
     /// `{"reward": float}`. Plain `http://` only.
     Http {
+        /// The scorer's address (`http://` only).
         url: String,
+        /// Seconds before the request counts as failed (default 5).
         #[serde(default = "five")]
         timeout_s: f64,
+        /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
     },
 }
 
 impl RewardSpec {
-    pub fn validate(&self) -> Result<(), String> {
+    /// Checks the function's parameters; the message names the reward and the field.
+    pub fn validate(&self) -> Result<()> {
+        self.compile().map(|_| ())
+    }
+
+    /// Validates and compiles the `regex` pattern (`None` for the other functions).
+    fn compile(&self) -> Result<Option<regex::Regex>> {
         match self {
-            RewardSpec::Regex { pattern, .. } => {
-                regex::Regex::new(pattern).map(|_| ()).map_err(|e| format!("reward regex `pattern`: {e}"))
+            RewardSpec::Regex { pattern, .. } => regex::Regex::new(pattern)
+                .map(Some)
+                .map_err(|e| RlError::invalid("rewards", format!("reward regex `pattern`: {e}"))),
+            RewardSpec::Length { target: 0, .. } => {
+                Err(RlError::invalid("rewards", "reward length `target` must be >= 1"))
             }
-            RewardSpec::Length { target: 0, .. } => Err("reward length `target` must be >= 1".into()),
-            RewardSpec::Http { url, timeout_s, .. } => {
-                if !url.starts_with("http://") {
-                    return Err(format!("reward http `url` must start with http://, got {url:?}"));
-                }
-                if !(*timeout_s > 0.0 && timeout_s.is_finite()) {
-                    return Err(format!("reward http `timeout_s` must be > 0, got {timeout_s}"));
-                }
-                Ok(())
+            RewardSpec::Http { url, .. } if !url.starts_with("http://") => {
+                Err(RlError::invalid("rewards", format!("reward http `url` must start with http://, got {url:?}")))
             }
-            _ => Ok(()),
+            RewardSpec::Http { timeout_s, .. } if !(*timeout_s > 0.0 && timeout_s.is_finite()) => {
+                Err(RlError::invalid("rewards", format!("reward http `timeout_s` must be > 0, got {timeout_s}")))
+            }
+            _ => Ok(None),
         }
     }
 }
 
+/// Why a reward function could not score a sample (the sample is skipped and counted).
+#[derive(Debug, thiserror::Error)]
+pub enum RewardError {
+    /// The `http` reward's request failed, timed out, or got a non-2xx status.
+    #[error("reward http {url}: {message}")]
+    Request {
+        /// The scorer's address.
+        url: String,
+        /// The failure.
+        message: String,
+    },
+    /// The `http` reward's reply is not `{"reward": <finite number>}`.
+    #[error("reward http {url}: bad reply: {message}")]
+    BadReply {
+        /// The scorer's address.
+        url: String,
+        /// What is wrong with the reply.
+        message: String,
+    },
+}
+
 /// What a reward sees of one sample.
 pub struct Scored<'a> {
+    /// The prompt as text (what the chat template produced).
     pub prompt: &'a str,
+    /// The completion's text.
     pub completion: &'a str,
+    /// The completion's length in tokens.
     pub completion_tokens: usize,
+    /// The dataset line's fields (`answer`, ...).
     pub fields: &'a Map<String, Value>,
 }
 
@@ -87,23 +126,13 @@ pub struct Rewards {
 
 impl Rewards {
     /// `runtime` runs the `http` rewards' requests (the caller is a plain thread).
-    pub fn new(specs: &[RewardSpec], runtime: tokio::runtime::Handle) -> Result<Self, String> {
-        let specs = specs
-            .iter()
-            .map(|s| {
-                s.validate()?;
-                let re = match s {
-                    RewardSpec::Regex { pattern, .. } => Some(regex::Regex::new(pattern).map_err(|e| e.to_string())?),
-                    _ => None,
-                };
-                Ok((s.clone(), re))
-            })
-            .collect::<Result<_, String>>()?;
+    pub fn new(specs: &[RewardSpec], runtime: tokio::runtime::Handle) -> Result<Self> {
+        let specs = specs.iter().map(|s| Ok((s.clone(), s.compile()?))).collect::<Result<_>>()?;
         Ok(Self { specs, client: reqwest::Client::new(), runtime })
     }
 
     /// The weighted sum, or why the sample must be skipped.
-    pub fn score(&self, s: &Scored) -> Result<f32, String> {
+    pub fn score(&self, s: &Scored) -> Result<f32, RewardError> {
         let mut total = 0.0;
         for (spec, re) in &self.specs {
             total += match spec {
@@ -123,23 +152,25 @@ impl Rewards {
         Ok(total)
     }
 
-    fn http(&self, url: &str, timeout_s: f64, s: &Scored) -> Result<f32, String> {
+    fn http(&self, url: &str, timeout_s: f64, s: &Scored) -> Result<f32, RewardError> {
         let mut body = s.fields.clone();
         body.insert("prompt".into(), s.prompt.into());
         body.insert("completion".into(), s.completion.into());
         let req = self.client.post(url).timeout(Duration::from_secs_f64(timeout_s)).json(&body);
+        let request = |message: String| RewardError::Request { url: url.to_string(), message };
+        let bad_reply = |message: String| RewardError::BadReply { url: url.to_string(), message };
         let reply: Value = self.runtime.block_on(async move {
-            let r = req.send().await.map_err(|e| format!("reward http {url}: {e}"))?;
+            let r = req.send().await.map_err(|e| request(e.to_string()))?;
             if !r.status().is_success() {
-                return Err(format!("reward http {url}: status {}", r.status()));
+                return Err(request(format!("status {}", r.status())));
             }
-            r.json().await.map_err(|e| format!("reward http {url}: bad reply: {e}"))
+            r.json().await.map_err(|e| bad_reply(e.to_string()))
         })?;
         reply["reward"]
             .as_f64()
             .filter(|r| r.is_finite())
             .map(|r| r as f32)
-            .ok_or_else(|| format!("reward http {url}: reply has no finite `reward`"))
+            .ok_or_else(|| bad_reply("no finite `reward`".into()))
     }
 }
 

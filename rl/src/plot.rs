@@ -4,14 +4,15 @@
 //! training and eval reward (black dots). Drawn with `plotters`' bitmap backend; no text (no font is assumed on the
 //! machine), so the panel order above is the legend; the numbers are in `metrics.jsonl`.
 
+use super::error::{Result, RlError};
 use plotters::prelude::*;
 use std::path::Path;
 
 type Series = Vec<(f64, f64)>;
 
 /// Plots the `metrics.jsonl` lines (`kind` train/eval) of a whole run, resumes included.
-pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<(), String> {
-    let e = |x: &dyn std::fmt::Display| format!("{}: {x}", path.display());
+pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<()> {
+    let e = |x: &dyn std::fmt::Display| RlError::Plot { path: path.to_path_buf(), message: x.to_string() };
     let pts = |kind: &str, key: &str| -> Series {
         lines
             .iter()

@@ -2,15 +2,18 @@
 //! fields passed to the rewards) or the built-in `builtin:arithmetic` task. Prompts are
 //! tokenized once, through the chat template unless `apply_chat_template = false`.
 
+use super::error::{Result, RlError};
 use engine::{ChatMessage, Tokenizer};
 use serde_json::{Map, Value};
 
 /// One prompt: its token ids and the line's fields (`answer`, ...) for the rewards.
 #[derive(Debug, Clone)]
 pub struct Example {
+    /// The prompt's token ids (what the engine is given).
     pub prompt_ids: Vec<u32>,
     /// The prompt as text (what the chat template produced), for `http` rewards and logs.
     pub prompt_text: String,
+    /// The dataset line's fields.
     pub fields: Map<String, Value>,
 }
 
@@ -35,36 +38,17 @@ fn arithmetic(eval: bool) -> Vec<Map<String, Value>> {
 }
 
 /// Loads `spec` (`builtin:arithmetic`, `builtin:arithmetic-eval` or a JSONL path).
-/// Errors name the config key (`label`), the file and the line.
+/// Errors name the config key (`key`: `dataset` or `eval_dataset`), the file and the line.
 pub fn load(
-    label: &str,
+    key: &'static str,
     spec: &str,
     tok: &Tokenizer,
     apply_chat_template: bool,
     system_prompt: Option<&str>,
-) -> Result<Vec<Example>, String> {
-    let rows: Vec<Map<String, Value>> = match spec {
-        "builtin:arithmetic" => arithmetic(false),
-        "builtin:arithmetic-eval" => arithmetic(true),
-        b if b.starts_with("builtin:") => {
-            return Err(format!("{label} {b:?} is not built in (builtin:arithmetic, builtin:arithmetic-eval)"))
-        }
-        path => {
-            let text = std::fs::read_to_string(path).map_err(|e| format!("{label} {path}: {e}"))?;
-            let mut rows = Vec::new();
-            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
-                match serde_json::from_str::<Value>(line) {
-                    Ok(Value::Object(m)) => rows.push(m),
-                    Ok(_) => return Err(format!("{label} {path} line {}: expected a JSON object", i + 1)),
-                    Err(e) => return Err(format!("{label} {path} line {}: {e}", i + 1)),
-                }
-            }
-            rows
-        }
-    };
-    if rows.is_empty() {
-        return Err(format!("{label} {spec} has no examples"));
-    }
+) -> Result<Vec<Example>> {
+    let rows = rows(key, spec)?;
+    let line_error =
+        |i: usize, msg: &dyn std::fmt::Display| RlError::invalid(key, format!("{key} {spec} line {}: {msg}", i + 1));
     rows.into_iter()
         .enumerate()
         .map(|(i, fields)| {
@@ -73,31 +57,62 @@ pub fn load(
                 (Some(Value::Array(m)), _) => {
                     for (j, v) in m.iter().enumerate() {
                         let (Some(role), Some(content)) = (v["role"].as_str(), v["content"].as_str()) else {
-                            return Err(format!(
-                                "{label} {spec} line {}: messages[{j}] needs string `role` and `content`",
-                                i + 1
-                            ));
+                            return Err(line_error(i, &format!("messages[{j}] needs string `role` and `content`")));
                         };
                         msgs.push(ChatMessage::new(role, content));
                     }
-                    tok.apply_chat_template(&msgs, true).map_err(|e| e.to_string())?
+                    tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?
                 }
                 (_, Some(Value::String(p))) if apply_chat_template => {
                     msgs.push(ChatMessage::new("user", p));
-                    tok.apply_chat_template(&msgs, true).map_err(|e| e.to_string())?
+                    tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?
                 }
                 (_, Some(Value::String(p))) => p.clone(),
-                _ => {
-                    return Err(format!("{label} {spec} line {}: needs a string `prompt` or a `messages` list", i + 1))
-                }
+                _ => return Err(line_error(i, &"needs a string `prompt` or a `messages` list")),
             };
-            let prompt_ids = tok.encode(&text, false).map_err(|e| e.to_string())?;
+            let prompt_ids = tok.encode(&text, false).map_err(|e| line_error(i, &e))?;
             if prompt_ids.is_empty() {
-                return Err(format!("{label} {spec} line {}: the prompt is empty", i + 1));
+                return Err(line_error(i, &"the prompt is empty"));
             }
             Ok(Example { prompt_ids, prompt_text: text, fields })
         })
         .collect()
+}
+
+/// The JSON objects of `spec`, one per non-empty line (or the built-in task's rows).
+fn rows(key: &'static str, spec: &str) -> Result<Vec<Map<String, Value>>> {
+    let rows: Vec<Map<String, Value>> = match spec {
+        "builtin:arithmetic" => arithmetic(false),
+        "builtin:arithmetic-eval" => arithmetic(true),
+        b if b.starts_with("builtin:") => {
+            return Err(RlError::invalid(
+                key,
+                format!("{key} {b:?} is not built in (builtin:arithmetic, builtin:arithmetic-eval)"),
+            ))
+        }
+        path => {
+            let text =
+                std::fs::read_to_string(path).map_err(|source| RlError::File { key, path: path.into(), source })?;
+            let mut rows = Vec::new();
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                match serde_json::from_str::<Value>(line) {
+                    Ok(Value::Object(m)) => rows.push(m),
+                    Ok(_) => {
+                        return Err(RlError::invalid(
+                            key,
+                            format!("{key} {path} line {}: expected a JSON object", i + 1),
+                        ))
+                    }
+                    Err(e) => return Err(RlError::invalid(key, format!("{key} {path} line {}: {e}", i + 1))),
+                }
+            }
+            rows
+        }
+    };
+    if rows.is_empty() {
+        return Err(RlError::invalid(key, format!("{key} {spec} has no examples")));
+    }
+    Ok(rows)
 }
 
 /// The example at global position `pos` of a seeded shuffle that is redrawn every epoch:

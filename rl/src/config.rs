@@ -1,0 +1,233 @@
+//! A training job's configuration: `rlserve train --config job.toml` or the JSON body of
+//! `POST /v1/train/jobs`, one serde type for both. Unknown keys are errors at every level.
+//! Job keys are at the top; the learner's settings ([`TrainConfig`], TRL names) are the
+//! `[learner]` table (`"learner": {...}` in JSON). `learner.temperature`,
+//! `learner.max_staleness` and `learner.max_completion_length` also drive the rollouts.
+//!
+//! Learner defaults: a job starts from one default set, [`job_learner_defaults`]
+//! (`TrainConfig::default()` with `learning_rate = 1e-5`, `max_completion_length = 64`,
+//! `max_staleness = 0`, `log_kl_to_initial = true`), whether `[learner]` is absent or
+//! names only some keys: a given table is laid over that set, key by key. When
+//! `total_steps` is unset the schedule's length is the job's `max_steps`, so `linear` and
+//! `cosine` reach 0 at the end of the run (as in Hugging Face / TRL).
+
+use super::error::{Result, RlError};
+use super::rewards::RewardSpec;
+use engine::SamplingParams;
+use learner::TrainConfig;
+use serde::{Deserialize, Deserializer};
+use std::path::PathBuf;
+
+/// A training job: data, rewards, sampling, schedule, outputs, and the `[learner]` table.
+#[derive(Debug, Clone, PartialEq, Deserialize)]
+#[serde(default, deny_unknown_fields)]
+pub struct JobConfig {
+    /// Model folder; default the served model (or the default model for `rlserve train`).
+    pub model: Option<PathBuf>,
+    /// JSONL with `prompt` or `messages` per line plus fields for the rewards (`answer`), or
+    /// `builtin:arithmetic` (see `dataset.rs`).
+    pub dataset: String,
+    /// Held-out prompts for greedy evaluation (same format); default none.
+    pub eval_dataset: Option<String>,
+    /// Evaluate every this many steps (0 = only before the first and after the last step).
+    pub eval_interval: u64,
+    /// At most this many eval prompts.
+    pub eval_size: usize,
+    /// Completions per prompt (a GRPO group).
+    pub num_generations: usize,
+    /// Prompts per optimizer step (samples per step = prompts_per_step × num_generations).
+    pub prompts_per_step: usize,
+    /// Steps of the run (and the learning-rate schedule's length unless `total_steps`).
+    pub max_steps: u64,
+    /// Rollout nucleus mass (1 = off: μ is then the tempered softmax the learner computes).
+    pub top_p: f32,
+    /// Rollout top-k cutoff (0 = off).
+    pub top_k: i32,
+    /// Rollout min-p cutoff (0 = off).
+    pub min_p: f32,
+    /// Stop strings of the rollouts and evaluations.
+    pub stop: Vec<String>,
+    /// Render `prompt` lines as one user message through the chat template.
+    pub apply_chat_template: bool,
+    /// A system message put before every prompt (through the chat template).
+    pub system_prompt: Option<String>,
+    /// Seeds the dataset order and the rollouts' sampling.
+    pub seed: u64,
+    /// Reward functions, summed with their weights.
+    pub rewards: Vec<RewardSpec>,
+    /// Save a checkpoint every this many steps (0 = only at the end).
+    pub save_steps: u64,
+    /// Keep at most this many checkpoints (oldest deleted first).
+    pub save_total_limit: usize,
+    /// Checkpoints, `metrics.jsonl` and `metrics.png` go here.
+    pub output_dir: PathBuf,
+    /// A checkpoint folder, or `latest` (the newest under `output_dir`, if any).
+    pub resume_from_checkpoint: Option<String>,
+    /// Entropy-collapse alarm: mean entropy below this fraction of its first-steps value.
+    pub entropy_collapse_fraction: f64,
+    /// The learner's settings (the `[learner]` table), over [`job_learner_defaults`].
+    #[serde(deserialize_with = "over_job_learner_defaults")]
+    pub learner: TrainConfig,
+}
+
+/// The learner settings every job starts from (see the module docs).
+pub fn job_learner_defaults() -> TrainConfig {
+    TrainConfig {
+        learning_rate: 1e-5,
+        max_completion_length: 64,
+        max_staleness: Some(0),
+        log_kl_to_initial: true,
+        ..Default::default()
+    }
+}
+
+/// Deserializes a `[learner]` table as [`job_learner_defaults`] with the table's keys laid
+/// over it. [`TrainConfig`] itself rejects unknown keys and wrong types; the message names
+/// the key (`learner.<key>`).
+fn over_job_learner_defaults<'de, D: Deserializer<'de>>(d: D) -> std::result::Result<TrainConfig, D::Error> {
+    use serde::de::Error;
+    use serde_json::{Map, Value};
+    let given = Map::<String, Value>::deserialize(d)?;
+    let defaults = match serde_json::to_value(job_learner_defaults()) {
+        Ok(Value::Object(m)) => m,
+        other => return Err(D::Error::custom(format!("the learner defaults are not a table: {other:?}"))),
+    };
+    let over = |keys: &mut dyn Iterator<Item = (&String, &Value)>| {
+        let mut table = defaults.clone();
+        table.extend(keys.map(|(k, v)| (k.clone(), v.clone())));
+        serde_json::from_value::<TrainConfig>(Value::Object(table))
+    };
+    over(&mut given.iter()).map_err(|e| {
+        // The first key that fails on its own is the one to name.
+        match given.iter().find(|kv| over(&mut std::iter::once(*kv)).is_err()) {
+            Some((k, _)) => D::Error::custom(format!("`learner.{k}`: {e}")),
+            None => D::Error::custom(format!("`learner`: {e}")),
+        }
+    })
+}
+
+impl Default for JobConfig {
+    fn default() -> Self {
+        Self {
+            model: None,
+            dataset: "builtin:arithmetic".into(),
+            eval_dataset: None,
+            eval_interval: 0,
+            eval_size: 64,
+            num_generations: 8,
+            prompts_per_step: 4,
+            max_steps: 20,
+            top_p: 1.0,
+            top_k: 0,
+            min_p: 0.0,
+            stop: vec![],
+            apply_chat_template: true,
+            system_prompt: None,
+            seed: 0,
+            rewards: vec![RewardSpec::ExactAnswer { weight: 1.0 }],
+            save_steps: 0,
+            save_total_limit: 2,
+            output_dir: PathBuf::from("runs/job"),
+            resume_from_checkpoint: None,
+            entropy_collapse_fraction: 0.3,
+            learner: job_learner_defaults(),
+        }
+    }
+}
+
+impl JobConfig {
+    /// Parses and validates a TOML job config (`rlserve train --config`).
+    pub fn from_toml(text: &str) -> Result<Self> {
+        let cfg: JobConfig = toml::from_str(text).map_err(|e| RlError::invalid_input(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// Parses and validates the JSON body of `POST /v1/train/jobs`.
+    pub fn from_json(v: serde_json::Value) -> Result<Self> {
+        let cfg: JobConfig = serde_json::from_value(v).map_err(|e| RlError::invalid_input(e.to_string()))?;
+        cfg.validate()?;
+        Ok(cfg)
+    }
+
+    /// The allowed ranges; messages name the field, the value and the limit.
+    pub fn validate(&self) -> Result<()> {
+        let t = &self.learner;
+        let checks: [(bool, &str, String); 9] = [
+            (
+                self.num_generations >= 2,
+                "num_generations",
+                format!("`num_generations` must be >= 2 (a group needs two samples), got {}", self.num_generations),
+            ),
+            (
+                self.prompts_per_step >= 1,
+                "prompts_per_step",
+                format!("`prompts_per_step` must be >= 1, got {}", self.prompts_per_step),
+            ),
+            (self.max_steps >= 1, "max_steps", format!("`max_steps` must be >= 1, got {}", self.max_steps)),
+            (
+                t.max_completion_length >= 1,
+                "learner.max_completion_length",
+                format!("`learner.max_completion_length` must be >= 1, got {}", t.max_completion_length),
+            ),
+            (!self.rewards.is_empty(), "rewards", "`rewards` must name at least one reward function".into()),
+            (
+                !engine::sampling::is_greedy_temperature(t.temperature),
+                "learner.temperature",
+                format!(
+                    "`learner.temperature` must be >= {} for RL sampling (below it sampling is greedy, and greedy samples are not on-policy), got {}",
+                    engine::sampling::GREEDY_EPS,
+                    t.temperature
+                ),
+            ),
+            (
+                (0.0..=1.0).contains(&self.entropy_collapse_fraction),
+                "entropy_collapse_fraction",
+                format!("`entropy_collapse_fraction` must be in [0, 1], got {}", self.entropy_collapse_fraction),
+            ),
+            (
+                t.learning_rate >= 0.0,
+                "learner.learning_rate",
+                format!("`learner.learning_rate` must be >= 0, got {}", t.learning_rate),
+            ),
+            (
+                t.total_steps != Some(0),
+                "learner.total_steps",
+                "`learner.total_steps` must be >= 1 when set, got 0".into(),
+            ),
+        ];
+        if let Some((_, param, msg)) = checks.into_iter().find(|(ok, ..)| !ok) {
+            return Err(RlError::invalid(param, msg));
+        }
+        for r in &self.rewards {
+            r.validate()?;
+        }
+        self.sampling_params(0).validate().map_err(|e| RlError::invalid_input(e.to_string()))
+    }
+
+    /// `max_staleness` (0 = synchronous: generate step k+1 only after step k's update).
+    pub fn max_staleness(&self) -> u64 {
+        self.learner.max_staleness.unwrap_or(0)
+    }
+
+    /// The learner's settings for this job: `[learner]` with `total_steps` defaulting to
+    /// `max_steps` (the schedule ends with the run).
+    pub fn train_config(&self) -> TrainConfig {
+        TrainConfig { total_steps: Some(self.learner.total_steps.unwrap_or(self.max_steps)), ..self.learner.clone() }
+    }
+
+    /// Sampling parameters of the rollouts of step `step` (seeded per step).
+    pub fn sampling_params(&self, step: u64) -> SamplingParams {
+        SamplingParams {
+            n: self.num_generations,
+            temperature: self.learner.temperature,
+            top_p: self.top_p,
+            top_k: self.top_k,
+            min_p: self.min_p,
+            seed: Some(engine::sampling::splitmix64(self.seed ^ engine::sampling::splitmix64(step))),
+            max_tokens: Some(self.learner.max_completion_length),
+            stop: self.stop.clone(),
+            ..Default::default()
+        }
+    }
+}

@@ -1,0 +1,238 @@
+//! Chat that learns from feedback (`rlserve serve --learn-from-feedback`).
+//!
+//! Every finished chat/completion response is kept for a bounded window
+//! (`--feedback-window` responses): per choice its prompt ids, completion ids, μ and
+//! versions ([`FeedbackRecorder`]). `POST /v1/feedback` rates a choice (`reward` in
+//! [−1, 1]) or picks a preferred one (it gets 1, the others 0). Each accepted rating is
+//! appended to `<feedback-dir>/feedback.jsonl` and fsynced **before** the 200 reply.
+//!
+//! Samples become trainable by these rules (`ratings.rs`):
+//! - all `n ≥ 2` choices of a response rated → one GRPO group (advantages from the group);
+//! - a response with `n = 1`, or one that leaves the window partly rated → each rated choice
+//!   alone, REINFORCE with a baseline: advantage = reward − the running mean of all earlier
+//!   single-choice rewards (0 before the first).
+//!
+//! The learner thread runs the shared [`LearnerLoop`]: it steps when
+//! `--feedback-batch-size` samples are ready, on the served weights (later requests see the
+//! update), then saves `<feedback-dir>/checkpoint` with the log position it covers. On
+//! restart the checkpoint's weights are loaded and every rating after that position is
+//! replayed: accepted feedback is never lost.
+
+use super::context::RlContext;
+use super::error::{Result, RlError};
+use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
+use super::metrics::FeedbackCounts;
+pub use super::ratings::FeedbackRequest;
+use super::ratings::{LogLine, Ratings};
+use super::report::{JobLog, StepRecord};
+use super::rollout::RolloutSet;
+use engine::{SamplingParams, SeqOutput};
+use learner::{TrainConfig, Trainer};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Duration;
+
+/// The feedback learner's entropy-collapse alarm threshold (as a job's default).
+const ENTROPY_COLLAPSE_FRACTION: f64 = 0.3;
+
+/// How often the feedback learner retries the learner slot while a job holds it.
+const SLOT_POLL: Duration = Duration::from_millis(200);
+
+/// Feedback learning settings (`--feedback-*` flags and `--learner-config`).
+#[derive(Debug, Clone)]
+pub struct FeedbackConfig {
+    /// Responses kept for rating (oldest evicted first).
+    pub window: usize,
+    /// Samples per learner step.
+    pub batch_size: usize,
+    /// `feedback.jsonl` and `checkpoint/` live here.
+    pub dir: PathBuf,
+    /// Save `checkpoint/` every this many learner steps (ratings after it are replayed).
+    pub save_steps: u64,
+    /// The learner's settings.
+    pub learner: TrainConfig,
+}
+
+/// The rateable responses, the durable log of ratings, and the feedback learner's queue.
+pub struct FeedbackStore {
+    cfg: FeedbackConfig,
+    ctx: RlContext,
+    ratings: Mutex<Ratings>,
+    cv: Condvar,
+    log: Mutex<std::fs::File>,
+}
+
+impl FeedbackStore {
+    /// Opens (or creates) the log, loads `checkpoint/` into the served weights when present,
+    /// replays the ratings after it, and starts the learner thread.
+    pub fn open(cfg: FeedbackConfig, ctx: RlContext) -> Result<Arc<Self>> {
+        std::fs::create_dir_all(&cfg.dir).map_err(|e| RlError::io(&cfg.dir, e))?;
+        let ckpt = cfg.dir.join("checkpoint");
+        let mut trainer = Trainer::new(&ctx.model.read(), cfg.learner.clone())?;
+        let mut covered = 0;
+        if ckpt.join("trainer_state.json").exists() {
+            let state = learner_loop::resume(&ctx, &mut trainer, &ckpt)?;
+            covered = state["feedback_seq"].as_u64().unwrap_or(0);
+        }
+        let path = cfg.dir.join("feedback.jsonl");
+        let mut ratings = Ratings::new();
+        if let Ok(text) = std::fs::read_to_string(&path) {
+            for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
+                match serde_json::from_str::<LogLine>(line) {
+                    Ok(l) => ratings.apply(&l, covered, cfg.window),
+                    // A torn last line (crash mid-write) was never acknowledged: skip it.
+                    Err(e) => tracing::warn!("{} line {}: {e}; skipped", path.display(), i + 1),
+                }
+            }
+        }
+        tracing::info!(replayed = ratings.ready.len(), covered, "feedback log {}", path.display());
+        let log =
+            std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| RlError::io(&path, e))?;
+        let store = Arc::new(Self {
+            cfg,
+            ctx: ctx.clone(),
+            ratings: Mutex::new(ratings),
+            cv: Condvar::new(),
+            log: Mutex::new(log),
+        });
+        // Kept across steps: the entropy-collapse and length-drift baselines.
+        let mut learner = LearnerLoop::new(ctx, trainer, JobLog::detached(), ENTROPY_COLLAPSE_FRACTION);
+        let mut task = FeedbackTask(store.clone());
+        std::thread::Builder::new()
+            .name("rlserve-feedback-learner".into())
+            .spawn(move || {
+                if let Err(e) = learner.run(&mut task) {
+                    tracing::error!("the feedback learner stopped: {e}");
+                }
+            })
+            .map_err(RlError::Spawn)?;
+        Ok(store)
+    }
+
+    /// A recorder for one response with `prompts.len()` prompts sampled with `params`:
+    /// it keeps the response for rating once every choice has finished.
+    pub fn recorder(self: &Arc<Self>, id: &str, prompts: &[Vec<u32>], params: &SamplingParams) -> FeedbackRecorder {
+        FeedbackRecorder {
+            store: self.clone(),
+            id: id.to_string(),
+            greedy: params.is_greedy(),
+            set: Some(RolloutSet::new(prompts, params.n)),
+        }
+    }
+
+    /// Validates and applies one rating; durable (fsynced) before it returns Ok.
+    pub fn submit(&self, req: &FeedbackRequest) -> Result<serde_json::Value> {
+        let mut ratings = self.lock();
+        let line = match ratings.check(req) {
+            Ok(line) => line,
+            Err(e) => {
+                ratings.rejected += 1;
+                return Err(e);
+            }
+        };
+        {
+            let path = self.cfg.dir.join("feedback.jsonl");
+            let mut f = self.log.lock().unwrap_or_else(|e| e.into_inner());
+            let text = serde_json::to_string(&line).map_err(|e| RlError::io(&path, e.into()))?;
+            writeln!(f, "{text}").and_then(|_| f.sync_data()).map_err(|e| RlError::io(&path, e))?;
+        }
+        ratings.apply(&line, 0, self.cfg.window);
+        ratings.accepted += 1;
+        let ready = ratings.ready.len();
+        drop(ratings);
+        self.cv.notify_all();
+        Ok(serde_json::json!({
+            "id": req.id, "accepted": true, "seq": line.seq, "samples_ready": ready,
+            "feedback_batch_size": self.cfg.batch_size,
+        }))
+    }
+
+    /// The store's counters.
+    pub fn counts(&self) -> FeedbackCounts {
+        let r = self.lock();
+        FeedbackCounts { accepted: r.accepted, rejected: r.rejected, trained: r.trained, ready: r.ready.len() }
+    }
+
+    /// Records the counters as metrics (at scrape time).
+    pub fn record_metrics(&self) {
+        self.ctx.metrics.feedback(self.counts());
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Ratings> {
+        self.ratings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Gathers one response's choices as the engine streams them; once every choice has
+/// finished (none aborted), the response is kept for rating.
+pub struct FeedbackRecorder {
+    store: Arc<FeedbackStore>,
+    id: String,
+    greedy: bool,
+    /// `None` once registered.
+    set: Option<RolloutSet>,
+}
+
+impl FeedbackRecorder {
+    /// Takes one engine output of prompt `prompt`'s request.
+    pub fn observe(&mut self, prompt: usize, out: &SeqOutput) {
+        let Some(set) = self.set.as_mut() else { return };
+        if set.push(prompt, out.clone()) {
+            let choices = self.set.take().expect("present").into_rollouts().iter().map(|r| r.sample()).collect();
+            self.store.lock().register(self.id.clone(), choices, self.greedy, self.store.cfg.window);
+            self.store.cv.notify_all();
+        }
+    }
+}
+
+/// The feedback learner's side of the learner loop: rated samples as they become ready.
+struct FeedbackTask(Arc<FeedbackStore>);
+
+impl LearnerTask for FeedbackTask {
+    /// Waits for a batch, then for the learner slot (a job may hold it).
+    fn next_batch(&mut self) -> Result<Option<Batch>> {
+        let store = &self.0;
+        let (samples, through) = {
+            let mut ratings = store.lock();
+            loop {
+                match ratings.next_batch(store.cfg.batch_size) {
+                    Some(b) => break b,
+                    None => ratings = store.cv.wait(ratings).unwrap_or_else(|e| e.into_inner()),
+                }
+            }
+        };
+        let guard = store.ctx.learner.acquire(SLOT_POLL);
+        let checkpoint_state = serde_json::json!({ "feedback_seq": through });
+        Ok(Some(Batch { samples, timing: Default::default(), checkpoint_state, guard: Some(guard) }))
+    }
+
+    fn step_number(&self, optimizer_step: u64) -> u64 {
+        optimizer_step
+    }
+
+    fn after_step(&mut self, record: &StepRecord, batch: &Batch, _log: &mut JobLog) -> Result<bool> {
+        self.0.lock().trained(batch.samples.len());
+        tracing::info!(
+            version = record.learner.version,
+            loss = record.learner.loss.loss,
+            secs = record.learner.step_seconds,
+            "feedback learner step"
+        );
+        Ok(false)
+    }
+
+    fn checkpoint_dir(&self, _step: u64, optimizer_step: u64, _last: bool) -> Option<PathBuf> {
+        let cfg = &self.0.cfg;
+        optimizer_step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
+    }
+
+    /// A failed save is logged; the ratings after the last good checkpoint are replayed on
+    /// restart, so learning goes on.
+    fn saved(&mut self, result: Result<()>) -> Result<()> {
+        if let Err(e) = result {
+            tracing::error!("feedback learner: saving the checkpoint failed: {e}");
+        }
+        Ok(())
+    }
+}

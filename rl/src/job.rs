@@ -1,0 +1,223 @@
+//! A training job: rollouts from the serving engine, rewards, learner steps on the served
+//! weights, evaluation, checkpoints and metrics. This file holds the job's handle, its
+//! status and the registry of jobs; `job_run.rs` holds its two threads.
+
+use super::config::JobConfig;
+use super::context::RlContext;
+use super::dataset;
+use super::error::{Result, RlError};
+use super::job_run;
+use super::report::{EvalRecord, StepRecord};
+use super::rewards::Rewards;
+use serde::Serialize;
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// Where a job is in its life.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum JobState {
+    /// Generating and training.
+    Running,
+    /// Asked to stop: finishing the current step, then a checkpoint.
+    Stopping,
+    /// Ran all `max_steps`.
+    Completed,
+    /// Stopped on request (a checkpoint was saved).
+    Stopped,
+    /// Ended by an error (see `error`).
+    Failed,
+}
+
+/// `GET /v1/train/jobs/{id}`.
+#[derive(Debug, Clone, Serialize)]
+pub struct JobStatus {
+    /// The job's id.
+    pub id: String,
+    /// Where the job is in its life.
+    pub status: JobState,
+    /// Steps finished (a resumed job starts at its checkpoint's step).
+    pub step: u64,
+    /// The job's `max_steps`.
+    pub max_steps: u64,
+    /// The served weights' policy version.
+    pub version: u64,
+    /// Why the job failed.
+    pub error: Option<String>,
+    /// The job's `output_dir`.
+    pub output_dir: PathBuf,
+    /// The record of the latest step.
+    pub latest: Option<StepRecord>,
+    /// Every step record of this run.
+    pub history: Vec<StepRecord>,
+    /// Every evaluation of this run.
+    pub evals: Vec<EvalRecord>,
+}
+
+/// A running (or finished) training job.
+pub struct Job {
+    /// The job's id (`job-…` over HTTP, `job-cli` for `rlserve train`).
+    pub id: String,
+    /// The validated config it runs.
+    pub config: JobConfig,
+    stop: AtomicBool,
+    status: Mutex<JobStatus>,
+    thread: Mutex<Option<std::thread::JoinHandle<()>>>,
+}
+
+impl Job {
+    /// Checks the config against the served model (model folder, datasets, rewards,
+    /// checkpoint to resume, context length, `output_dir`), takes the learner slot
+    /// ([`RlError::Busy`] when another learner holds it), then starts the job's threads.
+    /// `progress` shows a progress bar on stderr.
+    pub fn start(id: String, config: JobConfig, ctx: RlContext, progress: bool) -> Result<Arc<Job>> {
+        if config.model.as_ref().is_some_and(|m| m != &ctx.model_dir) {
+            return Err(RlError::invalid(
+                "model",
+                format!(
+                    "`model` must be the served model ({}); a job trains the weights being served",
+                    ctx.model_dir.display()
+                ),
+            ));
+        }
+        let load = |key: &'static str, s: &str| {
+            dataset::load(key, s, &ctx.tokenizer, config.apply_chat_template, config.system_prompt.as_deref())
+        };
+        let train = load("dataset", &config.dataset)?;
+        let eval = match &config.eval_dataset {
+            Some(s) => load("eval_dataset", s)?.into_iter().take(config.eval_size).collect(),
+            None => vec![],
+        };
+        let rewards = Rewards::new(&config.rewards, ctx.runtime.clone())?;
+        let resume = job_run::resolve_resume(&config)?;
+        let longest = train.iter().chain(&eval).map(|e| e.prompt_ids.len()).max().unwrap_or(0);
+        let max_completion_length = config.learner.max_completion_length;
+        if longest + max_completion_length > ctx.max_model_len {
+            return Err(RlError::invalid(
+                "learner.max_completion_length",
+                format!(
+                    "`learner.max_completion_length` {max_completion_length} plus the longest prompt ({longest} tokens) \
+                     exceeds the context of {} tokens",
+                    ctx.max_model_len
+                ),
+            ));
+        }
+        std::fs::create_dir_all(&config.output_dir).map_err(|source| RlError::File {
+            key: "output_dir",
+            path: config.output_dir.clone(),
+            source,
+        })?;
+        let guard = ctx.learner.try_acquire().ok_or(RlError::Busy)?;
+        let job = Arc::new(Job {
+            status: Mutex::new(JobStatus {
+                id: id.clone(),
+                status: JobState::Running,
+                step: 0,
+                max_steps: config.max_steps,
+                version: ctx.model.version(),
+                error: None,
+                output_dir: config.output_dir.clone(),
+                latest: None,
+                history: vec![],
+                evals: vec![],
+            }),
+            id,
+            config,
+            stop: AtomicBool::new(false),
+            thread: Mutex::new(None),
+        });
+        let j = job.clone();
+        let handle = std::thread::Builder::new()
+            .name(format!("rlserve-job-{}", job.id))
+            .spawn(move || {
+                let _guard = guard;
+                let run = job_run::JobRun { job: &j, ctx: &ctx, train: &train, eval: &eval, rewards: &rewards };
+                let r = run.run(resume.as_deref(), progress);
+                let stopped = j.stopping();
+                j.update(|st| {
+                    st.status = match (&r, stopped) {
+                        (Err(_), _) => JobState::Failed,
+                        (Ok(()), true) => JobState::Stopped,
+                        (Ok(()), false) => JobState::Completed,
+                    };
+                    if let Err(e) = &r {
+                        tracing::error!(job = %st.id, "training job failed: {e}");
+                        st.error = Some(e.to_string());
+                    }
+                });
+            })
+            .map_err(RlError::Spawn)?;
+        *job.thread.lock().unwrap_or_else(|e| e.into_inner()) = Some(handle);
+        Ok(job)
+    }
+
+    /// A snapshot of the job's status.
+    pub fn status(&self) -> JobStatus {
+        self.status.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// Changes the status under its lock.
+    pub(crate) fn update(&self, f: impl FnOnce(&mut JobStatus)) {
+        f(&mut self.status.lock().unwrap_or_else(|e| e.into_inner()))
+    }
+
+    /// Asks the job to stop after the current step (a checkpoint is saved).
+    pub fn request_stop(&self) {
+        self.stop.store(true, Ordering::SeqCst);
+        self.update(|st| {
+            if st.status == JobState::Running {
+                st.status = JobState::Stopping;
+            }
+        });
+    }
+
+    /// Blocks until the job's thread ends.
+    pub fn wait(&self) {
+        if let Some(h) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            let _ = h.join();
+        }
+    }
+
+    /// Whether a stop was requested.
+    pub(crate) fn stopping(&self) -> bool {
+        self.stop.load(Ordering::SeqCst)
+    }
+
+    /// Redraws `metrics.png` from the job's `metrics.jsonl` and returns the PNG's bytes.
+    pub fn plot(&self) -> Result<Vec<u8>> {
+        let dir = &self.config.output_dir;
+        if !dir.join("metrics.jsonl").exists() {
+            return Err(RlError::NotFound(format!("training job `{}` has no metrics to plot yet", self.id)));
+        }
+        super::report::plot(dir)?;
+        let png = dir.join("metrics.png");
+        std::fs::read(&png).map_err(|e| RlError::io(png, e))
+    }
+}
+
+/// The jobs a server has started, by id.
+#[derive(Default)]
+pub struct Jobs(Mutex<BTreeMap<String, Arc<Job>>>);
+
+impl Jobs {
+    /// Registers a started job.
+    pub fn insert(&self, job: Arc<Job>) {
+        self.lock().insert(job.id.clone(), job);
+    }
+
+    /// The job with this id, or [`RlError::NotFound`].
+    pub fn get(&self, id: &str) -> Result<Arc<Job>> {
+        self.lock().get(id).cloned().ok_or_else(|| RlError::NotFound(format!("no training job with id `{id}`")))
+    }
+
+    /// Every job's status, by id.
+    pub fn statuses(&self) -> Vec<JobStatus> {
+        self.lock().values().map(|j| j.status()).collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<String, Arc<Job>>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+}

@@ -1,0 +1,301 @@
+//! A training job's two threads (DESIGN-NOTES §5). The **generator** submits step `s`'s
+//! prompts to the engine (which keeps serving other requests in the same batches), scores
+//! the completions and queues the batch; the **learner** ([`LearnerLoop`]) trains on queued
+//! batches in order, evaluates and checkpoints. Admission control: the generator starts
+//! step `s` (0-based) only once `done ≥ s − max_staleness`, where `done` counts finished
+//! learner steps. Every token of batch `s` is then computed by a version
+//! ≥ `v0 + s − max_staleness`, and batch `s` is trained at version `v0 + s`: staleness ≤
+//! `max_staleness`, and nothing is generated only to be thrown away. With
+//! `max_staleness = 0` generation and training alternate (synchronous); with k ≥ 1 the
+//! generation of step s + 1 overlaps the training of step s.
+
+use super::config::JobConfig;
+use super::context::RlContext;
+use super::dataset::{self, Example};
+use super::error::{Result, RlError};
+use super::job::Job;
+use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
+use super::report::{EvalRecord, JobLog, RolloutTiming, StepRecord};
+use super::rewards::{exact_answer, Rewards, Scored};
+use super::rollout::{Rollout, RolloutSet};
+use engine::SamplingParams;
+use learner::Trainer;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Condvar, Mutex};
+use std::time::Instant;
+
+/// What one run of a job works with (borrowed from the job's thread).
+pub(crate) struct JobRun<'a> {
+    pub job: &'a Job,
+    pub ctx: &'a RlContext,
+    pub train: &'a [Example],
+    pub eval: &'a [Example],
+    pub rewards: &'a Rewards,
+}
+
+/// Learner progress the generator's admission control waits on.
+#[derive(Default)]
+struct Progress {
+    done: Mutex<u64>,
+    cv: Condvar,
+    /// The learner has ended (error or stop): the generator must not start another batch.
+    ended: AtomicBool,
+}
+
+/// The job's side of the learner loop: batches from the generator's queue.
+struct JobTask<'a, 'r> {
+    run: &'r JobRun<'a>,
+    rx: flume::Receiver<Result<Batch>>,
+    progress: &'r Progress,
+    /// The last finished step.
+    step: u64,
+}
+
+impl JobRun<'_> {
+    /// Runs the job from `resume` (a checkpoint folder) or from the start; `progress`
+    /// shows a progress bar.
+    pub fn run(&self, resume: Option<&Path>, progress: bool) -> Result<()> {
+        let (cfg, ctx) = (&self.job.config, self.ctx);
+        // The reference (KL to the initial weights) is taken before a checkpoint is loaded.
+        let mut trainer = Trainer::new(&ctx.model.read(), cfg.train_config())?;
+        let mut start = 0;
+        if let Some(dir) = resume {
+            let state = learner_loop::resume(ctx, &mut trainer, dir)?;
+            start = state["job_step"].as_u64().unwrap_or(0);
+            self.job.update(|st| (st.step, st.version) = (start, ctx.model.version()));
+            tracing::info!("resumed from {} at step {start}", dir.display());
+        }
+        let mut log = JobLog::open(&cfg.output_dir, start, progress.then_some(cfg.max_steps))?;
+        // A resumed run keeps the evals it logged up to its checkpoint.
+        if start == 0 {
+            self.record_eval(start, &mut log)?;
+        }
+        let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction);
+        let k = cfg.max_staleness();
+        let prog = Progress { done: Mutex::new(start), ..Default::default() };
+        let (tx, rx) = flume::bounded::<Result<Batch>>(k as usize + 1);
+        std::thread::scope(|scope| {
+            scope.spawn(|| self.generate_all(start, &prog, tx));
+            let mut task = JobTask { run: self, rx, progress: &prog, step: start };
+            let out = learner.run(&mut task);
+            // Unblock the generator (it may wait for admission or on a full queue).
+            prog.ended.store(true, Ordering::SeqCst);
+            drop(task);
+            prog.cv.notify_all();
+            out
+        })?;
+        learner.finish()
+    }
+
+    /// The generator thread: steps `start..max_steps`, each admitted by the staleness bound.
+    fn generate_all(&self, start: u64, prog: &Progress, tx: flume::Sender<Result<Batch>>) {
+        let (job, k) = (self.job, self.job.config.max_staleness());
+        for s in start..job.config.max_steps {
+            let t_wait = Instant::now();
+            {
+                let mut done = prog.done.lock().unwrap_or_else(|e| e.into_inner());
+                while *done + k < s && !job.stopping() && !prog.ended.load(Ordering::SeqCst) {
+                    done = prog.cv.wait(done).unwrap_or_else(|e| e.into_inner());
+                }
+            }
+            if job.stopping() || prog.ended.load(Ordering::SeqCst) {
+                return;
+            }
+            let wait = t_wait.elapsed().as_secs_f64();
+            let r = self.generate(s).map(|mut b| {
+                b.timing.admission_wait_seconds = wait;
+                b
+            });
+            let failed = r.is_err();
+            if tx.send(r).is_err() || failed {
+                return;
+            }
+        }
+    }
+
+    /// Submits step `s`'s prompts (× `num_generations`), waits for the completions and scores them.
+    fn generate(&self, s: u64) -> Result<Batch> {
+        let cfg = &self.job.config;
+        let t0 = Instant::now();
+        let pps = cfg.prompts_per_step as u64;
+        let examples: Vec<&Example> = (0..pps).map(|j| dataset::at(self.train, cfg.seed, s * pps + j)).collect();
+        let rollouts = self.rollouts(&examples, cfg.sampling_params(s))?;
+        let generation_seconds = t0.elapsed().as_secs_f64();
+        let mut samples = Vec::with_capacity(rollouts.len());
+        let mut reward_errors = 0;
+        for r in &rollouts {
+            match self.rewards.score(&scored(examples[r.prompt_index], r)) {
+                Ok(x) if !r.completion_ids.is_empty() => samples.push(r.to_sample(x, s << 20 | r.prompt_index as u64)),
+                Ok(_) => {}
+                Err(x) => {
+                    tracing::warn!("reward skipped a sample: {x}");
+                    reward_errors += 1;
+                }
+            }
+        }
+        let rollout_tokens = rollouts.iter().map(|r| r.completion_ids.len()).sum();
+        let timing = RolloutTiming { rollout_tokens, generation_seconds, reward_errors, ..Default::default() };
+        let checkpoint_state = serde_json::json!({
+            "job_step": s + 1,
+            "seed": cfg.seed,
+            "dataset_position": (s + 1) * pps,
+        });
+        Ok(Batch { samples, timing, checkpoint_state, guard: None })
+    }
+
+    /// Runs `examples` through the engine with `params` and waits for every sample.
+    fn rollouts(&self, examples: &[&Example], params: SamplingParams) -> Result<Vec<Rollout>> {
+        let prompts: Vec<Vec<u32>> = examples.iter().map(|e| e.prompt_ids.clone()).collect();
+        let set = RolloutSet::new(&prompts, params.n);
+        let streams = prompts
+            .into_iter()
+            .map(|p| self.ctx.engine.add_request(p, params.clone()))
+            .collect::<std::result::Result<Vec<_>, _>>()?;
+        Ok(self.ctx.runtime.block_on(set.collect(streams))?)
+    }
+
+    /// Greedy completions of the eval prompts after step `step`, scored with the job's rewards.
+    fn record_eval(&self, step: u64, log: &mut JobLog) -> Result<()> {
+        if self.eval.is_empty() {
+            return Ok(());
+        }
+        let cfg = &self.job.config;
+        let params = SamplingParams {
+            temperature: 0.0,
+            max_tokens: Some(cfg.learner.max_completion_length),
+            stop: cfg.stop.clone(),
+            ..Default::default()
+        };
+        let refs: Vec<&Example> = self.eval.iter().collect();
+        let version = self.ctx.model.version();
+        let rs = self.rollouts(&refs, params)?;
+        let (mut total, mut correct, mut with_answer) = (0.0f64, 0usize, 0usize);
+        for r in &rs {
+            let ex = &self.eval[r.prompt_index];
+            total += self.rewards.score(&scored(ex, r)).unwrap_or(0.0) as f64;
+            if ex.fields.contains_key("answer") {
+                with_answer += 1;
+                correct += exact_answer(&r.text, ex.fields.get("answer")) as usize;
+            }
+        }
+        let rec = EvalRecord {
+            step,
+            version,
+            eval_reward: total / rs.len() as f64,
+            eval_accuracy: (with_answer > 0).then(|| correct as f64 / with_answer as f64),
+            eval_size: rs.len(),
+        };
+        log.eval(&rec)?;
+        self.ctx.metrics.eval(&rec);
+        self.job.update(|st| st.evals.push(rec));
+        Ok(())
+    }
+}
+
+/// What the rewards see of rollout `r` of example `ex`.
+fn scored<'e>(ex: &'e Example, r: &'e Rollout) -> Scored<'e> {
+    Scored {
+        prompt: &ex.prompt_text,
+        completion: &r.text,
+        completion_tokens: r.completion_ids.len(),
+        fields: &ex.fields,
+    }
+}
+
+impl LearnerTask for JobTask<'_, '_> {
+    fn next_batch(&mut self) -> Result<Option<Batch>> {
+        let t_wait = Instant::now();
+        // A closed queue: the generator has sent every step (or stopped).
+        let Ok(batch) = self.rx.recv() else { return Ok(None) };
+        let mut batch = batch?;
+        batch.timing.learner_wait_seconds = t_wait.elapsed().as_secs_f64();
+        Ok(Some(batch))
+    }
+
+    fn step_number(&self, _optimizer_step: u64) -> u64 {
+        self.step + 1
+    }
+
+    fn after_step(&mut self, record: &StepRecord, _batch: &Batch, log: &mut JobLog) -> Result<bool> {
+        let (job, cfg) = (self.run.job, &self.run.job.config);
+        self.step = record.step;
+        job.update(|st| {
+            st.step = record.step;
+            st.version = self.run.ctx.model.version();
+            st.latest = Some(record.clone());
+            st.history.push(record.clone());
+        });
+        *self.progress.done.lock().unwrap_or_else(|e| e.into_inner()) = record.step;
+        self.progress.cv.notify_all();
+        let last = record.step == cfg.max_steps || job.stopping();
+        let eval_due =
+            cfg.eval_dataset.is_some() && cfg.eval_interval > 0 && record.step.is_multiple_of(cfg.eval_interval);
+        if eval_due || (last && !self.run.eval.is_empty()) {
+            self.run.record_eval(record.step, log)?;
+        }
+        Ok(last)
+    }
+
+    fn checkpoint_dir(&self, step: u64, _optimizer_step: u64, last: bool) -> Option<PathBuf> {
+        let cfg = &self.run.job.config;
+        ((cfg.save_steps > 0 && step.is_multiple_of(cfg.save_steps)) || last)
+            .then(|| cfg.output_dir.join(format!("checkpoint-{step}")))
+    }
+
+    /// A failed save ends the job; a saved one prunes the oldest beyond `save_total_limit`.
+    fn saved(&mut self, result: Result<()>) -> Result<()> {
+        result?;
+        let cfg = &self.run.job.config;
+        let all = checkpoints(&cfg.output_dir);
+        let keep = cfg.save_total_limit.max(1);
+        for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
+            let _ = std::fs::remove_dir_all(old);
+        }
+        Ok(())
+    }
+}
+
+/// The checkpoint folder to resume from, if any.
+pub(crate) fn resolve_resume(cfg: &JobConfig) -> Result<Option<PathBuf>> {
+    let key = "resume_from_checkpoint";
+    match cfg.resume_from_checkpoint.as_deref() {
+        None => Ok(None),
+        Some("latest") => match checkpoints(&cfg.output_dir).pop() {
+            Some((_, p)) => Ok(Some(p)),
+            None => Err(RlError::invalid(
+                key,
+                format!(
+                    "`resume_from_checkpoint` = \"latest\": no checkpoint-<step> folder under {}",
+                    cfg.output_dir.display()
+                ),
+            )),
+        },
+        Some(p) => {
+            let p = PathBuf::from(p);
+            if !p.join("trainer_state.json").exists() {
+                return Err(RlError::invalid(
+                    key,
+                    format!("`resume_from_checkpoint`: {} is not a checkpoint (no trainer_state.json)", p.display()),
+                ));
+            }
+            Ok(Some(p))
+        }
+    }
+}
+
+/// Complete checkpoints `output_dir/checkpoint-<step>`, oldest first.
+fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter_map(|e| {
+            let name = e.file_name().into_string().ok()?;
+            let step = name.strip_prefix("checkpoint-")?.parse().ok()?;
+            e.path().join("trainer_state.json").exists().then(|| (step, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}

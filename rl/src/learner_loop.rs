@@ -1,0 +1,134 @@
+//! The one learner loop of online RL, shared by training jobs (`job_run.rs`) and the
+//! feedback learner (`feedback.rs`): take a batch, step the served weights
+//! ([`Trainer::step`]), log the step (`metrics.jsonl`, progress bar, alarms), record its
+//! metrics, let the task react (status, evaluation, queue bookkeeping), and checkpoint
+//! when due. What differs between the two users is a [`LearnerTask`].
+
+use super::context::{LearnerGuard, RlContext};
+use super::error::{Result, RlError};
+use super::report::{JobLog, RolloutTiming, StepRecord};
+use engine::SharedModel;
+use learner::{checkpoint, TrainSample, Trainer};
+use std::path::{Path, PathBuf};
+
+/// One batch for the learner.
+pub struct Batch {
+    /// The samples of one optimizer step.
+    pub samples: Vec<TrainSample>,
+    /// Where they came from (zero for the feedback learner, whose samples were served).
+    pub timing: RolloutTiming,
+    /// Fields added to `trainer_state.json` when a checkpoint follows this step (a job's
+    /// step, seed and dataset position; the feedback log position the batch covers).
+    pub checkpoint_state: serde_json::Value,
+    /// The learner slot, when it is held for this step only (the feedback learner); a job
+    /// holds it for its whole run.
+    pub guard: Option<LearnerGuard>,
+}
+
+/// What a [`LearnerLoop`] trains on and what it does around each step.
+pub trait LearnerTask {
+    /// Blocks until the next batch; `Ok(None)` ends the loop.
+    fn next_batch(&mut self) -> Result<Option<Batch>>;
+
+    /// The `step` of the record of the batch just trained, given the optimizer's step count.
+    fn step_number(&self, optimizer_step: u64) -> u64;
+
+    /// Called after each step is logged (status, evaluation, bookkeeping); returns whether
+    /// it was the last step.
+    fn after_step(&mut self, record: &StepRecord, batch: &Batch, log: &mut JobLog) -> Result<bool>;
+
+    /// Where to write a checkpoint after step `step` (`optimizer_step` optimizer steps so
+    /// far; `last` step of the run), if one is due.
+    fn checkpoint_dir(&self, step: u64, optimizer_step: u64, last: bool) -> Option<PathBuf>;
+
+    /// The outcome of writing that checkpoint: an error ends the loop unless the task
+    /// absorbs it.
+    fn saved(&mut self, result: Result<()>) -> Result<()>;
+}
+
+/// The trainer over the served weights, with its step log.
+pub struct LearnerLoop {
+    ctx: RlContext,
+    trainer: Trainer,
+    log: JobLog,
+    entropy_collapse_fraction: f64,
+}
+
+impl LearnerLoop {
+    /// A loop stepping `trainer` on `ctx`'s weights, logging to `log`, with the
+    /// entropy-collapse alarm at `entropy_collapse_fraction` of the first steps' entropy.
+    pub fn new(ctx: RlContext, trainer: Trainer, log: JobLog, entropy_collapse_fraction: f64) -> Self {
+        Self { ctx, trainer, log, entropy_collapse_fraction }
+    }
+
+    /// Runs until the task ends it (no more batches, or its last step).
+    pub fn run(&mut self, task: &mut impl LearnerTask) -> Result<()> {
+        while let Some(batch) = task.next_batch()? {
+            let trained = self.trainer.step(&self.ctx.model, &batch.samples);
+            let step = task.step_number(self.trainer.optimizer.step);
+            let metrics = match trained {
+                Ok((m, _)) => Some(m),
+                Err(e) => {
+                    // Every sample filtered (zero-std groups, staleness, truncation): no update.
+                    tracing::warn!(step, "no update: {e}");
+                    None
+                }
+            };
+            let record = self.log.step(step, metrics, &batch.samples, &batch.timing, self.entropy_collapse_fraction);
+            self.ctx.metrics.learner_step(&record, &batch.samples);
+            let last = task.after_step(&record, &batch, &mut self.log)?;
+            if let Some(dir) = task.checkpoint_dir(step, self.trainer.optimizer.step, last) {
+                let saved = self.save(&dir, batch.checkpoint_state.clone());
+                task.saved(saved)?;
+            }
+            drop(batch);
+            if last {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes the served weights and the optimizer state to `dir` (atomically), with `state`
+    /// added to `trainer_state.json`.
+    fn save(&self, dir: &Path, state: serde_json::Value) -> Result<()> {
+        let model = self.ctx.model.read();
+        Ok(checkpoint::save(dir, &self.ctx.model_dir, &model, &self.trainer.optimizer, state)?)
+    }
+
+    /// Ends the log (progress bar, `metrics.png`).
+    pub fn finish(&mut self) -> Result<()> {
+        self.log.finish()
+    }
+}
+
+/// Loads the checkpoint in `dir` into the served weights and `trainer`'s optimizer and
+/// returns its `trainer_state.json`. Build the trainer first: its KL reference is the
+/// weights before the checkpoint.
+pub fn resume(ctx: &RlContext, trainer: &mut Trainer, dir: &Path) -> Result<serde_json::Value> {
+    let state = checkpoint::load_state(dir)?;
+    load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
+    let device = ctx.model.read().device().clone();
+    trainer.optimizer = checkpoint::load_optimizer(dir, &device)?;
+    Ok(state)
+}
+
+/// Replaces the served weights with a checkpoint's: loaded (and every tensor's shape
+/// checked) outside any guard, swapped in under the write guard. The policy version becomes
+/// `version`, or the current one + 1 if that is not newer: versions never go back, so no KV
+/// or prefix-cache block of other weights is ever taken for these.
+pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<()> {
+    let (config, device) = {
+        let m = model.read();
+        (m.config.clone(), m.device().clone())
+    };
+    let loaded = engine::Model::load(dir, &device)?;
+    if loaded.config != config {
+        return Err(RlError::invalid_input(format!("{} holds a different model than the one served", dir.display())));
+    }
+    let mut m = model.write();
+    let version = version.max(m.version + 1);
+    *m = loaded;
+    m.version = version;
+    Ok(())
+}

@@ -1,0 +1,238 @@
+//! The feedback window: the responses kept for rating, the checks a rating must pass, and
+//! how accepted ratings become trainable samples (GRPO groups, or REINFORCE with a
+//! running-mean baseline). No I/O here: `feedback.rs` logs and replays the ratings.
+
+use super::error::{Result, RlError};
+use learner::TrainSample;
+use serde::{Deserialize, Serialize};
+use std::collections::{HashMap, HashSet, VecDeque};
+
+/// `POST /v1/feedback` body: `{"id", "choice", "reward"}` or `{"id", "preferred"}`.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FeedbackRequest {
+    /// The response's id (`cmpl-…`, `chatcmpl-…`).
+    pub id: String,
+    /// The rated choice's index.
+    pub choice: Option<usize>,
+    /// The choice's reward, in [−1, 1].
+    pub reward: Option<f64>,
+    /// The preferred choice's index (it gets 1, the others 0).
+    pub preferred: Option<usize>,
+}
+
+/// One line of `feedback.jsonl`: a rating with the data of every choice of its response
+/// (the learner's samples, unscored).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub(crate) struct LogLine {
+    pub seq: u64,
+    pub id: String,
+    /// Rewards set by this rating, by choice index.
+    pub ratings: Vec<(usize, f32)>,
+    pub choices: Vec<TrainSample>,
+}
+
+/// A response in the window.
+struct Kept {
+    choices: Vec<TrainSample>,
+    /// Sampled at temperature 0: μ is not a sampling probability, so it is not trained on.
+    greedy: bool,
+    rewards: Vec<Option<f32>>,
+    /// Log sequence number of the latest rating.
+    seq: u64,
+}
+
+/// The window of rateable responses and the samples its ratings made.
+#[derive(Default)]
+pub(crate) struct Ratings {
+    order: VecDeque<String>,
+    kept: HashMap<String, Kept>,
+    /// Ids evicted from the window (410), and ids whose every choice is rated (409).
+    expired: HashSet<String>,
+    done: HashSet<String>,
+    /// Trainable samples with the log position that made them.
+    pub ready: VecDeque<(u64, TrainSample)>,
+    pub next_seq: u64,
+    next_group: u64,
+    baseline: (f64, u64),
+    pub accepted: u64,
+    pub rejected: u64,
+    pub trained: u64,
+}
+
+impl Ratings {
+    /// An empty window whose first rating gets sequence number 1.
+    pub fn new() -> Self {
+        Self { next_seq: 1, ..Default::default() }
+    }
+
+    /// Keeps a finished response (its choices as unscored samples) for rating.
+    pub fn register(&mut self, id: String, choices: Vec<TrainSample>, greedy: bool, window: usize) {
+        let n = choices.len();
+        self.insert(id, Kept { choices, greedy, rewards: vec![None; n], seq: 0 }, window);
+    }
+
+    fn insert(&mut self, id: String, kept: Kept, window: usize) {
+        self.order.push_back(id.clone());
+        self.kept.insert(id, kept);
+        while self.order.len() > window.max(1) {
+            let old = self.order.pop_front().expect("non-empty");
+            if let Some(k) = self.kept.remove(&old) {
+                self.flush_partial(&k);
+            }
+            self.expired.insert(old);
+        }
+    }
+
+    /// Checks a rating against the window; the log line that records it (the next sequence
+    /// number, the rewards it sets, the response's choices).
+    pub fn check(&self, req: &FeedbackRequest) -> Result<LogLine> {
+        if self.done.contains(&req.id) {
+            return Err(RlError::AlreadyRated(format!("every choice of `{}` is already rated", req.id)));
+        }
+        if self.expired.contains(&req.id) {
+            return Err(RlError::Expired(req.id.clone()));
+        }
+        let k = self.kept.get(&req.id).ok_or_else(|| {
+            RlError::NotFound(format!(
+                "unknown response id `{}` (not served by this server, or feedback learning was off)",
+                req.id
+            ))
+        })?;
+        if k.greedy {
+            return Err(RlError::invalid(
+                "id",
+                format!(
+                    "response `{}` was generated greedily (temperature 0): greedy tokens are not on-policy samples \
+                     and are not trained on; request with temperature > 0 to rate",
+                    req.id
+                ),
+            ));
+        }
+        let n = k.choices.len();
+        let ratings = match (req.choice, req.reward, req.preferred) {
+            (Some(c), Some(r), None) => {
+                if c >= n {
+                    return Err(RlError::invalid(
+                        "choice",
+                        format!("`choice` {c} is out of range: the response has {n} choice(s)"),
+                    ));
+                }
+                if !(r.is_finite() && (-1.0..=1.0).contains(&r)) {
+                    return Err(RlError::invalid("reward", format!("`reward` must be a number in [-1, 1], got {r}")));
+                }
+                if k.rewards[c].is_some() {
+                    return Err(RlError::AlreadyRated(format!("choice {c} of `{}` is already rated", req.id)));
+                }
+                vec![(c, r as f32)]
+            }
+            (None, None, Some(p)) => {
+                if p >= n {
+                    return Err(RlError::invalid(
+                        "preferred",
+                        format!("`preferred` {p} is out of range: the response has {n} choice(s)"),
+                    ));
+                }
+                if k.rewards.iter().any(Option::is_some) {
+                    return Err(RlError::AlreadyRated(format!("response `{}` already has ratings", req.id)));
+                }
+                (0..n).map(|i| (i, if i == p { 1.0 } else { 0.0 })).collect()
+            }
+            _ => {
+                return Err(RlError::invalid_input(
+                    "give either `choice` and `reward`, or `preferred` (a choice index)",
+                ))
+            }
+        };
+        Ok(LogLine { seq: self.next_seq, id: req.id.clone(), ratings, choices: k.choices.clone() })
+    }
+
+    /// Applies a logged rating (from a request or the replay). Ratings at or before
+    /// `covered` are already in the checkpoint's weights: they count but are not re-queued.
+    pub fn apply(&mut self, line: &LogLine, covered: u64, window: usize) {
+        self.next_seq = self.next_seq.max(line.seq + 1);
+        if !self.kept.contains_key(&line.id) {
+            let n = line.choices.len();
+            self.insert(
+                line.id.clone(),
+                Kept { choices: line.choices.clone(), greedy: false, rewards: vec![None; n], seq: 0 },
+                window,
+            );
+        }
+        let Some(k) = self.kept.get_mut(&line.id) else { return };
+        for &(c, r) in &line.ratings {
+            if c < k.rewards.len() {
+                k.rewards[c] = Some(r);
+            }
+        }
+        k.seq = line.seq;
+        let complete = k.rewards.iter().all(Option::is_some);
+        if line.seq <= covered {
+            if complete {
+                self.retire(&line.id);
+            }
+            return;
+        }
+        let n = k.choices.len();
+        if n == 1 || !complete {
+            if n == 1 {
+                let k = self.retire(&line.id).expect("present");
+                self.flush_partial(&k);
+            }
+            return;
+        }
+        let k = self.retire(&line.id).expect("present");
+        self.next_group += 1;
+        for (c, r) in k.choices.iter().zip(&k.rewards) {
+            let sample = TrainSample { reward: *r, group: Some(self.next_group), ..c.clone() };
+            self.ready.push_back((k.seq, sample));
+        }
+    }
+
+    /// Takes a response out of the window as fully rated.
+    fn retire(&mut self, id: &str) -> Option<Kept> {
+        let k = self.kept.remove(id);
+        self.order.retain(|x| x != id);
+        self.done.insert(id.to_string());
+        k
+    }
+
+    /// Rated choices of a response that will not be completed: REINFORCE with a baseline.
+    fn flush_partial(&mut self, k: &Kept) {
+        for (c, r) in k.choices.iter().zip(&k.rewards) {
+            let Some(r) = *r else { continue };
+            let (sum, count) = self.baseline;
+            let base = if count == 0 { 0.0 } else { sum / count as f64 };
+            self.baseline = (sum + r as f64, count + 1);
+            let sample = TrainSample { advantage: Some(r - base as f32), reward: Some(r), ..c.clone() };
+            self.ready.push_back((k.seq, sample));
+        }
+    }
+
+    /// The next batch: at least `batch_size` samples when that many are ready, extended to
+    /// whole groups (a group's advantages need all of its samples). With the log position it
+    /// covers.
+    pub fn next_batch(&self, batch_size: usize) -> Option<(Vec<TrainSample>, u64)> {
+        let mut take = batch_size.max(1);
+        if self.ready.len() < take {
+            return None;
+        }
+        while take < self.ready.len()
+            && self.ready[take].1.group.is_some()
+            && self.ready[take].1.group == self.ready[take - 1].1.group
+        {
+            take += 1;
+        }
+        let batch = self.ready.iter().take(take);
+        let through = batch.clone().map(|(seq, _)| *seq).max().unwrap_or(0);
+        Some((batch.map(|(_, s)| s.clone()).collect(), through))
+    }
+
+    /// Marks the oldest `n` ready samples as trained.
+    pub fn trained(&mut self, n: usize) {
+        for _ in 0..n {
+            self.ready.pop_front();
+        }
+        self.trained += n as u64;
+    }
+}
