@@ -361,7 +361,7 @@ pub fn paged_attention(
         || kc != n_kv_heads * head_dim
         || k.shape() != v.shape()
         || n_kv_heads == 0
-        || n_heads % n_kv_heads != 0
+        || !n_heads.is_multiple_of(n_kv_heads)
         || block_size == 0
     {
         return bad(format!(
@@ -538,7 +538,7 @@ pub fn attention_backward(
         || v.shape() != k.shape()
         || da.shape() != q.shape()
         || n_kv_heads == 0
-        || n_heads % n_kv_heads != 0
+        || !n_heads.is_multiple_of(n_kv_heads)
         || spans.iter().any(|s| s.start > s.end || s.end > t)
     {
         return Err(shape_err(

@@ -44,7 +44,7 @@ struct LayerActs {
 /// What the forward keeps of one layer: everything, or only its input (gradient
 /// checkpointing: the rest is recomputed in backward, bitwise the same).
 enum Saved {
-    Full(LayerActs),
+    Full(Box<LayerActs>),
     Input(Tensor),
 }
 
@@ -153,7 +153,7 @@ fn forward_inner(
     let mut layers = Vec::with_capacity(model.layers.len());
     for w in &model.layers {
         let (acts, x_out) = layer_forward(model, w, x, &positions, &spans)?;
-        layers.push(if gradient_checkpointing { Saved::Input(acts.x_in) } else { Saved::Full(acts) });
+        layers.push(if gradient_checkpointing { Saved::Input(acts.x_in) } else { Saved::Full(Box::new(acts)) });
         x = x_out;
     }
     let h_rows = ops::embedding(&x, &pred_rows)?;

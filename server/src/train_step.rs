@@ -3,9 +3,9 @@
 use crate::cli::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
-use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
 use engine::{Model, SharedModel};
 use kernels::Device;
+use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
 use std::path::PathBuf;
 
 #[derive(Args)]

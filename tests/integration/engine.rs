@@ -96,7 +96,8 @@ fn paged_attention_with_odd_chunks_equals_dense() {
         let (dense, _) = generate(&model, p, &SamplingParams::greedy(), 9, &[], |_| {}).unwrap();
         assert_eq!(g[0].tokens, dense);
         let all: Vec<u32> = p.iter().chain(&dense).cloned().collect();
-        let lp = ops::log_softmax(&model.forward(&all, &mut model.new_cache(all.len()).unwrap(), true).unwrap()).unwrap();
+        let lp =
+            ops::log_softmax(&model.forward(&all, &mut model.new_cache(all.len()).unwrap(), true).unwrap()).unwrap();
         let v = model.config.vocab_size;
         for (i, &t) in dense.iter().enumerate() {
             let want = lp.as_slice().unwrap()[(p.len() - 1 + i) * v + t as usize];
@@ -134,7 +135,8 @@ fn outputs_are_identical_alone_batched_and_after_preemption() {
     let alone: Vec<Vec<Sample>> = reqs[..8]
         .iter()
         .map(|r| {
-            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), std::slice::from_ref(r)).remove(0)
+            run(&mut engine(m, EngineConfig { num_blocks: Some(64), ..Default::default() }), std::slice::from_ref(r))
+                .remove(0)
         })
         .collect();
     let batched = run(&mut engine(m, EngineConfig { num_blocks: Some(256), ..Default::default() }), &reqs);

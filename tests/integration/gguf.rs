@@ -40,7 +40,7 @@ fn gguf_file(tensors: &[(&str, Vec<u64>, u32, Vec<u8>)]) -> Vec<u8> {
         }
         offset = data.len() as u64;
     }
-    while b.len() % 32 != 0 {
+    while !b.len().is_multiple_of(32) {
         b.push(0);
     }
     b.extend(data);
@@ -82,7 +82,7 @@ fn dequantizes_q4_1_q8_0_q4_0_and_f32_exactly() {
     assert_eq!(g.dequantize(a).unwrap(), want);
     let b = g.tensor("b").unwrap();
     assert_eq!(b.shape(), vec![2, 32]);
-    let want: Vec<f32> = (0..32).map(|j| 0.25 * (j - 16) as f32).chain(std::iter::repeat(2.0).take(32)).collect();
+    let want: Vec<f32> = (0..32).map(|j| 0.25 * (j - 16) as f32).chain(std::iter::repeat_n(2.0, 32)).collect();
     assert_eq!(g.dequantize(b).unwrap(), want);
     assert_eq!(g.dequantize(g.tensor("c").unwrap()).unwrap(), vec![-5.0; 32]);
     assert_eq!(g.dequantize(g.tensor("d").unwrap()).unwrap(), vec![1.5, -2.25, 3.0]);

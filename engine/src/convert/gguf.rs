@@ -226,7 +226,7 @@ impl Gguf {
     fn bytes(&self, t: &TensorInfo) -> Result<&[u8]> {
         let (per, size) = t.ty.block();
         let n = t.numel();
-        if n % per != 0 {
+        if !n.is_multiple_of(per) {
             return Err(ModelError::Gguf {
                 path: self.path.clone(),
                 msg: format!("tensor `{}`: {n} elements not a multiple of block size {per}", t.name),
