@@ -12,11 +12,10 @@
 //! → inverse RoPE → qkv_proj (+bias) → input RMSNorm; then the embedding scatter-add
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
-pub mod advantages;
+pub mod algos;
 pub mod checkpoint;
 mod error;
 mod grads;
-pub mod loss;
 pub mod optim;
 mod trainer;
 

@@ -2,8 +2,8 @@
 //! when `beta > 0`) → policy loss → backward → global-norm clipping → AdamW on f32 master
 //! weights, in place, under the shared model's write guard (DESIGN-NOTES §1) → version + 1.
 
-use super::advantages::{compute_advantages, ScaleRewards};
-use super::loss::{
+use super::algos::advantages::{compute_advantages, ScaleRewards};
+use super::algos::grpo::{
     policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossType, OffPolicyCorrection, SampleLogprobs,
 };
 use super::optim::{AdamW, Schedule};
@@ -16,12 +16,12 @@ use std::time::Instant;
 
 /// The learner's settings: one flat table of TRL / HF `TrainingArguments` names (the
 /// `[learner]` table of a job config, `train-step --config`, `--learner-config`). Unknown
-/// keys are errors. The loss (`loss.rs`), the optimizer and its schedule (`optim.rs`) and the
+/// keys are errors. The losses (`algos/`), the optimizer and its schedule (`optim.rs`) and the
 /// trainer all read this one type.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 #[serde(default, deny_unknown_fields)]
 pub struct TrainConfig {
-    // Loss (see `loss.rs` for the formulas).
+    // Loss (see `algos/grpo.rs` for the formulas).
     pub loss_type: LossType,
     pub importance_sampling_level: ImportanceSamplingLevel,
     pub epsilon: f32,
@@ -176,7 +176,7 @@ pub struct StepMetrics {
     #[serde(rename = "optimizer_step")]
     pub step: u64,
     #[serde(flatten)]
-    pub loss: super::loss::LossStats,
+    pub loss: super::algos::grpo::LossStats,
     pub grad_norm: f64,
     pub learning_rate: f64,
     pub entropy: f64,

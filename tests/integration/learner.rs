@@ -131,7 +131,7 @@ fn learner_logprobs_equal_engine_logprobs_bitwise() {
 
 #[test]
 fn losses_match_jax_autodiff() {
-    use learner::loss::*;
+    use learner::algos::grpo::*;
     #[derive(Deserialize)]
     struct Case {
         loss_type: String,
@@ -217,7 +217,7 @@ fn losses_match_jax_autodiff() {
 
 #[test]
 fn advantages_by_hand() {
-    use learner::advantages::{compute_advantages, ScaleRewards};
+    use learner::algos::advantages::{compute_advantages, ScaleRewards};
     // Group 0: [1, 0] → mean 0.5, unbiased std √0.5; group 1: [1, 1] (zero std); group 2: one sample.
     let a = compute_advantages(&[1.0, 0.0, 1.0, 1.0, 3.0], &[0, 0, 1, 1, 2], ScaleRewards::Group, true);
     let s = 0.5f64.sqrt() + 1e-4;

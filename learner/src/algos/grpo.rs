@@ -1,5 +1,5 @@
 //! RL policy losses on per-token log-probabilities (TRL / verl names), returning the loss
-//! and its derivative w.r.t. every learner logprob ℓ, which [`super::SeqForward::backward`]
+//! and its derivative w.r.t. every learner logprob ℓ, which [`crate::SeqForward::backward`]
 //! turns into weight gradients.
 //!
 //! Per completion token t of sample i: ℓ = log π_θ (at the sampling temperature), μ = the
