@@ -1,5 +1,5 @@
-//! `rlserve`: serve an LLM and train it online. This commands: `fetch-model`,
-//! `generate`, `bench`.
+//! `rlserve`: serve an LLM and train it online (`serve`, `train`, `train-step`,
+//! `fetch-model`, `generate`, `bench`).
 
 mod bench;
 mod cli;

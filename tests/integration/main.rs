@@ -2,6 +2,7 @@
 
 mod conformance;
 mod engine;
+mod fuzz;
 mod gguf;
 mod kernels;
 mod learner;

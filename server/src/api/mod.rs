@@ -11,6 +11,7 @@ pub mod rl;
 
 use crate::metrics::Metrics;
 use axum::extract::{DefaultBodyLimit, Request, State};
+use axum::response::IntoResponse;
 use axum::middleware::{self, Next};
 use axum::response::Response;
 use axum::routing::{get, post};
@@ -123,7 +124,26 @@ pub fn router(state: Arc<AppState>) -> Router {
             ApiError::MethodNotAllowed(format!("{} is not allowed on {}", req.method(), req.uri().path()))
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
+        .layer(middleware::from_fn(oversized_body))
         .with_state(state)
+}
+
+/// Oversized bodies read and discarded before the 413: clients (reqwest, the OpenAI SDKs)
+/// send the whole body before reading the answer, so a server that answers early and closes
+/// leaves them with a reset connection instead of the error envelope.
+const DRAIN_LIMIT_BYTES: usize = 64 << 20;
+
+/// A request whose `Content-Length` exceeds [`MAX_BODY_BYTES`] gets the 413 envelope after
+/// its body is drained (up to [`DRAIN_LIMIT_BYTES`]; beyond that the connection is closed).
+async fn oversized_body(req: Request, next: Next) -> Response {
+    let len = req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let Some(len) = len.filter(|&n| n > MAX_BODY_BYTES) else { return next.run(req).await };
+    if len <= DRAIN_LIMIT_BYTES {
+        let mut body = req.into_body().into_data_stream();
+        while let Some(Ok(_)) = futures_util::StreamExt::next(&mut body).await {}
+    }
+    ApiError::PayloadTooLarge(format!("request body of {len} bytes is larger than the limit of {MAX_BODY_BYTES} bytes"))
+        .into_response()
 }
 
 /// `Authorization: Bearer <key>` when the server has `--api-key`.
