@@ -6,6 +6,7 @@ mod fuzz;
 mod gguf;
 mod kernels;
 mod learner;
+mod load;
 mod model;
 mod reference;
 mod rl;
