@@ -36,15 +36,43 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
         o.extend(extra);
     }
     write_synced(&tmp.join("trainer_state.json"), st.to_string().as_bytes())?;
-    if dir.exists() {
-        std::fs::remove_dir_all(dir).map_err(|e| LearnerError::io(dir, e))?;
+    // An existing checkpoint is swapped out by renames, never deleted in place: `<dir>` is
+    // always absent or complete (a crash between the two renames leaves `<dir>.old`, which
+    // [`recover`] puts back).
+    let old = dir.with_extension("old");
+    let replacing = dir.exists();
+    if replacing {
+        let _ = std::fs::remove_dir_all(&old);
+        std::fs::rename(dir, &old).map_err(|e| LearnerError::io(dir, e))?;
     }
     std::fs::rename(&tmp, dir).map_err(|e| LearnerError::io(dir, e))?;
-    // The rename itself is durable once the parent directory is synced.
+    // The renames are durable once the parent directory is synced.
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
         let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
     }
+    if replacing {
+        let _ = std::fs::remove_dir_all(&old);
+    }
     Ok(())
+}
+
+/// Completes an interrupted [`save`] that was replacing `dir`: when `dir` is missing and
+/// `<dir>.old` (the complete previous checkpoint) is there, it is renamed back.
+pub fn recover(dir: &Path) -> Result<()> {
+    let old = dir.with_extension("old");
+    if !dir.exists() && old.join("trainer_state.json").exists() {
+        std::fs::rename(&old, dir).map_err(|e| LearnerError::io(dir, e))?;
+    }
+    Ok(())
+}
+
+/// Deletes a checkpoint folder without ever leaving a half-deleted one under its name: it
+/// is renamed to `<dir>.old` first.
+pub fn remove(dir: &Path) -> Result<()> {
+    let old = dir.with_extension("old");
+    let _ = std::fs::remove_dir_all(&old);
+    std::fs::rename(dir, &old).map_err(|e| LearnerError::io(dir, e))?;
+    std::fs::remove_dir_all(&old).map_err(|e| LearnerError::io(&old, e))
 }
 
 /// Writes named tensors (copied to the host) as one f32 safetensors file.

@@ -71,10 +71,14 @@ impl FeedbackStore {
         let ckpt = cfg.dir.join("checkpoint");
         let mut trainer = Trainer::new(&ctx.model.read(), cfg.learner.clone())?;
         let mut covered = 0;
+        learner::checkpoint::recover(&ckpt)?;
         if ckpt.join("trainer_state.json").exists() {
             let state = learner_loop::resume(&ctx, &mut trainer, &ckpt)?;
             covered = state["feedback_seq"].as_u64().unwrap_or(0);
         }
+        // Updates applied after the checkpoint (or before the first one) were lost in a crash;
+        // the versions they were served under are not reused.
+        learner_loop::restore_version(&ctx.model, &cfg.dir)?;
         let path = cfg.dir.join("feedback.jsonl");
         let mut ratings = Ratings::new();
         if let Ok(text) = std::fs::read_to_string(&path) {
@@ -97,7 +101,8 @@ impl FeedbackStore {
             log: Mutex::new(log),
         });
         // Kept across steps: the entropy-collapse and length-drift baselines.
-        let mut learner = LearnerLoop::new(ctx, trainer, JobLog::detached(), ENTROPY_COLLAPSE_FRACTION);
+        let mut learner = LearnerLoop::new(ctx, trainer, JobLog::detached(), ENTROPY_COLLAPSE_FRACTION)
+            .with_version_mark(&store.cfg.dir);
         let mut task = FeedbackTask(store.clone());
         std::thread::Builder::new()
             .name("rlserve-feedback-learner".into())

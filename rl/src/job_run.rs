@@ -71,7 +71,8 @@ impl JobRun<'_> {
         if start == 0 {
             self.record_eval(start, &mut log)?;
         }
-        let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction);
+        let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction)
+            .with_version_mark(&cfg.output_dir);
         let k = cfg.max_staleness();
         let prog = Progress { done: Mutex::new(start), ..Default::default() };
         let (tx, rx) = flume::bounded::<Result<Batch>>(k as usize + 1);
@@ -250,7 +251,7 @@ impl LearnerTask for JobTask<'_, '_> {
         let all = checkpoints(&cfg.output_dir);
         let keep = cfg.save_total_limit.max(1);
         for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
-            let _ = std::fs::remove_dir_all(old);
+            learner::checkpoint::remove(old)?;
         }
         Ok(())
     }

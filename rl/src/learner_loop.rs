@@ -52,18 +52,31 @@ pub struct LearnerLoop {
     trainer: Trainer,
     log: JobLog,
     entropy_collapse_fraction: f64,
+    /// The folder whose version mark is raised before each update (see [`restore_version`]).
+    mark_dir: Option<PathBuf>,
 }
 
 impl LearnerLoop {
     /// A loop stepping `trainer` on `ctx`'s weights, logging to `log`, with the
     /// entropy-collapse alarm at `entropy_collapse_fraction` of the first steps' entropy.
     pub fn new(ctx: RlContext, trainer: Trainer, log: JobLog, entropy_collapse_fraction: f64) -> Self {
-        Self { ctx, trainer, log, entropy_collapse_fraction }
+        Self { ctx, trainer, log, entropy_collapse_fraction, mark_dir: None }
+    }
+
+    /// Records in `dir` (where this learner's checkpoints go) the version of every update
+    /// before it is applied, so a restart after a crash never serves an older version number
+    /// than was served ([`restore_version`]).
+    pub fn with_version_mark(mut self, dir: &Path) -> Self {
+        self.mark_dir = Some(dir.to_path_buf());
+        self
     }
 
     /// Runs until the task ends it (no more batches, or its last step).
     pub fn run(&mut self, task: &mut impl LearnerTask) -> Result<()> {
         while let Some(batch) = task.next_batch()? {
+            if let Some(dir) = &self.mark_dir {
+                write_version_mark(dir, self.ctx.model.version() + 1)?;
+            }
             let trained = self.trainer.step(&self.ctx.model, &batch.samples);
             let step = task.step_number(self.trainer.optimizer.step);
             let metrics = match trained {
@@ -108,6 +121,9 @@ impl LearnerLoop {
 pub fn resume(ctx: &RlContext, trainer: &mut Trainer, dir: &Path) -> Result<serde_json::Value> {
     let state = checkpoint::load_state(dir)?;
     load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
+    if let Some(parent) = dir.parent() {
+        restore_version(&ctx.model, parent)?;
+    }
     let device = ctx.model.read().device().clone();
     trainer.optimizer = checkpoint::load_optimizer(dir, &device)?;
     Ok(state)
@@ -130,5 +146,36 @@ pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<()>
     let version = version.max(m.version + 1);
     *m = loaded;
     m.version = version;
+    Ok(())
+}
+
+/// The version mark of a learner's folder: the highest policy version its learner may have
+/// applied (written and synced before each update, by [`LearnerLoop::with_version_mark`]).
+const VERSION_MARK: &str = "policy_version";
+
+fn write_version_mark(dir: &Path, version: u64) -> Result<()> {
+    use std::io::Write;
+    let (path, tmp) = (dir.join(VERSION_MARK), dir.join(format!("{VERSION_MARK}.tmp")));
+    let mut f = std::fs::File::create(&tmp).map_err(|e| RlError::io(&tmp, e))?;
+    f.write_all(version.to_string().as_bytes()).and_then(|_| f.sync_all()).map_err(|e| RlError::io(&tmp, e))?;
+    std::fs::rename(&tmp, &path).map_err(|e| RlError::io(&path, e))?;
+    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| RlError::io(dir, e))
+}
+
+/// After a restart: if the version mark in `dir` shows that updates beyond the loaded
+/// weights' version may have been served (the process died between an update and its
+/// checkpoint), the served version jumps past them, so a version number never names two
+/// different sets of weights and versions never go back across a crash.
+pub fn restore_version(model: &SharedModel, dir: &Path) -> Result<()> {
+    let path = dir.join(VERSION_MARK);
+    let mark = match std::fs::read_to_string(&path) {
+        Ok(text) => text.trim().parse::<u64>().map_err(|e| RlError::invalid_input(format!("{}: {e}", path.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(RlError::io(&path, e)),
+    };
+    let mut m = model.write();
+    if mark > m.version {
+        m.version = mark + 1;
+    }
     Ok(())
 }

@@ -7,7 +7,7 @@
 //! default model.
 
 use futures_util::StreamExt;
-use serde_json::{json, Value};
+use serde_json::json;
 use server::serve::{build_state, ServeArgs, Server};
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};

@@ -1,6 +1,7 @@
 //! The one integration-test binary of rlserve; one module per area.
 
 mod conformance;
+mod durability;
 mod engine;
 mod fuzz;
 mod gguf;

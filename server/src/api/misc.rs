@@ -58,7 +58,10 @@ pub async fn health(State(s): State<Arc<AppState>>) -> impl IntoResponse {
 }
 
 pub async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
-    if let Ok(stats) = s.engine.stats() {
+    if let Ok(mut stats) = s.engine.stats() {
+        // The weights' version now (the engine's snapshot lags until its next step, e.g.
+        // after a checkpoint is loaded at startup).
+        stats.version = s.model.version();
         s.metrics.engine(&stats);
     }
     if let Some(fb) = &s.feedback {
