@@ -56,8 +56,15 @@ async fn client(c: reqwest::Client, base: String, i: usize, max_tokens: usize) -
             return Ok(("disconnected", ttft)); // dropping the stream closes the connection
         }
     }
-    if text.contains("\"error\"") || !text.trim_end().ends_with("data: [DONE]") {
-        return Err(format!("{path}: stream did not end cleanly: {}", &text[text.len().saturating_sub(300)..]));
+    // An error event is a data line whose JSON has a top-level `error` (generated text may
+    // well contain the word).
+    let error_event = text
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .any(|d| serde_json::from_str::<serde_json::Value>(d).is_ok_and(|v| v.get("error").is_some()));
+    if error_event || !text.trim_end().ends_with("data: [DONE]") {
+        let tail: String = text.chars().rev().take(300).collect::<Vec<_>>().into_iter().rev().collect();
+        return Err(format!("{path}: stream did not end cleanly ({} bytes, [DONE] seen: {}): {tail}", text.len(), text.contains("[DONE]")));
     }
     Ok(("completed", ttft))
 }
