@@ -124,7 +124,7 @@ impl Default for JobConfig {
             apply_chat_template: true,
             system_prompt: None,
             seed: 0,
-            rewards: vec![RewardSpec::ExactAnswer { weight: 1.0 }],
+            rewards: vec![RewardSpec::ExactAnswer { weight: 1.0, first_number: false }],
             save_steps: 0,
             save_total_limit: 2,
             output_dir: PathBuf::from("runs/job"),

@@ -16,7 +16,7 @@ use super::error::{Result, RlError};
 use super::job::Job;
 use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
 use super::report::{EvalRecord, JobLog, RolloutTiming, StepRecord};
-use super::rewards::{exact_answer, Rewards, Scored};
+use super::rewards::{answer_matches, RewardSpec, Rewards, Scored};
 use super::rollout::{Rollout, RolloutSet};
 use engine::SamplingParams;
 use learner::Trainer;
@@ -172,12 +172,14 @@ impl JobRun<'_> {
         let version = self.ctx.model.version();
         let rs = self.rollouts(&refs, params)?;
         let (mut total, mut correct, mut with_answer) = (0.0f64, 0usize, 0usize);
+        // Accuracy reads answers the way the job's exact_answer reward does.
+        let first = self.job.config.rewards.iter().any(|r| matches!(r, RewardSpec::ExactAnswer { first_number: true, .. }));
         for r in &rs {
             let ex = &self.eval[r.prompt_index];
             total += self.rewards.score(&scored(ex, r)).unwrap_or(0.0) as f64;
             if ex.fields.contains_key("answer") {
                 with_answer += 1;
-                correct += exact_answer(&r.text, ex.fields.get("answer")) as usize;
+                correct += answer_matches(&r.text, ex.fields.get("answer"), first) as usize;
             }
         }
         let rec = EvalRecord {

@@ -23,10 +23,15 @@ pub enum RewardSpec {
     /// 1 when the completion's final answer equals the example's `answer`, else 0. The
     /// answer is the number after the last `####` (GSM8K), else the last `\boxed{}`, else
     /// the last number in the text; numbers compare numerically (`1,000` = `1000.0`).
+    /// With `first_number = true` the answer is the first number in the text instead (a
+    /// "reply with only the number" task: `6 + 6 = 12` does not score 12).
     ExactAnswer {
         /// Weight in the sum (default 1).
         #[serde(default = "one")]
         weight: f32,
+        /// Read the first number of the completion rather than its final answer.
+        #[serde(default)]
+        first_number: bool,
     },
     /// 1 when `pattern` (Rust `regex` syntax) matches the completion, else 0.
     Regex {
@@ -136,8 +141,8 @@ impl Rewards {
         let mut total = 0.0;
         for (spec, re) in &self.specs {
             total += match spec {
-                RewardSpec::ExactAnswer { weight } => {
-                    weight * exact_answer(s.completion, s.fields.get("answer")) as u8 as f32
+                RewardSpec::ExactAnswer { weight, first_number } => {
+                    weight * answer_matches(s.completion, s.fields.get("answer"), *first_number) as u8 as f32
                 }
                 RewardSpec::Regex { weight, .. } => {
                     weight * re.as_ref().is_some_and(|r| r.is_match(s.completion)) as u8 as f32
@@ -176,12 +181,20 @@ impl Rewards {
 
 /// The final answer of a completion (see [`RewardSpec::ExactAnswer`]) equals `answer`.
 pub fn exact_answer(completion: &str, answer: Option<&Value>) -> bool {
+    answer_matches(completion, answer, false)
+}
+
+/// The completion's answer (its first number when `first_number`, else its final answer, see
+/// [`RewardSpec::ExactAnswer`]) equals `answer`.
+pub fn answer_matches(completion: &str, answer: Option<&Value>, first: bool) -> bool {
     let want = match answer {
         Some(Value::String(s)) => s.clone(),
         Some(Value::Number(n)) => n.to_string(),
         _ => return false,
     };
-    let got = if let Some(i) = completion.rfind("####") {
+    let got = if first {
+        first_number(completion)
+    } else if let Some(i) = completion.rfind("####") {
         first_number(&completion[i + 4..])
     } else if let Some(i) = completion.rfind("\\boxed{") {
         let rest = &completion[i + 7..];

@@ -413,6 +413,13 @@ fn exact_answer_reads_the_final_answer() {
     check("#### 5.0", json!("5"), true);
     check("no number here", json!("5"), false);
     assert!(!exact_answer("#### 5", None), "no `answer` field: no reward");
+    // `first_number`: the first number of the text is the answer.
+    use rl::rewards::answer_matches;
+    assert!(answer_matches("12", Some(&json!(12)), true));
+    assert!(answer_matches(" 12.\nSo 6 + 6 = 12", Some(&json!("12")), true));
+    assert!(!answer_matches("6 + 6 = 12", Some(&json!(12)), true), "6 is the first number");
+    assert!(answer_matches("6 + 6 = 12", Some(&json!(12)), false), "the last number is 12");
+    assert!(!answer_matches("twelve", Some(&json!(12)), true));
 }
 
 #[test]
