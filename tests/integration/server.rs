@@ -10,31 +10,31 @@ use std::time::Duration;
 use tests::tiny::TinySpec;
 use tests::{default_model, temp_dir};
 
-fn tiny_dir() -> PathBuf {
+pub(crate) fn tiny_dir() -> PathBuf {
     let dir = temp_dir("server-tiny");
     TinySpec { architecture: "Qwen2ForCausalLM", seed: 51, ..Default::default() }.write(&dir);
     dir
 }
 
-async fn start(dir: PathBuf, args: ServeArgs) -> (Server, String) {
+pub(crate) async fn start(dir: PathBuf, args: ServeArgs) -> (Server, String) {
     let state = tokio::task::spawn_blocking(move || build_state(&dir, &args)).await.unwrap().unwrap();
     let s = Server::start(state, "127.0.0.1", 0).await.unwrap();
     let base = format!("http://{}", s.addr);
     (s, base)
 }
 
-fn args(name: &str) -> ServeArgs {
+pub(crate) fn args(name: &str) -> ServeArgs {
     ServeArgs { served_model_name: Some(name.into()), ..Default::default() }
 }
 
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// The `data:` payloads of an SSE response, `[DONE]` included.
-async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
+pub(crate) async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
     let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
@@ -43,7 +43,7 @@ async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
 }
 
 /// Concatenated text per choice index of streamed chunks (completions `text` or chat `delta.content`).
-fn stream_texts(events: &[String]) -> Vec<String> {
+pub(crate) fn stream_texts(events: &[String]) -> Vec<String> {
     let mut out: Vec<String> = vec![];
     for e in events.iter().filter(|e| *e != "[DONE]") {
         let v: Value = serde_json::from_str(e).unwrap();
@@ -171,7 +171,7 @@ async fn chat_streaming_with_chinese_and_emoji_equals_non_streaming() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
-async fn free_blocks(base: &str, model: &str) -> (f64, String) {
+pub(crate) async fn free_blocks(base: &str, model: &str) -> (f64, String) {
     let m = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
     let line = m
         .lines()

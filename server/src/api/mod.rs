@@ -1,6 +1,7 @@
 //! The HTTP API (axum): OpenAI-compatible completions and chat, tokenizer endpoints,
 //! health and Prometheus metrics. Handlers reach the engine only through its channels.
 
+pub mod body;
 pub mod chat;
 pub mod completions;
 pub mod error;

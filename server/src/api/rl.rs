@@ -2,10 +2,11 @@
 //! (`POST /v1/train/jobs`, `GET /v1/train/jobs[/{id}]`, `POST /v1/train/jobs/{id}/stop`,
 //! `GET /v1/train/jobs/{id}/plot`), `POST /v1/feedback` and `POST /v1/checkpoints`.
 
+use super::body::{check_messages, fields, object, only, strict, typed, ApiJson, Body};
 use super::chat::chat_prompt;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
 use super::generation::{response_id, sampling_params};
-use super::protocol::{ChatMessageIn, SamplingFields};
+use super::protocol::{ChatFormat, ChatMessageIn, SamplingFields};
 use super::AppState;
 use ::rl::rollout::RolloutSet;
 use ::rl::{FeedbackRequest, Job, JobConfig};
@@ -29,18 +30,42 @@ pub enum RolloutPrompt {
     Chat { messages: Vec<ChatMessageIn> },
 }
 
+/// `POST /v1/rollouts`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RolloutRequest {
+    /// The served model's name, if given.
     pub model: Option<String>,
+    /// The prompts; each is sampled `num_generations` times.
     pub prompts: Vec<RolloutPrompt>,
     /// Samples per prompt (a GRPO group); `n` is accepted as an alias.
     pub num_generations: Option<usize>,
+    /// Most tokens per rollout (default 16).
     pub max_tokens: Option<usize>,
     /// Wrap text prompts as a user message in the chat template.
-    #[serde(default)]
-    pub apply_chat_template: bool,
-    #[serde(flatten)]
+    pub apply_chat_template: Option<bool>,
+    /// The shared sampling fields.
+    #[serde(skip)]
     pub sampling: SamplingFields,
+}
+
+impl Body for RolloutRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        let mut obj = object(v, "the request body")?;
+        only(&obj, &[fields::<Self>(), fields::<SamplingFields>()], "")?;
+        if let Some(Value::Array(ps)) = obj.get_mut("prompts") {
+            for (i, p) in ps.iter_mut().enumerate() {
+                let Value::Object(po) = p else { continue };
+                po.retain(|_, v| !v.is_null());
+                only(po, &[&["messages"]], &format!("prompts[{i}]."))?;
+                if let Some(m) = po.get_mut("messages") {
+                    check_messages(m, &format!("prompts[{i}].messages"))?;
+                }
+            }
+        }
+        let mut req: Self = typed(&obj)?;
+        req.sampling = typed(&obj)?;
+        Ok(req)
+    }
 }
 
 /// `POST /v1/rollouts`: every prompt × `num_generations`, submitted at once (the group's
@@ -53,10 +78,11 @@ pub async fn rollouts(
     if req.prompts.is_empty() {
         return Err(ApiError::bad("`prompts` must hold at least one prompt", Some("prompts")));
     }
-    if req.sampling.stream {
+    if req.sampling.stream() {
         return Err(ApiError::bad("`stream` is not supported for rollouts", Some("stream")));
     }
     let tok = &state.tokenizer;
+    let chat = ChatFormat::default();
     let prompts = req
         .prompts
         .iter()
@@ -64,13 +90,13 @@ pub async fn rollouts(
         .map(|(i, p)| {
             let ids = match p {
                 RolloutPrompt::Tokens(ids) => ids.clone(),
-                RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, true)?,
-                RolloutPrompt::Text(t) if req.apply_chat_template => {
+                RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, &chat)?,
+                RolloutPrompt::Text(t) if req.apply_chat_template == Some(true) => {
                     let msgs = [ChatMessageIn {
                         role: "user".into(),
                         content: Some(super::protocol::Content::Text(t.clone())),
                     }];
-                    chat_prompt(tok, &msgs, true)?
+                    chat_prompt(tok, &msgs, &chat)?
                 }
                 RolloutPrompt::Text(t) => {
                     tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?
@@ -90,7 +116,7 @@ pub async fn rollouts(
     fields.n = req.num_generations.or(fields.n);
     // As completions: 16 tokens unless `max_tokens` says otherwise.
     let max_tokens = req.max_tokens.unwrap_or(super::completions::DEFAULT_MAX_TOKENS);
-    let params = sampling_params(&fields, Some(max_tokens), None);
+    let params = sampling_params(&fields, Some(max_tokens), None)?;
     params.validate()?;
     if prompts.len() * params.n > MAX_ROLLOUT_SEQS {
         return Err(ApiError::bad(
@@ -187,11 +213,18 @@ pub async fn feedback(
     Ok(axum::Json(v).into_response())
 }
 
+/// `POST /v1/checkpoints`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
     /// Folder to write (created; replaced atomically if it exists).
     pub path: std::path::PathBuf,
+}
+
+impl Body for CheckpointRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        strict(v)
+    }
 }
 
 /// `POST /v1/checkpoints {"path"}`: the served weights as they are now (HF names, with the
