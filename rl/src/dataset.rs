@@ -79,13 +79,16 @@ pub fn load(
         .collect()
 }
 
-fn example(prompt_ids: Vec<u32>, prompt_text: String, fields: Map<String, Value>) -> std::result::Result<Example, &'static str> {
+fn example(
+    prompt_ids: Vec<u32>,
+    prompt_text: String,
+    fields: Map<String, Value>,
+) -> std::result::Result<Example, &'static str> {
     if prompt_ids.is_empty() {
         return Err("the prompt is empty");
     }
     Ok(Example { prompt_ids, prompt_text, fields })
 }
-
 
 /// The JSON objects of `spec`, one per non-empty line (or the built-in task's rows).
 fn rows(key: &'static str, spec: &str) -> Result<Vec<Map<String, Value>>> {

@@ -116,7 +116,8 @@ fn an_assistant_prefill_is_continued() {
     let msgs = vec![ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "The answer is")];
     let cont = ChatOptions { add_generation_prompt: false, continue_final_message: true };
     let ids = tok.encode_chat(&msgs, cont).unwrap();
-    let head = [("<|im_start|>", true), ("user\nhi", false), ("<|im_end|>", true), ("\n", false), ("<|im_start|>", true)];
+    let head =
+        [("<|im_start|>", true), ("user\nhi", false), ("<|im_end|>", true), ("\n", false), ("<|im_start|>", true)];
     let mut expected = want(&head);
     expected.extend(plain("assistant\nThe answer is"));
     assert_eq!(symbols(&tok, &ids), expected, "open: no <|im_end|> after the prefill");
@@ -139,7 +140,8 @@ fn write_metaspace_tokenizer(dir: &Path) {
     use tokenizers::pre_tokenizers::metaspace::{Metaspace, PrependScheme};
     use tokenizers::{AddedToken, Tokenizer as HfTokenizer};
     let chars: Vec<char> = (b' '..=b'~').map(char::from).chain(['\n', '▁']).collect();
-    let vocab: tokenizers::models::bpe::Vocab = chars.iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
+    let vocab: tokenizers::models::bpe::Vocab =
+        chars.iter().enumerate().map(|(i, c)| (c.to_string(), i as u32)).collect();
     let mut tk = HfTokenizer::new(BPE::builder().vocab_and_merges(vocab, vec![]).build().unwrap());
     tk.with_pre_tokenizer(Some(Metaspace::new('▁', PrependScheme::First, true)));
     tk.add_special_tokens(&["<|im_start|>", "<|im_end|>"].map(|s| AddedToken::from(s, true)));
@@ -197,7 +199,8 @@ async fn the_same_ids_reach_tokenize_the_engine_rollouts_and_the_learner() {
     let ids: Vec<u64> = serde_json::from_value(t["tokens"].clone()).unwrap();
     assert_eq!((ids.iter().filter(|&&i| i == 257).count(), ids.iter().filter(|&&i| i == 258).count()), (2, 1));
     // /tokenize of raw text: plain without special tokens, markers with them.
-    let (_, p) = crate::server::post(&base, "/tokenize", json!({"prompt": "<|im_end|>", "add_special_tokens": false})).await;
+    let (_, p) =
+        crate::server::post(&base, "/tokenize", json!({"prompt": "<|im_end|>", "add_special_tokens": false})).await;
     assert_eq!(p["count"], 10, "{p}");
     let (_, p) = crate::server::post(&base, "/tokenize", json!({"prompt": "<|im_end|>"})).await;
     assert_eq!(p["tokens"], json!([258]));
@@ -205,10 +208,12 @@ async fn the_same_ids_reach_tokenize_the_engine_rollouts_and_the_learner() {
     let (st, out) = crate::server::post(&base, "/v1/chat/completions", body).await;
     assert_eq!(st, 200, "{out}");
     assert_eq!(out["prompt_token_ids"], json!(ids), "the engine got the /tokenize ids");
-    let (st, r) = crate::server::post(&base, "/v1/rollouts", json!({"prompts": [{"messages": messages}], "max_tokens": 2})).await;
+    let (st, r) =
+        crate::server::post(&base, "/v1/rollouts", json!({"prompts": [{"messages": messages}], "max_tokens": 2})).await;
     assert_eq!(st, 200, "{r}");
     assert_eq!(r["rollouts"][0]["prompt_token_ids"], json!(ids));
-    let (st, fb) = crate::server::post(&base, "/v1/feedback", json!({"id": out["id"], "choice": 0, "reward": 1.0})).await;
+    let (st, fb) =
+        crate::server::post(&base, "/v1/feedback", json!({"id": out["id"], "choice": 0, "reward": 1.0})).await;
     assert_eq!(st, 200, "{fb}");
     let line = std::fs::read_to_string(log.join("feedback.jsonl")).unwrap();
     let logged: Value = serde_json::from_str(line.lines().last().unwrap()).unwrap();

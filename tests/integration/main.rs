@@ -1,5 +1,6 @@
 //! The one integration-test binary of rlserve; one module per area.
 
+mod api;
 mod chat_tokens;
 mod conformance;
 mod engine;

@@ -218,7 +218,12 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/rollouts", json!({"max_tokens": 3}), 400, "prompts"),
         ("/v1/rollouts", json!({"prompts": [[1, 99999]]}), 400, "99999"),
         ("/v1/rollouts", json!({"prompts": ["a"], "temperature": -1}), 400, "temperature"),
-        ("/v1/rollouts", json!({"prompts": ["a"], "num_generations": 0}), 400, "`num_generations` must be in [1, 256], got 0"),
+        (
+            "/v1/rollouts",
+            json!({"prompts": ["a"], "num_generations": 0}),
+            400,
+            "`num_generations` must be in [1, 256], got 0",
+        ),
         ("/v1/rollouts", json!({"prompts": ["a"], "n": 0}), 400, "`n` must be in [1, 256], got 0"),
         (
             "/v1/rollouts",

@@ -10,8 +10,9 @@ use std::time::Duration;
 use tests::tiny::TinySpec;
 use tests::{default_model, temp_dir};
 
-pub(crate) fn tiny_dir() -> PathBuf {
-    let dir = temp_dir("server-tiny");
+/// A tiny Qwen2 model in its own folder (`name` keeps concurrent tests apart).
+pub(crate) fn tiny_dir(name: &str) -> PathBuf {
+    let dir = temp_dir(&format!("server-{name}"));
     TinySpec { architecture: "Qwen2ForCausalLM", seed: 51, ..Default::default() }.write(&dir);
     dir
 }
@@ -61,7 +62,7 @@ pub(crate) fn stream_texts(events: &[String]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_answer() {
-    let (s, base) = start(tiny_dir(), args("tiny-endpoints")).await;
+    let (s, base) = start(tiny_dir("tiny-endpoints"), args("tiny-endpoints")).await;
     let c = reqwest::Client::new();
     assert_eq!(c.get(format!("{base}/health")).send().await.unwrap().status(), 200);
     let models: Value = c.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
@@ -106,7 +107,7 @@ async fn endpoints_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_equals_non_streaming_with_n_and_seed() {
-    let (s, base) = start(tiny_dir(), args("tiny-stream")).await;
+    let (s, base) = start(tiny_dir("tiny-stream"), args("tiny-stream")).await;
     let body = json!({"prompt": ["ab", "xyz"], "max_tokens": 12, "n": 2, "seed": 3, "temperature": 0.8, "logprobs": 2});
     let (st, full) = post(&base, "/v1/completions", body.clone()).await;
     assert_eq!(st, 200, "{full}");
@@ -214,7 +215,8 @@ async fn a_client_disconnect_aborts_and_frees_blocks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_is_required_when_set() {
-    let (s, base) = start(tiny_dir(), ServeArgs { api_key: Some("sekrit".into()), ..args("tiny-auth") }).await;
+    let (s, base) =
+        start(tiny_dir("tiny-auth"), ServeArgs { api_key: Some("sekrit".into()), ..args("tiny-auth") }).await;
     let c = reqwest::Client::new();
     let body = json!({"prompt": "a", "max_tokens": 1});
     let r = c.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap();
@@ -230,7 +232,7 @@ async fn api_key_is_required_when_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_the_right_status_and_envelope() {
-    let (s, base) = start(tiny_dir(), args("tiny-bad")).await;
+    let (s, base) = start(tiny_dir("tiny-bad"), args("tiny-bad")).await;
     let c = reqwest::Client::new();
     // (method, path, raw body, status, message fragment)
     let cases: Vec<(&str, &str, String, u16, &str)> = vec![
@@ -312,7 +314,7 @@ async fn a_failed_engine_step_answers_500_or_an_sse_error_and_the_server_keeps_s
     // prompt of the same request has started generating.
     let mut a = args("tiny-fault");
     a.engine.max_num_batched_tokens = 8;
-    let (s, base) = start(tiny_dir(), a).await;
+    let (s, base) = start(tiny_dir("tiny-fault"), a).await;
     let bad = crate::engine::drop_last_embedding_row(&s.state.model);
     // Two prompts: [1, 2, 3] generates; the long one fails when its last chunk (holding the
     // bad id) runs, and that step also ran the short one's decode.
@@ -379,7 +381,7 @@ async fn a_response_below_the_greedy_temperature_cannot_be_rated() {
     a.feedback.learn_from_feedback = true;
     a.feedback.feedback_dir = temp_dir("server-greedy-feedback");
     a.feedback.feedback_batch_size = 1000; // no learner step
-    let (s, base) = start(tiny_dir(), a).await;
+    let (s, base) = start(tiny_dir("tiny-greedy"), a).await;
     assert!(engine::sampling::is_greedy_temperature(1e-6) && !engine::sampling::is_greedy_temperature(1e-4));
     let rate = |id: &Value| json!({"id": id, "choice": 0, "reward": 1.0});
     // Just below the threshold: the sampler took the argmax (μ = 0), so no rating.

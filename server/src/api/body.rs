@@ -29,7 +29,8 @@ impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
             }
             other => ApiError::bad(format!("could not read the request body: {}", other.body_text()), None),
         })?;
-        let v: Value = serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("malformed JSON: {e}"), None))?;
+        let v: Value =
+            serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("malformed JSON: {e}"), None))?;
         T::from_value(v).map(ApiJson)
     }
 }

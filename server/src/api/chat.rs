@@ -97,7 +97,10 @@ pub async fn chat_completions(
     let prompt = chat_prompt(&state.tokenizer, &req.messages, &req.format())?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     if let Some(k) = req.top_logprobs.filter(|&k| k > MAX_LOGPROBS) {
-        return Err(ApiError::bad(format!("`top_logprobs` must be at most {MAX_LOGPROBS}, got {k}"), Some("top_logprobs")));
+        return Err(ApiError::bad(
+            format!("`top_logprobs` must be at most {MAX_LOGPROBS}, got {k}"),
+            Some("top_logprobs"),
+        ));
     }
     if !want_logprobs && req.top_logprobs.is_some_and(|k| k > 0) {
         return Err(ApiError::bad("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));

@@ -1,7 +1,7 @@
 //! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics`.
 
-use super::chat::chat_prompt;
 use super::body::ApiJson;
+use super::chat::chat_prompt;
 use super::error::ApiError;
 use super::protocol::{ChatFormat, DetokenizeRequest, TokenizeRequest};
 use super::AppState;

@@ -111,7 +111,10 @@ pub async fn rollouts(
     let mut fields = req.sampling.clone();
     if let Some(g) = req.num_generations.filter(|g| !(1..=engine::sampling::MAX_N).contains(g)) {
         let max = engine::sampling::MAX_N;
-        return Err(ApiError::bad(format!("`num_generations` must be in [1, {max}], got {g}"), Some("num_generations")));
+        return Err(ApiError::bad(
+            format!("`num_generations` must be in [1, {max}], got {g}"),
+            Some("num_generations"),
+        ));
     }
     fields.n = req.num_generations.or(fields.n);
     // As completions: 16 tokens unless `max_tokens` says otherwise.
