@@ -8,6 +8,7 @@ mod gguf;
 mod kernels;
 mod learner;
 mod model;
+mod prompt_logprobs;
 mod reference;
 mod rl;
 mod sampling;
