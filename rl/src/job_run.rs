@@ -243,14 +243,17 @@ impl LearnerTask for JobTask<'_, '_> {
             .then(|| cfg.output_dir.join(format!("checkpoint-{step}")))
     }
 
-    /// A failed save ends the job; a saved one prunes the oldest beyond `save_total_limit`.
+    /// A failed save ends the job; a saved one prunes the oldest beyond `save_total_limit`
+    /// (only checkpoints rlserve wrote, file by file: a folder holding anything else stays).
     fn saved(&mut self, result: Result<()>) -> Result<()> {
         result?;
         let cfg = &self.run.job.config;
         let all = checkpoints(&cfg.output_dir);
         let keep = cfg.save_total_limit.max(1);
         for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
-            let _ = std::fs::remove_dir_all(old);
+            if let Err(e) = learner::checkpoint::remove(old) {
+                tracing::warn!("not pruning {}: {e}", old.display());
+            }
         }
         Ok(())
     }

@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// feedback). Without it they are enabled only when --host is a loopback address.
     #[arg(long, env = "RLSERVE_ADMIN_KEY")]
     pub admin_key: Option<String>,
+    /// Folder under which `POST /v1/checkpoints` saves the served weights (its `path` is a
+    /// folder name relative to it); without it that endpoint is off.
+    #[arg(long)]
+    pub checkpoint_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub feedback: FeedbackArgs,
 }
@@ -254,6 +258,7 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         model_dir: dir.to_path_buf(),
         admin_key: args.admin_key.clone(),
         admin_enabled,
+        checkpoint_dir: args.checkpoint_dir.clone(),
         jobs: Default::default(),
         rl,
         feedback,

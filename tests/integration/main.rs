@@ -2,6 +2,7 @@
 
 mod api;
 mod chat_tokens;
+mod checkpoints;
 mod conformance;
 mod engine;
 mod gguf;

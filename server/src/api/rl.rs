@@ -220,7 +220,8 @@ pub async fn feedback(
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
-    /// Folder to write (created; replaced atomically if it exists).
+    /// Folder to write, relative to `--checkpoint-dir` (created; an rlserve checkpoint
+    /// already there is replaced atomically, anything else is refused).
     pub path: std::path::PathBuf,
 }
 
@@ -230,25 +231,61 @@ impl Body for CheckpointRequest {
     }
 }
 
-/// `POST /v1/checkpoints {"path"}`: the served weights as they are now (HF names, with the
-/// model's config and tokenizer files), loadable by `rlserve serve --model` and by
-/// transformers; written to `<path>.partial` and renamed. The optimizer state of a job or of
-/// the feedback learner is in their own checkpoints.
+/// `root` joined with `path` when `path` stays inside it: relative, only plain folder names
+/// (no `..`, `.`, root or drive), and no symbolic link on the way leads out of `root`.
+fn checkpoint_target(root: &std::path::Path, path: &std::path::Path) -> Result<std::path::PathBuf, ApiError> {
+    use std::path::Component;
+    let bad = |why: &str| {
+        ApiError::bad(
+            format!("`path` must be a folder name relative to --checkpoint-dir {}; {:?} {why}", root.display(), path),
+            Some("path"),
+        )
+    };
+    if path.as_os_str().is_empty() {
+        return Err(bad("is empty"));
+    }
+    if !path.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(bad("leaves it (absolute, or with `..` or `.`)"));
+    }
+    let target = root.join(path);
+    let parent = target.parent().unwrap_or(root);
+    std::fs::create_dir_all(parent).map_err(|e| ApiError::Internal(format!("creating {}: {e}", parent.display())))?;
+    let canon = |p: &std::path::Path| {
+        p.canonicalize().map_err(|e| ApiError::Internal(format!("resolving {}: {e}", p.display())))
+    };
+    let inside = canon(parent)?.starts_with(canon(root)?);
+    let link = std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink());
+    if !inside || link {
+        return Err(bad("leads out of it through a symbolic link"));
+    }
+    Ok(target)
+}
+
+/// `POST /v1/checkpoints {"path"}` (with `--checkpoint-dir`): the served weights as they are
+/// now (HF names, with the model's config and tokenizer files), loadable by `rlserve serve
+/// --model` and by transformers, written to `<path>.partial` and renamed. Only a checkpoint
+/// rlserve wrote is ever replaced; a path outside the root or an existing folder that is not
+/// an rlserve checkpoint is a 400 and nothing is touched. The optimizer state of a job or
+/// of the feedback learner is in their own checkpoints.
 pub async fn save_checkpoint(
     State(state): State<Arc<AppState>>,
     ApiJson(req): ApiJson<CheckpointRequest>,
 ) -> Result<Response, ApiError> {
-    if req.path.as_os_str().is_empty() {
-        return Err(ApiError::bad("`path` must name a folder", Some("path")));
-    }
+    let root = state.checkpoint_dir.clone().ok_or_else(|| {
+        ApiError::NotFound("saving checkpoints over HTTP is off: start the server with --checkpoint-dir DIR".into())
+    })?;
     let (model, src, path) = (state.model.clone(), state.model_dir.clone(), req.path.clone());
-    let version = tokio::task::spawn_blocking(move || {
+    let saved = tokio::task::spawn_blocking(move || {
+        let target = checkpoint_target(&root, &path)?;
+        learner::checkpoint::check_replaceable(&target).map_err(|e| ApiError::bad(e.to_string(), Some("path")))?;
         let m = model.read();
         let opt = learner::optim::AdamW::default();
-        learner::checkpoint::save(&path, &src, &m, &opt, json!({})).map(|_| m.version)
+        learner::checkpoint::save(&target, &src, &m, &opt, json!({}))
+            .map_err(|e| ApiError::Internal(format!("saving {}: {e}", target.display())))?;
+        Ok::<_, ApiError>((target, m.version))
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
-    .map_err(|e| ApiError::bad(format!("saving to {}: {e}", req.path.display()), Some("path")))?;
-    Ok(axum::Json(json!({"path": req.path, "version": version, "model": state.model_name})).into_response())
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let (target, version) = saved?;
+    Ok(axum::Json(json!({"path": target, "version": version, "model": state.model_name})).into_response())
 }
