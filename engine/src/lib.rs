@@ -14,6 +14,7 @@ pub mod handle;
 pub mod model;
 pub mod model_runner;
 pub mod outputs;
+pub mod publish;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;

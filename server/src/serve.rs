@@ -196,7 +196,10 @@ pub struct Server {
 }
 
 /// Loads the model in `dir` and builds the shared state (engine thread started).
-pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
+pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
+    // One absolute path for everything that reads the folder later (checkpoints copy its
+    // files), whatever the working directory is then.
+    let dir = &given.canonicalize().with_context(|| format!("model folder {}", given.display()))?;
     let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
     let admin_enabled = args.admin_key.is_some() || is_loopback(&args.host);
     if args.feedback.learn_from_feedback && !admin_enabled {
@@ -221,10 +224,10 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         engine.stats().num_blocks,
         args.engine.block_size
     );
-    let model_name = args
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        let name = given.file_name().or(dir.file_name());
+        name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
     let engine = EngineHandle::spawn(engine);
     let metrics = Metrics::new(&model_name);
     let rl = RlContext {
