@@ -9,6 +9,7 @@ mod gguf;
 mod kernels;
 mod learner;
 mod model;
+mod plot;
 mod prompt_logprobs;
 mod reference;
 mod rl;
