@@ -5,6 +5,7 @@ mod chat_tokens;
 mod checkpoints;
 mod conformance;
 mod engine;
+mod fuzz;
 mod gguf;
 mod kernels;
 mod learner;
