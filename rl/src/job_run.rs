@@ -63,6 +63,7 @@ impl JobRun<'_> {
         if let Some(dir) = resume {
             let state = learner_loop::resume(ctx, &mut trainer, dir)?;
             start = state["job_step"].as_u64().unwrap_or(0);
+            learner_loop::restore_version(&ctx.model, &cfg.output_dir)?;
             self.job.update(|st| (st.step, st.version) = (start, ctx.model.version()));
             tracing::info!("resumed from {} at step {start}", dir.display());
         }
@@ -71,7 +72,8 @@ impl JobRun<'_> {
         if start == 0 {
             self.record_eval(start, &mut log)?;
         }
-        let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction);
+        let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction)
+            .record_versions_in(&cfg.output_dir);
         let k = cfg.max_staleness();
         let prog = Progress { done: Mutex::new(start), ..Default::default() };
         let (tx, rx) = flume::bounded::<Result<Batch>>(k as usize + 1);

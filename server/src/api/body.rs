@@ -4,8 +4,8 @@
 //! (`param` is its path, such as `max_tokens` or `messages[0].content`).
 
 use super::error::ApiError;
-use axum::extract::rejection::BytesRejection;
 use axum::extract::{FromRequest, Request};
+use futures_util::StreamExt;
 use serde::de::{self, DeserializeOwned, Visitor};
 use serde_json::{Map, Value};
 
@@ -19,16 +19,33 @@ pub trait Body: Sized {
 /// in the OpenAI error envelope.
 pub struct ApiJson<T>(pub T);
 
+/// Bytes read past the body limit (and thrown away) before a 413: a client that sends a
+/// body somewhat too large gets to read the answer instead of a connection reset mid-send;
+/// beyond this the connection is closed unread.
+const DRAIN_BYTES: usize = 4 * super::MAX_BODY_BYTES;
+
 impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| match e {
-            BytesRejection::FailedToBufferBody(inner) if inner.body_text().contains("length limit") => {
-                ApiError::PayloadTooLarge(format!("request body is larger than the limit: {}", inner.body_text()))
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let limit = super::MAX_BODY_BYTES;
+        let mut stream = req.into_body().into_data_stream();
+        let (mut bytes, mut total) = (Vec::new(), 0usize);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad(format!("could not read the request body: {e}"), None))?;
+            total += chunk.len();
+            if total <= limit {
+                bytes.extend_from_slice(&chunk);
+            } else if total > limit + DRAIN_BYTES {
+                break;
             }
-            other => ApiError::bad(format!("could not read the request body: {}", other.body_text()), None),
-        })?;
+        }
+        if total > limit {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "request body is larger than the limit: {total}{} bytes, at most {limit}",
+                if total > limit + DRAIN_BYTES { "+" } else { "" }
+            )));
+        }
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("malformed JSON: {e}"), None))?;
         T::from_value(v).map(ApiJson)
