@@ -62,9 +62,11 @@ impl Child9 {
             .stderr(log)
             .spawn()
             .unwrap();
+        let mut me = Self { child, base: String::new() };
         for _ in 0..600 {
             if let Ok(addr) = std::fs::read_to_string(&addr_file) {
-                return Self { child, base: format!("http://{addr}") };
+                me.base = format!("http://{addr}");
+                return me;
             }
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
@@ -72,9 +74,16 @@ impl Child9 {
     }
 
     /// SIGKILL, and reap.
-    fn kill9(mut self) {
-        self.child.kill().unwrap();
-        self.child.wait().unwrap();
+    fn kill9(self) {
+        drop(self);
+    }
+}
+
+/// A failing test never leaves its child behind.
+impl Drop for Child9 {
+    fn drop(&mut self) {
+        let _ = self.child.kill(); // SIGKILL
+        let _ = self.child.wait();
     }
 }
 

@@ -25,7 +25,7 @@ enum Outcome {
 
 async fn client(base: String, i: usize, max_tokens: usize) -> Result<Outcome, String> {
     let c = reqwest::Client::new();
-    let chat = i % 2 == 0;
+    let chat = i.is_multiple_of(2);
     let path = if chat { "/v1/chat/completions" } else { "/v1/completions" };
     if i % 10 == 3 {
         let bad = [r#"{"messages": ["#, r#"{"prompt": 5}"#, r#"{"prompt": "a", "n": -1}"#][i % 3];
@@ -56,7 +56,7 @@ async fn client(base: String, i: usize, max_tokens: usize) -> Result<Outcome, St
                 events.push(data.to_string());
             }
         }
-        if i % 5 == 0 && !events.is_empty() {
+        if i.is_multiple_of(5) && !events.is_empty() {
             return Ok(Outcome::Left); // dropping the stream disconnects
         }
     }
