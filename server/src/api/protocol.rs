@@ -45,7 +45,6 @@ pub struct StreamOptions {
 
 /// Sampling fields shared by completions, chat and rollouts (OpenAI names plus vLLM's extras
 /// at the top level); their meaning is [`engine::SamplingParams`]'.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SamplingFields {
     pub n: Option<usize>,
@@ -106,8 +105,7 @@ fn with_sampling<T: serde::de::DeserializeOwned>(
     Ok(own)
 }
 
-/// `POST /v1/completions`.
-#[allow(missing_docs)]
+/// `POST /v1/completions` (fields named and meant as OpenAI's).
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
@@ -139,7 +137,6 @@ pub enum Content {
 }
 
 /// One part of a list `content` (only `{"type": "text", "text": ...}` is supported).
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
@@ -147,8 +144,8 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// One chat message of a request.
-#[allow(missing_docs)]
+/// One chat message of a request: `role` (system, user, assistant, tool, developer) and
+/// `content`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
@@ -177,8 +174,7 @@ impl ChatFormat {
     }
 }
 
-/// `POST /v1/chat/completions`.
-#[allow(missing_docs)]
+/// `POST /v1/chat/completions` (fields named and meant as OpenAI's and vLLM's).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub model: Option<String>,
@@ -216,7 +212,6 @@ impl Body for ChatRequest {
 }
 
 /// Token counts of a response.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
@@ -225,7 +220,6 @@ pub struct Usage {
 }
 
 /// `POST /tokenize`: a text `prompt` or chat `messages` (vLLM).
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Deserialize)]
 pub struct TokenizeRequest {
     pub model: Option<String>,
@@ -247,7 +241,6 @@ impl Body for TokenizeRequest {
 }
 
 /// `POST /detokenize`.
-#[allow(missing_docs)]
 #[derive(Debug, Clone, Deserialize)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
