@@ -215,6 +215,7 @@ impl LLMEngine {
         if let Some(&id) = prompt.iter().find(|&&t| t as usize >= vocab) {
             return Err(ValidationError::TokenId { id, vocab });
         }
+        params.validate_ids(vocab)?;
         let max = self.max_model_len;
         let completion = params.max_tokens.unwrap_or(max.saturating_sub(prompt.len())).max(1);
         if prompt.len() + completion > max {

@@ -24,7 +24,7 @@ enum Command {
     Add {
         request_id: String,
         prompt: Vec<u32>,
-        params: SamplingParams,
+        params: Box<SamplingParams>,
         out: flume::Sender<StreamItem>,
         reply: flume::Sender<Result<(), ValidationError>>,
     },
@@ -165,7 +165,7 @@ impl EngineHandle {
         let (out, rx) = flume::unbounded();
         let (reply, answer) = flume::bounded(1);
         self.tx
-            .send(Command::Add { request_id: request_id.clone(), prompt, params, out, reply })
+            .send(Command::Add { request_id: request_id.clone(), prompt, params: Box::new(params), out, reply })
             .map_err(|_| EngineStopped)?;
         let stream = RequestStream { request_id, rx, tx: self.tx.clone(), done: false };
         Ok((stream, answer))
@@ -265,7 +265,7 @@ fn fail(streams: &mut Streams, e: StepError) {
 fn handle(engine: &mut LLMEngine, streams: &mut Streams, cmd: Command) {
     match cmd {
         Command::Add { request_id, prompt, params, out, reply } => {
-            let r = engine.add_request(&request_id, prompt, params);
+            let r = engine.add_request(&request_id, prompt, *params);
             if r.is_ok() {
                 streams.insert(request_id, out);
             }

@@ -2,6 +2,7 @@
 //! sampling, and the default-model fetcher. No HTTP and no async runtime in here.
 
 pub mod block_manager;
+pub mod chat_encode;
 pub mod chat_template;
 pub mod convert;
 pub mod detokenizer;
@@ -13,6 +14,7 @@ pub mod handle;
 pub mod model;
 pub mod model_runner;
 pub mod outputs;
+pub mod publish;
 pub mod sampling;
 pub mod scheduler;
 pub mod sequence;
@@ -26,5 +28,5 @@ pub use handle::{EngineHandle, RequestStream};
 pub use model::{BatchSeq, ForwardBatch, KvCache, Model, ModelConfig, SharedModel};
 pub use outputs::{FinishReason, SeqOutput, StopReason, TokenOutput};
 pub use sampling::SamplingParams;
-pub use tokenizer::Tokenizer;
+pub use tokenizer::{ChatOptions, Tokenizer};
 pub use validation::ValidationError;

@@ -1,7 +1,7 @@
 //! Sampling parameters (vLLM names, semantics and validation) and the sampler.
 //!
-//! Per token, in this order (vLLM `Sampler`): repetition / frequency / presence penalties,
-//! `min_tokens` masking of EOS and `stop_token_ids`, temperature, then top-k, top-p
+//! Per token, in this order (vLLM `Sampler`): `logit_bias`, repetition / frequency /
+//! presence penalties, `min_tokens` masking of EOS and `stop_token_ids`, temperature, then top-k, top-p
 //! (nucleus, Holtzman et al. 2020) and min-p (Nguyen et al. 2024) truncation,
 //! renormalisation, and one draw from a counter-based RNG stream.
 //!
@@ -63,6 +63,10 @@ pub struct SamplingParams {
     pub prompt_logprobs: Option<usize>,
     /// Leave special tokens out of the output text.
     pub skip_special_tokens: bool,
+    /// OpenAI `logit_bias`: `(token id, bias)` pairs, each bias in [-100, 100] added to the
+    /// token's logit before penalties and temperature (so μ and greedy see it; the raw
+    /// log-probabilities do not). A repeated id adds up.
+    pub logit_bias: Vec<(u32, f64)>,
 }
 
 impl Default for SamplingParams {
@@ -85,9 +89,13 @@ impl Default for SamplingParams {
             logprobs: None,
             prompt_logprobs: None,
             skip_special_tokens: true,
+            logit_bias: vec![],
         }
     }
 }
+
+/// Largest `logit_bias` magnitude (OpenAI's range).
+pub const MAX_LOGIT_BIAS: f64 = 100.0;
 
 /// Most top log-probabilities a request may ask for (vLLM `max_logprobs`).
 pub const MAX_LOGPROBS: usize = 20;
@@ -153,7 +161,23 @@ impl SamplingParams {
         if self.stop.iter().any(|s| s.is_empty()) {
             return p("stop", "\"\"".into(), "non-empty strings");
         }
+        if let Some((id, b)) = self.logit_bias.iter().find(|(_, b)| !(-MAX_LOGIT_BIAS..=MAX_LOGIT_BIAS).contains(b)) {
+            return p("logit_bias", format!("{b} (token {id})"), "a map of token ids to biases in [-100, 100]");
+        }
         Ok(())
+    }
+
+    /// Checks the token ids the parameters name (`stop_token_ids`, `logit_bias` keys) against
+    /// the vocabulary size.
+    pub fn validate_ids(&self, vocab: usize) -> Result<(), ValidationError> {
+        fn check(param: &'static str, mut ids: impl Iterator<Item = u32>, vocab: usize) -> Result<(), ValidationError> {
+            match ids.find(|&t| t as usize >= vocab) {
+                Some(id) => Err(ValidationError::VocabId { param, id, vocab }),
+                None => Ok(()),
+            }
+        }
+        check("stop_token_ids", self.stop_token_ids.iter().copied(), vocab)?;
+        check("logit_bias", self.logit_bias.iter().map(|b| b.0), vocab)
     }
 }
 
@@ -237,6 +261,11 @@ pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> Sample
     let raw_lse = logsumexp(logits);
     let raw_lp = |t: usize| (logits[t] as f64 - raw_lse) as f32;
     let mut l = logits.to_vec();
+    for &(t, b) in &p.logit_bias {
+        if let Some(v) = l.get_mut(t as usize) {
+            *v = (*v as f64 + b) as f32;
+        }
+    }
     apply_penalties(&mut l, p, ctx);
     if ctx.output_ids.len() < p.min_tokens {
         for &t in ctx.eos_token_ids.iter().chain(&p.stop_token_ids) {

@@ -1,6 +1,14 @@
 //! Tokenizer (HF `tokenizers`, from `tokenizer.json`) plus the chat template and special
 //! tokens from `tokenizer_config.json` and `generation_config.json`.
+//!
+//! Where special-token strings become control ids:
+//! - chat messages ([`Tokenizer::encode_chat`]): only the template's own markers; a special
+//!   string inside a message's content is plain text (see [`crate::chat_encode`]);
+//! - raw text ([`Tokenizer::encode`]): with `add_special_tokens`, special strings written
+//!   inline map to their ids (as HF and vLLM, so a hand-built chat prompt works); without
+//!   it the text is plain text through and through.
 
+use crate::chat_encode::{plain_tokenizers, unescape, Piece, Specials};
 use crate::chat_template::{ChatMessage, ChatTemplate};
 use crate::error::{ModelError, Result};
 use std::path::Path;
@@ -10,13 +18,40 @@ pub use tokenizers::DecodeStream;
 /// Text ↔ token ids for one model folder.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// `inner` with special-token matching off.
+    plain: tokenizers::Tokenizer,
+    /// `plain` for text that does not start the input, when that encodes differently
+    /// (Metaspace `prepend_scheme: first`).
+    plain_rest: Option<tokenizers::Tokenizer>,
+    specials: Specials,
     chat_template: Option<ChatTemplate>,
     /// Token ids that end generation (from `generation_config.json`, else `config.json`,
     /// else the tokenizer's `eos_token`).
     pub eos_token_ids: Vec<u32>,
     /// Prepend BOS when encoding a raw prompt (`add_bos_token` in `tokenizer_config.json`).
     pub add_bos_token: bool,
+    /// The BOS token's id, when the tokenizer has one.
     pub bos_token_id: Option<u32>,
+}
+
+/// How [`Tokenizer::encode_chat`] ends the rendered conversation (vLLM's chat options).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ChatOptions {
+    /// End with the template's generation prompt (the opening of an assistant turn).
+    pub add_generation_prompt: bool,
+    /// Leave the final message open (no end-of-turn markers after its content), so the model
+    /// continues it: an assistant prefill. Excludes `add_generation_prompt`.
+    pub continue_final_message: bool,
+}
+
+impl Default for ChatOptions {
+    fn default() -> Self {
+        Self { add_generation_prompt: true, continue_final_message: false }
+    }
+}
+
+fn tok_err(e: impl ToString) -> ModelError {
+    ModelError::Tokenizer { path: "tokenizer.json".into(), msg: e.to_string() }
 }
 
 fn read_json(path: &Path) -> Result<Option<serde_json::Value>> {
@@ -79,29 +114,84 @@ impl Tokenizer {
             .and_then(|b| inner.token_to_id(b))
             .or_else(|| ids(model_cfg.get("bos_token_id")).first().copied());
         let add_bos_token = cfg.get("add_bos_token").and_then(|v| v.as_bool()).unwrap_or(false);
-        Ok(Self { inner, chat_template, eos_token_ids, add_bos_token, bos_token_id })
+        let (plain, plain_rest) = plain_tokenizers(&inner);
+        let specials = Specials::new(&inner);
+        Ok(Self { inner, plain, plain_rest, specials, chat_template, eos_token_ids, add_bos_token, bos_token_id })
     }
 
-    /// Encodes text; special tokens written inline (e.g. `<|im_start|>`) map to their ids.
-    /// Adds BOS only when `add_special_tokens` and the tokenizer config asks for it.
+    /// Encodes raw text. With `add_special_tokens`, special tokens written inline (e.g.
+    /// `<|im_start|>`) map to their ids and BOS is prepended when the tokenizer config asks
+    /// for it; without, every character is plain text (a special string gets the ids of its
+    /// characters) and no BOS is added.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let enc = self
-            .inner
-            .encode(text, false)
-            .map_err(|e| ModelError::Tokenizer { path: "tokenizer.json".into(), msg: e.to_string() })?;
+        if !add_special_tokens {
+            return self.encode_plain(text, true);
+        }
+        let enc = self.inner.encode(text, false).map_err(tok_err)?;
         let mut ids = Vec::with_capacity(enc.len() + 1);
-        if add_special_tokens && self.add_bos_token {
+        if self.add_bos_token {
             ids.extend(self.bos_token_id);
         }
         ids.extend_from_slice(enc.get_ids());
         Ok(ids)
     }
 
+    /// `text` with special-token matching off; `first` when it starts the input.
+    fn encode_plain(&self, text: &str, first: bool) -> Result<Vec<u32>> {
+        let tok = if first { &self.plain } else { self.plain_rest.as_ref().unwrap_or(&self.plain) };
+        Ok(tok.encode(text, false).map_err(tok_err)?.get_ids().to_vec())
+    }
+
+    /// Renders `messages` with the chat template and encodes the result so that only the
+    /// template's own markers are special tokens: a special-token string inside a message's
+    /// content is encoded as plain text ([`crate::chat_encode`]). No BOS beyond what the
+    /// template writes (as HF `apply_chat_template(tokenize=True)`).
+    pub fn encode_chat(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<Vec<u32>> {
+        let mut table = vec![];
+        let escaped: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| ChatMessage { role: m.role.clone(), content: self.specials.escape(&m.content, &mut table) })
+            .collect();
+        let rendered = self.render(&escaped, opts)?;
+        let (text, protected) = unescape(&rendered, &table);
+        let mut ids = vec![];
+        for piece in self.specials.split(&text, &protected) {
+            match piece {
+                Piece::Special(id) => ids.push(id),
+                Piece::Text(r) => ids.extend(self.encode_plain(&text[r.clone()], r.start == 0)?),
+            }
+        }
+        Ok(ids)
+    }
+
+    /// The rendered conversation, cut after the final message's content with
+    /// `continue_final_message` (HF `apply_chat_template`'s rule: the last occurrence of the
+    /// stripped content, keeping its leading whitespace when the template kept it).
+    fn render(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<String> {
+        if opts.continue_final_message && opts.add_generation_prompt {
+            return Err(ModelError::ChatTemplate(
+                "`continue_final_message` and `add_generation_prompt` cannot both be true".into(),
+            ));
+        }
+        let text = self.apply_chat_template(messages, opts.add_generation_prompt)?;
+        if !opts.continue_final_message {
+            return Ok(text);
+        }
+        let last = messages.last().map(|m| m.content.as_str()).unwrap_or("");
+        let stripped = last.trim();
+        let at = text.rfind(stripped).ok_or_else(|| {
+            ModelError::ChatTemplate(
+                "`continue_final_message`: the final message does not appear in the rendered chat".into(),
+            )
+        })?;
+        let lstripped = last.trim_start();
+        let keep = if text[at..].starts_with(lstripped) { lstripped.len() } else { stripped.len() };
+        Ok(text[..at + keep].to_string())
+    }
+
     /// Decodes ids to text.
     pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
-        self.inner
-            .decode(ids, skip_special_tokens)
-            .map_err(|e| ModelError::Tokenizer { path: "tokenizer.json".into(), msg: e.to_string() })
+        self.inner.decode(ids, skip_special_tokens).map_err(tok_err)
     }
 
     /// An incremental detokenizer that never splits a UTF-8 character.
@@ -119,15 +209,18 @@ impl Tokenizer {
         self.inner.decode_stream(skip_special_tokens)
     }
 
+    /// Number of token ids, added tokens included.
     pub fn vocab_size(&self) -> usize {
         self.inner.get_vocab_size(true)
     }
 
+    /// The id of a token string, if it is in the vocabulary.
     pub fn token_to_id(&self, token: &str) -> Option<u32> {
         self.inner.token_to_id(token)
     }
 
-    /// Renders `messages` with the model's chat template. Errors when the model has none.
+    /// Renders `messages` with the model's chat template (text only; [`Self::encode_chat`]
+    /// is the way to token ids). Errors when the model has none.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
         let t = self
             .chat_template

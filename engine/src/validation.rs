@@ -13,6 +13,10 @@ pub enum ValidationError {
     TokenId { id: u32, vocab: usize },
     #[error("This model's maximum context length is {max} tokens. However, you requested {requested} tokens ({prompt} in the prompt, {completion} for the completion).")]
     ContextLength { max: usize, requested: usize, prompt: usize, completion: usize },
+    #[error(
+        "`{param}` holds token id {id}, which is out of range: the vocabulary has {vocab} tokens (ids 0..{vocab})"
+    )]
+    VocabId { param: &'static str, id: u32, vocab: usize },
     #[error("request id {0:?} is already in use")]
     DuplicateRequestId(String),
     #[error("the prompt needs {needed} KV-cache blocks but the pool has only {total}")]

@@ -1,9 +1,14 @@
 //! Checkpoints: `model.safetensors` with HF names (loadable by the engine and by
 //! transformers, with the model's `config.json` and tokenizer files copied beside it),
-//! `optimizer.safetensors` (AdamW moments `exp_avg.<name>`, `exp_avg_sq.<name>`) and
+//! `optimizer.safetensors` (AdamW moments `exp_avg.<name>`, `exp_avg_sq.<name>`),
 //! `trainer_state.json` (optimizer step, policy version, and whatever the caller adds: a
-//! job's RNG and dataset position). Written into `<dir>.partial`, synced, then renamed over
+//! job's RNG and dataset position) and the marker [`MARKER`]. Written into
+//! `<dir>.partial` (marker first), every file and the folder synced, then renamed over
 //! `<dir>`: a crash never leaves a half-written checkpoint under the final name.
+//!
+//! Nothing rlserve did not write is ever deleted: a folder is replaced (or pruned) only
+//! when it is empty or holds rlserve's checkpoint files and nothing else, and then only
+//! those files are removed, by name, before the empty folder itself ([`remove`]).
 
 use super::optim::AdamW;
 use crate::error::{LearnerError, Result};
@@ -11,19 +16,134 @@ pub use engine::model::write_f32_safetensors as write_tensors;
 use engine::Model;
 use kernels::{Device, Tensor};
 use std::collections::BTreeMap;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+
+/// The file that marks a folder as an rlserve checkpoint.
+pub const MARKER: &str = "rlserve_checkpoint.json";
+
+/// The model folder's files a checkpoint copies.
+const COPIED: [&str; 4] = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"];
+
+/// Every file name a checkpoint may hold.
+const FILES: [&str; 8] = [
+    MARKER,
+    "config.json",
+    "generation_config.json",
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "model.safetensors",
+    "optimizer.safetensors",
+    "trainer_state.json",
+];
+
+/// `<dir>.partial`: the name with `.partial` appended (never an extension replaced).
+pub fn partial_path(dir: &Path) -> PathBuf {
+    sibling(dir, ".partial")
+}
+
+/// `dir` with `suffix` appended to its name.
+fn sibling(dir: &Path, suffix: &str) -> PathBuf {
+    let mut name = dir.file_name().unwrap_or_default().to_os_string();
+    name.push(suffix);
+    dir.with_file_name(name)
+}
+
+/// Whether `dir` may be replaced or removed: it is absent or empty, or it is a checkpoint
+/// rlserve wrote (the marker, or — written before the marker existed — `model.safetensors`,
+/// `optimizer.safetensors` and `trainer_state.json`) holding no file rlserve does not write.
+pub fn check_replaceable(dir: &Path) -> Result<()> {
+    let not_ours = |msg: String| Err(LearnerError::NotRlserve { path: dir.to_path_buf(), msg });
+    let entries = match std::fs::read_dir(dir) {
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotADirectory => {
+            return not_ours("it is a file, not a checkpoint folder".into())
+        }
+        Err(e) => return Err(LearnerError::io(dir, e)),
+        Ok(rd) => rd.collect::<std::io::Result<Vec<_>>>().map_err(|e| LearnerError::io(dir, e))?,
+    };
+    if std::fs::symlink_metadata(dir).map_err(|e| LearnerError::io(dir, e))?.file_type().is_symlink() {
+        return not_ours("it is a symbolic link".into());
+    }
+    let mut names = vec![];
+    for e in &entries {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let is_file = e.file_type().map_err(|err| LearnerError::io(e.path(), err))?.is_file();
+        if !is_file || !FILES.contains(&name.as_str()) {
+            return not_ours(format!("it holds `{name}`, which rlserve does not write"));
+        }
+        names.push(name);
+    }
+    let has = |f: &str| names.iter().any(|n| n == f);
+    let legacy = ["model.safetensors", "optimizer.safetensors", "trainer_state.json"].iter().all(|f| has(f));
+    if !names.is_empty() && !has(MARKER) && !legacy {
+        return not_ours(format!("it has no {MARKER}"));
+    }
+    Ok(())
+}
+
+/// Removes the checkpoint folder `dir` after [`check_replaceable`]. It is first renamed to
+/// `<dir>.old`, so a crash never leaves a half-deleted folder under a checkpoint's name;
+/// then its files are removed by name and the empty folder (never a recursive delete).
+/// Absent is fine.
+pub fn remove(dir: &Path) -> Result<()> {
+    check_replaceable(dir)?;
+    if !dir.exists() {
+        return Ok(());
+    }
+    let old = sibling(dir, ".old");
+    delete_files(&old)?;
+    std::fs::rename(dir, &old).map_err(|e| LearnerError::io(dir, e))?;
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        sync_dir(parent)?;
+    }
+    delete_files(&old)
+}
+
+/// Deletes an rlserve checkpoint folder's files by name, then the empty folder.
+fn delete_files(dir: &Path) -> Result<()> {
+    check_replaceable(dir)?;
+    if !dir.exists() {
+        return Ok(());
+    }
+    for f in FILES.iter().filter(|f| **f != MARKER).chain([&MARKER]) {
+        match std::fs::remove_file(dir.join(f)) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(LearnerError::io(dir.join(f), e)),
+            _ => {}
+        }
+    }
+    std::fs::remove_dir(dir).map_err(|e| LearnerError::io(dir, e))
+}
+
+/// Completes a [`save`] interrupted while it replaced `dir`: when `dir` is missing and
+/// `<dir>.old` holds a complete checkpoint, it is renamed back.
+pub fn recover(dir: &Path) -> Result<()> {
+    let old = sibling(dir, ".old");
+    if !dir.exists() && old.join("trainer_state.json").exists() {
+        check_replaceable(&old)?;
+        std::fs::rename(&old, dir).map_err(|e| LearnerError::io(dir, e))?;
+    }
+    Ok(())
+}
 
 /// Saves the model's weights (HF names), the optimizer state and `state` (merged into
 /// `{"step", "version"}`) to `dir`, copying the config and tokenizer files from `source`
-/// (the model folder). Hold a read guard on a shared model while calling.
+/// (the model folder). Hold a read guard on a shared model while calling. An existing `dir`
+/// (or `<dir>.partial`) that is not an rlserve checkpoint is an error, and nothing is
+/// deleted.
 pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_json::Value) -> Result<()> {
-    let tmp = dir.with_extension("partial");
-    let _ = std::fs::remove_dir_all(&tmp);
+    check_replaceable(dir)?;
+    let tmp = partial_path(dir);
+    remove(&tmp)?;
     std::fs::create_dir_all(&tmp).map_err(|e| LearnerError::io(&tmp, e))?;
-    for f in ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"] {
-        if source.join(f).exists() {
-            std::fs::copy(source.join(f), tmp.join(f)).map_err(|e| LearnerError::io(source.join(f), e))?;
-        }
+    let copied: Vec<&str> = COPIED.into_iter().filter(|f| source.join(f).exists()).collect();
+    let mut files: Vec<&str> = copied.clone();
+    files.extend(["model.safetensors", "optimizer.safetensors", "trainer_state.json"]);
+    // The marker first: a folder left by a crash is recognisably rlserve's.
+    let marker = serde_json::json!({"format": "rlserve checkpoint", "files": files});
+    write_synced(&tmp.join(MARKER), marker.to_string().as_bytes())?;
+    sync_dir(&tmp)?;
+    for f in copied {
+        std::fs::copy(source.join(f), tmp.join(f)).map_err(|e| LearnerError::io(source.join(f), e))?;
     }
     write_named(&tmp.join("model.safetensors"), model.named_weights()?.iter().map(|(n, t)| (n.clone(), t)))?;
     let moments = opt.m.iter().map(|(n, t)| (format!("exp_avg.{n}"), t));
@@ -36,43 +156,35 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
         o.extend(extra);
     }
     write_synced(&tmp.join("trainer_state.json"), st.to_string().as_bytes())?;
-    // An existing checkpoint is swapped out by renames, never deleted in place: `<dir>` is
-    // always absent or complete (a crash between the two renames leaves `<dir>.old`, which
-    // [`recover`] puts back).
-    let old = dir.with_extension("old");
+    for f in &files {
+        sync_file(&tmp.join(f))?;
+    }
+    sync_dir(&tmp)?;
+    // An existing checkpoint is swapped out by renames (to `<dir>.old`, which [`recover`]
+    // puts back after a crash between them), so `dir` is always absent or complete.
+    let old = sibling(dir, ".old");
     let replacing = dir.exists();
     if replacing {
-        let _ = std::fs::remove_dir_all(&old);
+        delete_files(&old)?;
         std::fs::rename(dir, &old).map_err(|e| LearnerError::io(dir, e))?;
     }
     std::fs::rename(&tmp, dir).map_err(|e| LearnerError::io(dir, e))?;
     // The renames are durable once the parent directory is synced.
     if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        let _ = std::fs::File::open(parent).and_then(|f| f.sync_all());
+        sync_dir(parent)?;
     }
     if replacing {
-        let _ = std::fs::remove_dir_all(&old);
+        delete_files(&old)?;
     }
     Ok(())
 }
 
-/// Completes an interrupted [`save`] that was replacing `dir`: when `dir` is missing and
-/// `<dir>.old` (the complete previous checkpoint) is there, it is renamed back.
-pub fn recover(dir: &Path) -> Result<()> {
-    let old = dir.with_extension("old");
-    if !dir.exists() && old.join("trainer_state.json").exists() {
-        std::fs::rename(&old, dir).map_err(|e| LearnerError::io(dir, e))?;
-    }
-    Ok(())
+fn sync_file(path: &Path) -> Result<()> {
+    std::fs::File::open(path).and_then(|f| f.sync_all()).map_err(|e| LearnerError::io(path, e))
 }
 
-/// Deletes a checkpoint folder without ever leaving a half-deleted one under its name: it
-/// is renamed to `<dir>.old` first.
-pub fn remove(dir: &Path) -> Result<()> {
-    let old = dir.with_extension("old");
-    let _ = std::fs::remove_dir_all(&old);
-    std::fs::rename(dir, &old).map_err(|e| LearnerError::io(dir, e))?;
-    std::fs::remove_dir_all(&old).map_err(|e| LearnerError::io(&old, e))
+fn sync_dir(dir: &Path) -> Result<()> {
+    std::fs::File::open(dir).and_then(|f| f.sync_all()).map_err(|e| LearnerError::io(dir, e))
 }
 
 /// Writes named tensors (copied to the host) as one f32 safetensors file.

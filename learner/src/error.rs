@@ -11,6 +11,9 @@ pub enum LearnerError {
     /// A checkpoint folder or file is missing or malformed.
     #[error("{path}: {msg}")]
     Checkpoint { path: PathBuf, msg: String },
+    /// An existing folder rlserve would replace is not a checkpoint rlserve wrote.
+    #[error("{path} is not an rlserve checkpoint ({msg}); rlserve replaces only its own checkpoints")]
+    NotRlserve { path: PathBuf, msg: String },
     #[error(transparent)]
     Model(#[from] engine::ModelError),
     #[error(transparent)]

@@ -1,9 +1,12 @@
 //! Prompt datasets of a training job: JSONL files (`prompt` or `messages` per line, other
 //! fields passed to the rewards) or the built-in `builtin:arithmetic` task. Prompts are
-//! tokenized once, through the chat template unless `apply_chat_template = false`.
+//! tokenized once: messages (and prompts under `apply_chat_template`) as the chat endpoint
+//! does ([`Tokenizer::encode_chat`]: message contents are plain text, only the template's
+//! markers are special tokens), raw prompts as a completions prompt (`Tokenizer::encode`
+//! with special tokens).
 
 use super::error::{Result, RlError};
-use engine::{ChatMessage, Tokenizer};
+use engine::{ChatMessage, ChatOptions, Tokenizer};
 use serde_json::{Map, Value};
 
 /// One prompt: its token ids and the line's fields (`answer`, ...) for the rewards.
@@ -53,7 +56,7 @@ pub fn load(
         .enumerate()
         .map(|(i, fields)| {
             let mut msgs: Vec<ChatMessage> = system_prompt.map(|s| ChatMessage::new("system", s)).into_iter().collect();
-            let text = match (fields.get("messages"), fields.get("prompt")) {
+            match (fields.get("messages"), fields.get("prompt")) {
                 (Some(Value::Array(m)), _) => {
                     for (j, v) in m.iter().enumerate() {
                         let (Some(role), Some(content)) = (v["role"].as_str(), v["content"].as_str()) else {
@@ -61,22 +64,30 @@ pub fn load(
                         };
                         msgs.push(ChatMessage::new(role, content));
                     }
-                    tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?
                 }
-                (_, Some(Value::String(p))) if apply_chat_template => {
-                    msgs.push(ChatMessage::new("user", p));
-                    tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?
+                (_, Some(Value::String(p))) if apply_chat_template => msgs.push(ChatMessage::new("user", p)),
+                (_, Some(Value::String(p))) => {
+                    let prompt_ids = tok.encode(p, true).map_err(|e| line_error(i, &e))?;
+                    return example(prompt_ids, p.clone(), fields).map_err(|e| line_error(i, &e));
                 }
-                (_, Some(Value::String(p))) => p.clone(),
                 _ => return Err(line_error(i, &"needs a string `prompt` or a `messages` list")),
-            };
-            let prompt_ids = tok.encode(&text, false).map_err(|e| line_error(i, &e))?;
-            if prompt_ids.is_empty() {
-                return Err(line_error(i, &"the prompt is empty"));
             }
-            Ok(Example { prompt_ids, prompt_text: text, fields })
+            let text = tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?;
+            let prompt_ids = tok.encode_chat(&msgs, ChatOptions::default()).map_err(|e| line_error(i, &e))?;
+            example(prompt_ids, text, fields).map_err(|e| line_error(i, &e))
         })
         .collect()
+}
+
+fn example(
+    prompt_ids: Vec<u32>,
+    prompt_text: String,
+    fields: Map<String, Value>,
+) -> std::result::Result<Example, &'static str> {
+    if prompt_ids.is_empty() {
+        return Err("the prompt is empty");
+    }
+    Ok(Example { prompt_ids, prompt_text, fields })
 }
 
 /// The JSON objects of `spec`, one per non-empty line (or the built-in task's rows).

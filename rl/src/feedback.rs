@@ -76,10 +76,9 @@ impl FeedbackStore {
             let state = learner_loop::resume(&ctx, &mut trainer, &ckpt)?;
             covered = state["feedback_seq"].as_u64().unwrap_or(0);
         }
-        // Updates applied after the checkpoint (or before the first one) were lost in a crash;
-        // the versions they were served under are not reused.
         learner_loop::restore_version(&ctx.model, &cfg.dir)?;
         let path = cfg.dir.join("feedback.jsonl");
+        drop_torn_tail(&path)?;
         let mut ratings = Ratings::new();
         if let Ok(text) = std::fs::read_to_string(&path) {
             for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
@@ -102,7 +101,7 @@ impl FeedbackStore {
         });
         // Kept across steps: the entropy-collapse and length-drift baselines.
         let mut learner = LearnerLoop::new(ctx, trainer, JobLog::detached(), ENTROPY_COLLAPSE_FRACTION)
-            .with_version_mark(&store.cfg.dir);
+            .record_versions_in(&store.cfg.dir);
         let mut task = FeedbackTask(store.clone());
         std::thread::Builder::new()
             .name("rlserve-feedback-learner".into())
@@ -167,6 +166,20 @@ impl FeedbackStore {
     fn lock(&self) -> std::sync::MutexGuard<'_, Ratings> {
         self.ratings.lock().unwrap_or_else(|e| e.into_inner())
     }
+}
+
+/// Cuts a torn last line (a crash mid-append: never acknowledged, since a rating is
+/// acknowledged only after its whole line is fsynced) off the log, so the next rating starts
+/// on a line of its own instead of being glued to the fragment.
+fn drop_torn_tail(path: &std::path::Path) -> Result<()> {
+    let Ok(bytes) = std::fs::read(path) else { return Ok(()) };
+    let keep = bytes.iter().rposition(|&b| b == b'\n').map_or(0, |i| i + 1);
+    if keep < bytes.len() {
+        tracing::warn!("{}: dropping {} bytes of a torn last line", path.display(), bytes.len() - keep);
+        let f = std::fs::OpenOptions::new().write(true).open(path).map_err(|e| RlError::io(path, e))?;
+        f.set_len(keep as u64).and_then(|_| f.sync_all()).map_err(|e| RlError::io(path, e))?;
+    }
+    Ok(())
 }
 
 /// Gathers one response's choices as the engine streams them; once every choice has

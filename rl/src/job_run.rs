@@ -16,7 +16,7 @@ use super::error::{Result, RlError};
 use super::job::Job;
 use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
 use super::report::{EvalRecord, JobLog, RolloutTiming, StepRecord};
-use super::rewards::{answer_matches, RewardSpec, Rewards, Scored};
+use super::rewards::{exact_answer, Rewards, Scored};
 use super::rollout::{Rollout, RolloutSet};
 use engine::SamplingParams;
 use learner::Trainer;
@@ -63,6 +63,7 @@ impl JobRun<'_> {
         if let Some(dir) = resume {
             let state = learner_loop::resume(ctx, &mut trainer, dir)?;
             start = state["job_step"].as_u64().unwrap_or(0);
+            learner_loop::restore_version(&ctx.model, &cfg.output_dir)?;
             self.job.update(|st| (st.step, st.version) = (start, ctx.model.version()));
             tracing::info!("resumed from {} at step {start}", dir.display());
         }
@@ -72,7 +73,7 @@ impl JobRun<'_> {
             self.record_eval(start, &mut log)?;
         }
         let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction)
-            .with_version_mark(&cfg.output_dir);
+            .record_versions_in(&cfg.output_dir);
         let k = cfg.max_staleness();
         let prog = Progress { done: Mutex::new(start), ..Default::default() };
         let (tx, rx) = flume::bounded::<Result<Batch>>(k as usize + 1);
@@ -172,14 +173,12 @@ impl JobRun<'_> {
         let version = self.ctx.model.version();
         let rs = self.rollouts(&refs, params)?;
         let (mut total, mut correct, mut with_answer) = (0.0f64, 0usize, 0usize);
-        // Accuracy reads answers the way the job's exact_answer reward does.
-        let first = self.job.config.rewards.iter().any(|r| matches!(r, RewardSpec::ExactAnswer { first_number: true, .. }));
         for r in &rs {
             let ex = &self.eval[r.prompt_index];
             total += self.rewards.score(&scored(ex, r)).unwrap_or(0.0) as f64;
             if ex.fields.contains_key("answer") {
                 with_answer += 1;
-                correct += answer_matches(&r.text, ex.fields.get("answer"), first) as usize;
+                correct += exact_answer(&r.text, ex.fields.get("answer")) as usize;
             }
         }
         let rec = EvalRecord {
@@ -246,14 +245,17 @@ impl LearnerTask for JobTask<'_, '_> {
             .then(|| cfg.output_dir.join(format!("checkpoint-{step}")))
     }
 
-    /// A failed save ends the job; a saved one prunes the oldest beyond `save_total_limit`.
+    /// A failed save ends the job; a saved one prunes the oldest beyond `save_total_limit`
+    /// (only checkpoints rlserve wrote, file by file: a folder holding anything else stays).
     fn saved(&mut self, result: Result<()>) -> Result<()> {
         result?;
         let cfg = &self.run.job.config;
         let all = checkpoints(&cfg.output_dir);
         let keep = cfg.save_total_limit.max(1);
         for (_, old) in all.iter().take(all.len().saturating_sub(keep)) {
-            learner::checkpoint::remove(old)?;
+            if let Err(e) = learner::checkpoint::remove(old) {
+                tracing::warn!("not pruning {}: {e}", old.display());
+            }
         }
         Ok(())
     }

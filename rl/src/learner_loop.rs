@@ -3,6 +3,11 @@
 //! ([`Trainer::step`]), log the step (`metrics.jsonl`, progress bar, alarms), record its
 //! metrics, let the task react (status, evaluation, queue bookkeeping), and checkpoint
 //! when due. What differs between the two users is a [`LearnerTask`].
+//!
+//! Versions never go back, also across a crash: before each update becomes visible the loop
+//! records the version it will serve in a small fsynced file ([`VERSION_FILE`] in the
+//! job's output folder or the feedback folder); a restart that loads an older checkpoint
+//! labels it above every version that may have been served ([`restore_version`]).
 
 use super::context::{LearnerGuard, RlContext};
 use super::error::{Result, RlError};
@@ -46,36 +51,39 @@ pub trait LearnerTask {
     fn saved(&mut self, result: Result<()>) -> Result<()>;
 }
 
+/// The file, in a job's output folder or the feedback folder, holding the highest policy
+/// version the learner may have made visible.
+pub const VERSION_FILE: &str = "policy_version";
+
 /// The trainer over the served weights, with its step log.
 pub struct LearnerLoop {
     ctx: RlContext,
     trainer: Trainer,
     log: JobLog,
     entropy_collapse_fraction: f64,
-    /// The folder whose version mark is raised before each update (see [`restore_version`]).
-    mark_dir: Option<PathBuf>,
+    /// Where each update's version is recorded before it is applied.
+    version_file: Option<PathBuf>,
 }
 
 impl LearnerLoop {
     /// A loop stepping `trainer` on `ctx`'s weights, logging to `log`, with the
     /// entropy-collapse alarm at `entropy_collapse_fraction` of the first steps' entropy.
     pub fn new(ctx: RlContext, trainer: Trainer, log: JobLog, entropy_collapse_fraction: f64) -> Self {
-        Self { ctx, trainer, log, entropy_collapse_fraction, mark_dir: None }
+        Self { ctx, trainer, log, entropy_collapse_fraction, version_file: None }
     }
 
-    /// Records in `dir` (where this learner's checkpoints go) the version of every update
-    /// before it is applied, so a restart after a crash never serves an older version number
-    /// than was served ([`restore_version`]).
-    pub fn with_version_mark(mut self, dir: &Path) -> Self {
-        self.mark_dir = Some(dir.to_path_buf());
+    /// Records each update's version in `dir`/[`VERSION_FILE`] (fsynced) before applying it.
+    pub fn record_versions_in(mut self, dir: &Path) -> Self {
+        self.version_file = Some(dir.join(VERSION_FILE));
         self
     }
 
     /// Runs until the task ends it (no more batches, or its last step).
     pub fn run(&mut self, task: &mut impl LearnerTask) -> Result<()> {
         while let Some(batch) = task.next_batch()? {
-            if let Some(dir) = &self.mark_dir {
-                write_version_mark(dir, self.ctx.model.version() + 1)?;
+            if let Some(f) = &self.version_file {
+                // The learner holds the slot: the next version is the current one + 1.
+                write_version(f, self.ctx.model.version() + 1)?;
             }
             let trained = self.trainer.step(&self.ctx.model, &batch.samples);
             let step = task.step_number(self.trainer.optimizer.step);
@@ -115,15 +123,43 @@ impl LearnerLoop {
     }
 }
 
+/// Writes `version` to `path` through a temporary file, fsynced, renamed, parent fsynced.
+fn write_version(path: &Path, version: u64) -> Result<()> {
+    use std::io::Write;
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&tmp)?;
+        f.write_all(version.to_string().as_bytes())?;
+        f.sync_all()?;
+        std::fs::rename(&tmp, path)?;
+        std::fs::File::open(path.parent().unwrap_or(Path::new(".")))?.sync_all()
+    };
+    write().map_err(|e| RlError::io(path, e))
+}
+
+/// After a restart: when `dir`/[`VERSION_FILE`] says versions up to `v` may have been served
+/// and the weights now served are older (version below `v`), they become version `v + 1`:
+/// no client ever sees the version go back, and no version names two sets of weights.
+pub fn restore_version(model: &SharedModel, dir: &Path) -> Result<()> {
+    let path = dir.join(VERSION_FILE);
+    let recorded = match std::fs::read_to_string(&path) {
+        Ok(t) => t.trim().parse::<u64>().map_err(|e| RlError::invalid_input(format!("{}: {e}", path.display())))?,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(RlError::io(&path, e)),
+    };
+    let mut m = model.write();
+    if recorded > m.version {
+        m.version = recorded + 1;
+    }
+    Ok(())
+}
+
 /// Loads the checkpoint in `dir` into the served weights and `trainer`'s optimizer and
 /// returns its `trainer_state.json`. Build the trainer first: its KL reference is the
 /// weights before the checkpoint.
 pub fn resume(ctx: &RlContext, trainer: &mut Trainer, dir: &Path) -> Result<serde_json::Value> {
     let state = checkpoint::load_state(dir)?;
     load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
-    if let Some(parent) = dir.parent() {
-        restore_version(&ctx.model, parent)?;
-    }
     let device = ctx.model.read().device().clone();
     trainer.optimizer = checkpoint::load_optimizer(dir, &device)?;
     Ok(state)
@@ -146,36 +182,5 @@ pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<()>
     let version = version.max(m.version + 1);
     *m = loaded;
     m.version = version;
-    Ok(())
-}
-
-/// The version mark of a learner's folder: the highest policy version its learner may have
-/// applied (written and synced before each update, by [`LearnerLoop::with_version_mark`]).
-const VERSION_MARK: &str = "policy_version";
-
-fn write_version_mark(dir: &Path, version: u64) -> Result<()> {
-    use std::io::Write;
-    let (path, tmp) = (dir.join(VERSION_MARK), dir.join(format!("{VERSION_MARK}.tmp")));
-    let mut f = std::fs::File::create(&tmp).map_err(|e| RlError::io(&tmp, e))?;
-    f.write_all(version.to_string().as_bytes()).and_then(|_| f.sync_all()).map_err(|e| RlError::io(&tmp, e))?;
-    std::fs::rename(&tmp, &path).map_err(|e| RlError::io(&path, e))?;
-    std::fs::File::open(dir).and_then(|d| d.sync_all()).map_err(|e| RlError::io(dir, e))
-}
-
-/// After a restart: if the version mark in `dir` shows that updates beyond the loaded
-/// weights' version may have been served (the process died between an update and its
-/// checkpoint), the served version jumps past them, so a version number never names two
-/// different sets of weights and versions never go back across a crash.
-pub fn restore_version(model: &SharedModel, dir: &Path) -> Result<()> {
-    let path = dir.join(VERSION_MARK);
-    let mark = match std::fs::read_to_string(&path) {
-        Ok(text) => text.trim().parse::<u64>().map_err(|e| RlError::invalid_input(format!("{}: {e}", path.display())))?,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(RlError::io(&path, e)),
-    };
-    let mut m = model.write();
-    if mark > m.version {
-        m.version = mark + 1;
-    }
     Ok(())
 }

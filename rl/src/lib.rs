@@ -15,7 +15,7 @@ pub mod job;
 mod job_run;
 pub mod learner_loop;
 pub mod metrics;
-mod plot;
+pub mod plot;
 mod ratings;
 pub mod report;
 pub mod rewards;

@@ -1,56 +1,164 @@
-//! `metrics.png`: five stacked panels over steps, top to bottom: training reward (blue)
-//! with eval reward (red dots), mean token entropy (green), KL to the initial weights
-//! (purple), completion-length drift against the first steps (orange), and the gap between
-//! training and eval reward (black dots). Drawn with `plotters`' bitmap backend; no text (no font is assumed on the
-//! machine), so the panel order above is the legend; the numbers are in `metrics.jsonl`.
+//! `metrics.png`: a titled figure of five stacked panels over training steps, each with its
+//! own title, axis labels and tick values: reward (training mean as a blue line, eval reward
+//! as red dots, said in the panel's title so no legend covers the data), mean token entropy, KL to the initial weights, completion
+//! length relative to the first steps, and the train − eval reward gap. Drawn with
+//! `plotters`' bitmap backend; the text uses DejaVu Sans embedded in the binary (the
+//! `dejavu` crate), so no font is needed on the machine. The numbers are in `metrics.jsonl`.
 
 use super::error::{Result, RlError};
 use plotters::prelude::*;
+use plotters::style::{register_font, FontStyle};
 use std::path::Path;
+use std::sync::OnceLock;
 
 type Series = Vec<(f64, f64)>;
+
+/// Width and height of `metrics.png` in pixels.
+pub const SIZE: (u32, u32) = (1000, 1500);
+
+/// Height of the figure's title band.
+const TITLE_BAND: u32 = 60;
+
+/// The font family every label uses: DejaVu Sans, registered once from the embedded bytes.
+fn font() -> std::result::Result<&'static str, String> {
+    static REGISTERED: OnceLock<std::result::Result<(), String>> = OnceLock::new();
+    REGISTERED
+        .get_or_init(|| {
+            let bytes = dejavu::sans::regular();
+            register_font("sans-serif", FontStyle::Normal, bytes)
+                .and_then(|_| register_font("sans-serif", FontStyle::Bold, dejavu::sans::bold()))
+                .map_err(|_| "the embedded DejaVu Sans font could not be read".to_string())
+        })
+        .clone()
+        .map(|_| "sans-serif")
+}
+
+/// One panel: its title, y-axis label, a line series and a dot series with their colours.
+struct Panel<'a> {
+    title: &'a str,
+    y_label: &'a str,
+    line: (&'a Series, RGBColor),
+    dots: Option<(&'a Series, RGBColor)>,
+}
 
 /// Plots the `metrics.jsonl` lines (`kind` train/eval) of a whole run, resumes included.
 pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<()> {
     let e = |x: &dyn std::fmt::Display| RlError::Plot { path: path.to_path_buf(), message: x.to_string() };
+    let family = font().map_err(|x| e(&x))?;
     let pts = |kind: &str, key: &str| -> Series {
         lines
             .iter()
             .filter(|l| l["kind"] == kind)
             .filter_map(|l| Some((l["step"].as_f64()?, l[key].as_f64()?)))
+            .filter(|p| p.1.is_finite())
             .collect()
     };
-    let root = BitMapBackend::new(path, (900, 1250)).into_drawing_area();
+    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
     root.fill(&WHITE).map_err(|x| e(&x))?;
-    let panels = root.split_evenly((5, 1));
+    let (title, body) = root.split_vertically(TITLE_BAND);
+    let steps = lines.iter().filter(|l| l["kind"] == "train").count();
+    let heading = format!("Training metrics by step ({steps} steps, from metrics.jsonl)");
+    title.titled(&heading, (family, 30).into_font().style(FontStyle::Bold).color(&BLACK)).map_err(|x| e(&x))?;
     let (reward, eval) = (pts("train", "reward"), pts("eval", "eval_reward"));
     let (entropy, kl) = (pts("train", "entropy"), pts("train", "kl_to_initial"));
     let (drift, gap) = (pts("train", "completion_length_drift"), pts("train", "train_eval_reward_gap"));
-    let x_max = reward.iter().chain(&eval).map(|p| p.0).fold(1.0, f64::max);
     let none = Series::new();
-    let specs: [(&[&Series], RGBColor); 5] = [
-        (&[&reward, &eval], BLUE),
-        (&[&entropy], GREEN),
-        (&[&kl], MAGENTA),
-        (&[&drift], RGBColor(230, 120, 0)),
-        (&[&none, &gap], BLACK),
+    let orange = RGBColor(230, 120, 0);
+    let panels = [
+        Panel {
+            title: "Reward: training mean (blue line), eval reward (red dots)",
+            y_label: "mean reward",
+            line: (&reward, BLUE),
+            dots: Some((&eval, RED)),
+        },
+        Panel {
+            title: "Mean token entropy of the policy",
+            y_label: "entropy (nats / token)",
+            line: (&entropy, RGBColor(0, 150, 0)),
+            dots: None,
+        },
+        Panel {
+            title: "KL divergence to the initial weights",
+            y_label: "KL (k3, nats / token)",
+            line: (&kl, MAGENTA),
+            dots: None,
+        },
+        Panel {
+            title: "Completion length relative to the first steps",
+            y_label: "mean length / first mean",
+            line: (&drift, orange),
+            dots: None,
+        },
+        Panel {
+            title: "Train − eval reward gap (after each eval)",
+            y_label: "train − eval reward",
+            line: (&none, BLACK),
+            dots: Some((&gap, BLACK)),
+        },
     ];
-    for (area, (series, color)) in panels.iter().zip(specs) {
-        let ys = series.iter().flat_map(|s| s.iter().map(|p| p.1)).filter(|y| y.is_finite());
-        let (lo, hi) = ys.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), y| (a.min(y), b.max(y)));
-        let (lo, hi) = if lo.is_finite() { (lo, if hi > lo { hi } else { lo + 1.0 }) } else { (0.0, 1.0) };
-        let pad = (hi - lo) * 0.05;
-        let mut chart = ChartBuilder::on(area)
-            .margin(12)
-            .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))
-            .map_err(|x| e(&x))?;
-        chart.plotting_area().fill(&RGBColor(250, 250, 250)).map_err(|x| e(&x))?;
-        chart.draw_series(LineSeries::new(series[0].iter().cloned(), color.stroke_width(2))).map_err(|x| e(&x))?;
-        if let Some(dots) = series.get(1) {
-            let dot = if color == BLACK { BLACK } else { RED };
-            chart.draw_series(dots.iter().map(|&p| Circle::new(p, 4, dot.filled()))).map_err(|x| e(&x))?;
-        }
-        area.draw(&Rectangle::new([(0, 0), (899, 249)], BLACK.stroke_width(1))).map_err(|x| e(&x))?;
+    let x_max = lines.iter().filter_map(|l| l["step"].as_f64()).fold(1.0, f64::max);
+    for (area, p) in body.split_evenly((panels.len(), 1)).iter().zip(&panels) {
+        draw_panel(area, p, x_max, family).map_err(|x| e(&x))?;
     }
     root.present().map_err(|x| e(&x))
+}
+
+type Area<'a> = DrawingArea<BitMapBackend<'a>, plotters::coord::Shift>;
+type DrawResult = std::result::Result<(), DrawingAreaErrorKind<<BitMapBackend<'static> as DrawingBackend>::ErrorType>>;
+
+fn draw_panel(area: &Area, p: &Panel, x_max: f64, family: &str) -> DrawResult {
+    let all = p.line.0.iter().chain(p.dots.iter().flat_map(|d| d.0.iter()));
+    let (lo, hi) = all.fold((f64::INFINITY, f64::NEG_INFINITY), |(a, b), q| (a.min(q.1), b.max(q.1)));
+    let (lo, hi) = if lo.is_finite() { (lo, if hi > lo { hi } else { lo + 1.0 }) } else { (0.0, 1.0) };
+    let pad = (hi - lo) * 0.08;
+    let mut chart = ChartBuilder::on(area)
+        .margin(10)
+        .margin_right(25)
+        .caption(p.title, (family, 22).into_font().style(FontStyle::Bold))
+        .x_label_area_size(45)
+        .y_label_area_size(85)
+        .build_cartesian_2d(0.0..x_max, (lo - pad)..(hi + pad))?;
+    chart
+        .configure_mesh()
+        .x_desc("training step")
+        .y_desc(p.y_label)
+        .axis_desc_style((family, 17))
+        .label_style((family, 15))
+        .x_labels((x_max as usize).clamp(2, 10))
+        .y_labels(6)
+        .x_label_formatter(&|x| if x.fract() == 0.0 { format!("{x:.0}") } else { format!("{x:.1}") })
+        .y_label_formatter(&|y| tick(*y, hi - lo))
+        .light_line_style(RGBColor(235, 235, 235))
+        .draw()?;
+    let (line, color) = p.line;
+    chart.draw_series(LineSeries::new(line.iter().cloned(), color.stroke_width(2)))?;
+    if let Some((dots, color)) = p.dots {
+        chart.draw_series(dots.iter().map(|&q| Circle::new(q, 4, color.filled())))?;
+    }
+    if line.is_empty() && p.dots.is_none_or(|d| d.0.is_empty()) {
+        let (w, h) = area.dim_in_pixel();
+        let style = (family, 18).into_font().color(&RGBColor(120, 120, 120));
+        area.draw_text("no data yet", &style, (w as i32 / 2 - 50, h as i32 / 2))?;
+    }
+    Ok(())
+}
+
+/// A y tick value with as many decimals as the axis range needs.
+fn tick(y: f64, range: f64) -> String {
+    let decimals = if range >= 50.0 {
+        0
+    } else if range >= 5.0 {
+        1
+    } else if range >= 0.5 {
+        2
+    } else if range >= 0.05 {
+        3
+    } else {
+        4
+    };
+    if range < 5e-4 {
+        format!("{y:.2e}")
+    } else {
+        format!("{y:.decimals$}")
+    }
 }

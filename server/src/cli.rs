@@ -101,11 +101,14 @@ pub fn load(dir: &Path) -> Result<(Tokenizer, Model)> {
     Ok((tok, model))
 }
 
-/// Tokenizes `prompt`, through the chat template when `chat`.
+/// Tokenizes `prompt`: with `chat` as one user message of a chat request (its text is plain
+/// text), else as a completions prompt.
 pub fn encode_prompt(tok: &Tokenizer, prompt: &str, chat: bool) -> Result<Vec<u32>> {
-    let text =
-        if chat { tok.apply_chat_template(&[ChatMessage::new("user", prompt)], true)? } else { prompt.to_string() };
-    let ids = tok.encode(&text, true)?;
+    let ids = if chat {
+        tok.encode_chat(&[ChatMessage::new("user", prompt)], engine::ChatOptions::default())?
+    } else {
+        tok.encode(prompt, true)?
+    };
     if ids.is_empty() {
         bail!("--prompt is empty after tokenization");
     }

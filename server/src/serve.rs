@@ -112,6 +112,10 @@ pub struct ServeArgs {
     /// feedback). Without it they are enabled only when --host is a loopback address.
     #[arg(long, env = "RLSERVE_ADMIN_KEY")]
     pub admin_key: Option<String>,
+    /// Folder under which `POST /v1/checkpoints` saves the served weights (its `path` is a
+    /// folder name relative to it); without it that endpoint is off.
+    #[arg(long)]
+    pub checkpoint_dir: Option<std::path::PathBuf>,
     #[command(flatten)]
     pub feedback: FeedbackArgs,
 }
@@ -192,7 +196,10 @@ pub struct Server {
 }
 
 /// Loads the model in `dir` and builds the shared state (engine thread started).
-pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
+pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
+    // One absolute path for everything that reads the folder later (checkpoints copy its
+    // files), whatever the working directory is then.
+    let dir = &given.canonicalize().with_context(|| format!("model folder {}", given.display()))?;
     let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
     let admin_enabled = args.admin_key.is_some() || is_loopback(&args.host);
     if args.feedback.learn_from_feedback && !admin_enabled {
@@ -217,10 +224,10 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         engine.stats().num_blocks,
         args.engine.block_size
     );
-    let model_name = args
-        .served_model_name
-        .clone()
-        .unwrap_or_else(|| dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into()));
+    let model_name = args.served_model_name.clone().unwrap_or_else(|| {
+        let name = given.file_name().or(dir.file_name());
+        name.map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into())
+    });
     let engine = EngineHandle::spawn(engine);
     let metrics = Metrics::new(&model_name);
     let rl = RlContext {
@@ -254,6 +261,7 @@ pub fn build_state(dir: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         model_dir: dir.to_path_buf(),
         admin_key: args.admin_key.clone(),
         admin_enabled,
+        checkpoint_dir: args.checkpoint_dir.clone(),
         jobs: Default::default(),
         rl,
         feedback,

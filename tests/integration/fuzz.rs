@@ -1,301 +1,298 @@
-//! A request fuzzer over the JSON bodies of every POST endpoint (completions, chat,
-//! rollouts, feedback, training jobs, tokenize/detokenize) and over raw bodies (invalid
-//! JSON and UTF-8, NaN literals, 10 MB, deep nesting): every response is a 2xx or a 4xx
-//! with the OpenAI error envelope, nothing hangs, and the server is healthy afterwards with
-//! every KV block free.
-//!
-//! Bodies mix plausible values (to reach the deep paths: sampling, scheduling, jobs) with
-//! arbitrary JSON (wrong types, huge and tiny numbers, "NaN"/"Infinity" spellings, control
-//! tokens, unicode, nesting) for each known field, plus unknown fields.
+//! The request fuzzer: property-based bodies (proptest) for completions, chat, rollouts,
+//! feedback, jobs, tokenize, detokenize and checkpoints — valid templates with fields set to
+//! wrong types, huge or negative numbers, special-token strings, nested junk, unknown keys,
+//! and raw corruptions (truncation, invalid UTF-8, NaN/Infinity spellings) — then fixed
+//! extremes (a 10 MB body, 100 000 levels of nesting). Every answer is 2xx or a 4xx OpenAI
+//! envelope, never 5xx, and the server keeps answering. `RLSERVE_FUZZ_CASES` sets the number
+//! of cases (default 1000, seeded, so a CI run is reproducible).
 
 use proptest::prelude::*;
-use proptest::test_runner::{Config, TestCaseError, TestRunner};
-use serde_json::{json, Map, Value};
-use server::serve::{build_state, ServeArgs, Server};
+use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
+use serde_json::{json, Value};
 use std::time::Duration;
-use tests::temp_dir;
-use tests::tiny::TinySpec;
 
-/// Fuzz cases per CI run.
-const CASES: u32 = 1000;
+/// Numbers at and beyond every limit, and small ones that make valid requests.
+fn number() -> BoxedStrategy<Value> {
+    prop_oneof![
+        4 => (-2i64..9).prop_map(Value::from),
+        1 => (-3.0f64..3.0).prop_map(Value::from),
+        1 => prop::sample::select(vec![
+            json!(u64::MAX), json!(i64::MIN), json!(1e308), json!(-1e308), json!(5e-324), json!(0.5),
+            json!(20), json!(21), json!(100), json!(101), json!(256), json!(257), json!(258), json!(259),
+            json!(4097), json!(1u64 << 53), json!(-0.0), json!(u32::MAX),
+        ]),
+    ]
+    .boxed()
+}
 
-/// Arbitrary JSON: special numbers and strings, arrays and objects up to depth 4.
-fn any_json() -> BoxedStrategy<Value> {
-    let leaf = prop_oneof![
-        Just(Value::Null),
-        any::<bool>().prop_map(Value::from),
-        prop::sample::select(vec![0i64, 1, -1, 2, 7, 255, 4096, 1 << 31, (1 << 53) + 1, i64::MAX, i64::MIN])
-            .prop_map(Value::from),
-        prop::sample::select(vec![0.5f64, -0.0, 1e308, -1e308, 5e-324, 0.999_999, 100.5, -3.25]).prop_map(|f| json!(f)),
-        prop::sample::select(vec!["", "a", "NaN", "Infinity", "-Infinity", "1e999", "<|im_end|>", "é漢😀", "\u{0}", "0"])
-            .prop_map(Value::from),
-        "[ -~]{0,24}".prop_map(Value::from),
-    ];
-    leaf.prop_recursive(4, 48, 6, |inner| {
+fn text() -> BoxedStrategy<String> {
+    prop_oneof![
+        "[a-z ]{0,6}",
+        prop::sample::select(vec![
+            "",
+            "<|im_start|>system\n",
+            "<|im_end|>",
+            "\u{E000}0\u{E001}",
+            "🍕é",
+            "user",
+            "assistant",
+            "latest",
+            "builtin:arithmetic",
+            "text",
+            "../x",
+            "/",
+            "\u{0}",
+        ])
+        .prop_map(String::from),
+        "\\PC{0,10}",
+    ]
+    .boxed()
+}
+
+fn json_value() -> BoxedStrategy<Value> {
+    let leaf =
+        prop_oneof![Just(Value::Null), any::<bool>().prop_map(Value::from), number(), text().prop_map(Value::from)];
+    leaf.prop_recursive(3, 24, 5, |inner| {
         prop_oneof![
-            prop::collection::vec(inner.clone(), 0..6).prop_map(Value::Array),
-            prop::collection::btree_map("[a-z_]{1,10}", inner, 0..5)
-                .prop_map(|m| Value::Object(m.into_iter().collect())),
+            prop::collection::vec(inner.clone(), 0..5).prop_map(Value::Array),
+            prop::collection::btree_map(text(), inner, 0..4).prop_map(|m| Value::Object(m.into_iter().collect())),
         ]
     })
     .boxed()
 }
 
-fn ints(r: std::ops::Range<i64>) -> BoxedStrategy<Value> {
-    r.prop_map(Value::from).boxed()
-}
-
-fn floats(lo: f64, hi: f64) -> BoxedStrategy<Value> {
-    (lo..hi).prop_map(|f| json!(f)).boxed()
-}
-
-fn pick(v: Vec<Value>) -> BoxedStrategy<Value> {
-    prop::sample::select(v).boxed()
-}
-
-/// The sampling fields shared by completions, chat and rollouts, with plausible values.
-fn sampling_fields() -> Vec<(&'static str, BoxedStrategy<Value>)> {
+/// `(path, a valid body, the fields to mutate)`.
+fn endpoints(root: &str) -> Vec<(&'static str, Value, Vec<&'static str>)> {
+    let sampling = [
+        "n",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "repetition_penalty",
+        "presence_penalty",
+        "frequency_penalty",
+        "seed",
+        "stop",
+        "stop_token_ids",
+        "min_tokens",
+        "ignore_eos",
+        "skip_special_tokens",
+        "prompt_logprobs",
+        "logit_bias",
+        "stream",
+        "stream_options",
+        "user",
+        "return_token_ids",
+        "model",
+        "tools",
+        "response_format",
+    ];
+    let with = |own: &[&'static str]| own.iter().chain(&sampling).copied().collect::<Vec<_>>();
     vec![
-        ("max_tokens", ints(0..6)),
-        ("temperature", floats(0.0, 2.0)),
-        ("top_p", floats(0.0, 1.0)),
-        ("top_k", ints(-1..5)),
-        ("min_p", floats(0.0, 1.0)),
-        ("n", ints(1..4)),
-        ("seed", ints(0..100)),
-        ("stop", pick(vec![json!("a"), json!(["\n", "b"]), json!([])])),
-        ("stop_token_ids", pick(vec![json!([258]), json!([0, 1]), json!([])])),
-        ("ignore_eos", any::<bool>().prop_map(Value::from).boxed()),
-        ("min_tokens", ints(0..3)),
-        ("presence_penalty", floats(-2.0, 2.0)),
-        ("frequency_penalty", floats(-2.0, 2.0)),
-        ("repetition_penalty", floats(0.5, 2.0)),
-        ("logit_bias", pick(vec![json!({"5": 10}), json!({}), json!({"258": -100})])),
-        ("return_token_ids", any::<bool>().prop_map(Value::from).boxed()),
-        ("stream", any::<bool>().prop_map(Value::from).boxed()),
-        ("model", pick(vec![json!("fuzz"), json!("other")])),
-    ]
-}
-
-fn messages() -> BoxedStrategy<Value> {
-    pick(vec![
-        json!([{"role": "user", "content": "hi"}]),
-        json!([{"role": "system", "content": "x"}, {"role": "user", "content": "y<|im_end|>"}]),
-        json!([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]),
-        json!([]),
-    ])
-}
-
-/// `(path, fields with plausible values)` of every POST endpoint.
-fn endpoints() -> Vec<(&'static str, Vec<(&'static str, BoxedStrategy<Value>)>)> {
-    let mut completions = sampling_fields();
-    completions.extend([
-        ("prompt", pick(vec![json!("ab"), json!(["ab", "c"]), json!([1, 2, 3]), json!([[1, 2], [3]])])),
-        ("logprobs", ints(0..3)),
-        ("echo", any::<bool>().prop_map(Value::from).boxed()),
-        ("prompt_logprobs", ints(0..2)),
-        ("suffix", pick(vec![json!("z")])),
-    ]);
-    let mut chat = sampling_fields();
-    chat.extend([
-        ("messages", messages()),
-        ("logprobs", any::<bool>().prop_map(Value::from).boxed()),
-        ("top_logprobs", ints(0..3)),
-        ("add_generation_prompt", any::<bool>().prop_map(Value::from).boxed()),
-        ("continue_final_message", any::<bool>().prop_map(Value::from).boxed()),
-        ("tools", pick(vec![json!([])])),
-    ]);
-    let mut rollouts = sampling_fields();
-    rollouts.extend([
-        ("prompts", pick(vec![json!(["ab"]), json!([[1, 2], "c"]), json!([{"messages": [{"role": "user", "content": "q"}]}])])),
-        ("num_generations", ints(1..4)),
-    ]);
-    vec![
-        ("/v1/completions", completions),
-        ("/v1/chat/completions", chat),
-        ("/v1/rollouts", rollouts),
         (
-            "/v1/feedback",
-            vec![
-                ("id", pick(vec![json!("RESPONSE_ID"), json!("chatcmpl-unknown")])),
-                ("choice", ints(0..3)),
-                ("reward", floats(-1.5, 1.5)),
-                ("preferred", ints(0..3)),
-            ],
+            "/v1/completions",
+            json!({"prompt": "ab", "max_tokens": 4}),
+            with(&["prompt", "max_tokens", "logprobs", "echo", "add_special_tokens", "suffix"]),
         ),
         (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}),
+            with(&[
+                "messages",
+                "max_tokens",
+                "max_completion_tokens",
+                "logprobs",
+                "top_logprobs",
+                "add_generation_prompt",
+                "continue_final_message",
+                "add_special_tokens",
+            ]),
+        ),
+        (
+            "/v1/rollouts",
+            json!({"prompts": ["ab", [1, 2]], "num_generations": 2, "max_tokens": 4}),
+            with(&["prompts", "num_generations", "max_tokens", "apply_chat_template"]),
+        ),
+        (
+            "/v1/feedback",
+            json!({"id": "cmpl-0", "choice": 0, "reward": 0.5}),
+            vec!["id", "choice", "reward", "preferred", "x"],
+        ),
+        // The dataset never exists and the output folder is fixed: no job ever starts.
+        (
             "/v1/train/jobs",
+            json!({"dataset": format!("{root}/missing.jsonl"), "output_dir": format!("{root}/job"), "max_steps": 1}),
             vec![
-                ("max_steps", ints(1..3)),
-                ("num_generations", ints(1..4)),
-                ("prompts_per_step", ints(1..3)),
-                ("dataset", pick(vec![json!("builtin:arithmetic"), json!("/nope.jsonl")])),
-                ("rewards", pick(vec![json!([{"type": "exact_answer"}]), json!([{"type": "length", "target": 2}])])),
-                ("learner", pick(vec![json!({"max_completion_length": 2}), json!({"learning_rate": 1e-3}), json!({})])),
+                "num_generations",
+                "prompts_per_step",
+                "max_steps",
+                "seed",
+                "top_p",
+                "top_k",
+                "min_p",
+                "stop",
+                "learner",
+                "rewards",
+                "eval_interval",
+                "save_steps",
+                "apply_chat_template",
+                "system_prompt",
+                "x",
             ],
         ),
         (
             "/tokenize",
+            json!({"prompt": "ab"}),
             vec![
-                ("prompt", pick(vec![json!("hé<|im_end|>")])),
-                ("messages", messages()),
-                ("add_special_tokens", any::<bool>().prop_map(Value::from).boxed()),
+                "prompt",
+                "messages",
+                "add_special_tokens",
+                "add_generation_prompt",
+                "continue_final_message",
+                "model",
             ],
         ),
-        ("/detokenize", vec![("tokens", pick(vec![json!([1, 2, 258]), json!([]), json!([999999])]))]),
+        ("/detokenize", json!({"tokens": [1, 2]}), vec!["tokens", "model"]),
+        ("/v1/checkpoints", json!({"path": "c"}), vec!["path"]),
     ]
 }
 
-/// A body for one endpoint: each known field absent, plausible or arbitrary; sometimes an
-/// unknown field; sometimes not an object at all.
-fn body(fields: Vec<(&'static str, BoxedStrategy<Value>)>) -> BoxedStrategy<Value> {
-    let per_field: Vec<BoxedStrategy<Option<(String, Value)>>> = fields
-        .into_iter()
-        .map(|(name, plausible)| {
-            prop::option::weighted(0.5, prop_oneof![7 => plausible, 1 => any_json()])
-                .prop_map(move |v| v.map(|v| (name.to_string(), v)))
-                .boxed()
-        })
-        .collect();
-    let object = (per_field, prop::option::weighted(0.1, ("[a-z_]{1,12}", any_json()))).prop_map(|(kv, extra)| {
-        let mut m: Map<String, Value> = kv.into_iter().flatten().collect();
-        if let Some((k, v)) = extra {
-            m.insert(k, v);
-        }
-        Value::Object(m)
-    });
-    prop_oneof![19 => object, 1 => any_json()].boxed()
+/// How the serialized body is damaged.
+#[derive(Debug, Clone)]
+enum Damage {
+    None,
+    Truncate(usize),
+    InvalidUtf8(usize),
+    NonFinite(&'static str),
+    Whole(Value),
 }
 
-/// Checks one response: 2xx, or 4xx with the OpenAI envelope.
-async fn check(r: reqwest::Response, what: &str) -> Result<(u16, String), String> {
-    let status = r.status().as_u16();
-    let text = r.text().await.map_err(|e| format!("{what}: reading the body: {e}"))?;
-    match status {
-        200..=299 => Ok((status, text)),
-        400..=499 => {
-            let v: Value = serde_json::from_str(&text).map_err(|_| format!("{what}: {status} without a JSON body: {text}"))?;
-            let ok = v["error"]["message"].as_str().is_some_and(|m| !m.is_empty()) && v["error"]["type"].is_string();
-            if ok { Ok((status, text)) } else { Err(format!("{what}: {status} without the error envelope: {text}")) }
+fn damage() -> BoxedStrategy<Damage> {
+    prop_oneof![
+        12 => Just(Damage::None),
+        1 => any::<usize>().prop_map(Damage::Truncate),
+        1 => any::<usize>().prop_map(Damage::InvalidUtf8),
+        1 => prop::sample::select(vec!["NaN", "Infinity", "-Infinity", "1e999", "nan"]).prop_map(Damage::NonFinite),
+        1 => json_value().prop_map(Damage::Whole),
+    ]
+    .boxed()
+}
+
+/// One case: the endpoint, `(field index, new value or removal)` edits, and the damage.
+type Case = (usize, Vec<(usize, Option<Value>)>, Damage);
+
+fn body(template: &Value, fields: &[&str], edits: &[(usize, Option<Value>)], damage: &Damage) -> Vec<u8> {
+    let mut v = template.clone();
+    for (i, new) in edits {
+        let key = fields[i % fields.len()];
+        match new {
+            Some(x) => v[key] = x.clone(),
+            None => {
+                v.as_object_mut().unwrap().remove(key);
+            }
         }
-        _ => Err(format!("{what}: status {status}: {text}")),
+    }
+    let mut bytes = serde_json::to_vec(&v).unwrap();
+    match damage {
+        Damage::None => {}
+        Damage::Truncate(at) => bytes.truncate(at % bytes.len().max(1)),
+        Damage::InvalidUtf8(at) => {
+            // Inside a string when there is one: after the first quote past `at`.
+            let q = bytes.iter().enumerate().skip(at % bytes.len().max(1)).find(|(_, &b)| b == b'"').map(|(i, _)| i);
+            bytes.insert(q.map_or(0, |i| i + 1), 0xFF);
+        }
+        Damage::NonFinite(s) => {
+            let text = String::from_utf8(bytes.clone()).unwrap();
+            bytes = text.replacen(": 4", &format!(": {s}"), 1).replacen(":4", &format!(":{s}"), 1).into_bytes();
+        }
+        Damage::Whole(w) => bytes = serde_json::to_vec(w).unwrap(),
+    }
+    bytes
+}
+
+/// Sends `bytes` to `path`; `Err` unless the answer is 2xx or a well-formed 4xx envelope.
+async fn check(c: &reqwest::Client, base: &str, path: &str, bytes: Vec<u8>) -> Result<u16, String> {
+    let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
+    let r = c
+        .post(format!("{base}{path}"))
+        .header("content-type", "application/json")
+        .body(bytes)
+        .send()
+        .await
+        .map_err(|e| format!("{path} {shown}: no answer: {e}"))?;
+    let status = r.status().as_u16();
+    let text = r.text().await.map_err(|e| format!("{path} {shown}: body cut: {e}"))?;
+    match status {
+        200..=299 => Ok(status),
+        400..=499 => {
+            let v: Value =
+                serde_json::from_str(&text).map_err(|_| format!("{path} {shown}: {status} not JSON: {text}"))?;
+            let e = &v["error"];
+            let ok = e["message"].is_string()
+                && e["type"].is_string()
+                && e["code"] == json!(status)
+                && e.get("param").is_some();
+            ok.then_some(status).ok_or_else(|| format!("{path} {shown}: {status} without the envelope: {text}"))
+        }
+        _ => Err(format!("{path} {shown}: {status}: {text}")),
     }
 }
 
 #[test]
-fn every_fuzzed_request_gets_a_2xx_or_a_4xx_envelope() {
+fn fuzzed_requests_get_2xx_or_a_4xx_envelope_and_the_server_stays_up() {
     let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
-    let dir = temp_dir("fuzz-model");
-    TinySpec { seed: 91, ..Default::default() }.write(&dir);
-    let mut args = ServeArgs { served_model_name: Some("fuzz".into()), ..Default::default() };
-    args.feedback.learn_from_feedback = true;
-    args.feedback.feedback_dir = temp_dir("fuzz-feedback");
-    args.feedback.feedback_batch_size = 4;
-    let server: Server = rt.block_on(async {
-        let state = tokio::task::spawn_blocking(move || build_state(&dir, &args)).await.unwrap().unwrap();
-        Server::start(state, "127.0.0.1", 0).await.unwrap()
-    });
-    let base = format!("http://{}", server.addr);
-    let client = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
-    // A real response id for the feedback cases.
-    let id: String = rt.block_on(async {
-        let r = client
-            .post(format!("{base}/v1/completions"))
-            .json(&json!({"prompt": "ab", "max_tokens": 2, "n": 2, "temperature": 1.0}))
-            .send()
-            .await
-            .unwrap();
-        r.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string()
-    });
-    let jobs_dir = temp_dir("fuzz-jobs");
-    let cases = endpoints();
-    let strategy = (0..cases.len()).prop_flat_map(move |i| (Just(i), body(endpoints().swap_remove(i).1)));
-    let mut runner = TestRunner::new(Config { cases: CASES, failure_persistence: None, ..Config::default() });
-    let seen = std::cell::RefCell::new(std::collections::BTreeMap::<(&str, u16), usize>::new());
-    let result = runner.run(&strategy, |(i, mut body)| {
-        let path = cases[i].0;
-        if let Value::Object(m) = &mut body {
-            if path == "/v1/feedback" && m.get("id") == Some(&json!("RESPONSE_ID")) {
-                m.insert("id".into(), json!(id));
-            }
-            if path == "/v1/train/jobs" {
-                // Jobs write only under a temp folder.
-                m.insert("output_dir".into(), json!(jobs_dir.join("run")));
-            }
-        }
-        let what = format!("POST {path} {body}");
-        let (status, text) = rt
-            .block_on(async {
-                let r = client.post(format!("{base}{path}")).json(&body).send().await.map_err(|e| format!("{what}: {e}"))?;
-                check(r, &what).await
-            })
-            .map_err(TestCaseError::fail)?;
-        *seen.borrow_mut().entry((path, status)).or_default() += 1;
-        if path == "/v1/train/jobs" && status == 201 {
-            // A fuzzed job that starts is stopped again.
-            let job: Value = serde_json::from_str(&text).unwrap();
-            let stop = format!("{base}/v1/train/jobs/{}/stop", job["id"].as_str().unwrap());
-            rt.block_on(async { client.post(stop).send().await }).map_err(|e| TestCaseError::fail(e.to_string()))?;
-        }
+    let root = tests::temp_dir("fuzz");
+    let mut a = crate::server::args("tiny-fuzz");
+    a.feedback.learn_from_feedback = true;
+    a.feedback.feedback_dir = root.join("feedback");
+    a.feedback.feedback_batch_size = 1000;
+    a.checkpoint_dir = Some(root.join("checkpoints"));
+    let (s, base) = rt.block_on(crate::server::start(crate::server::tiny_dir("tiny-fuzz"), a));
+    let c = reqwest::Client::builder().timeout(Duration::from_secs(60)).build().unwrap();
+    let eps = endpoints(&root.display().to_string());
+    let cases: u32 = std::env::var("RLSERVE_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(1000);
+    let config = Config { cases, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
+    let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
+    let edits = prop::collection::vec((any::<usize>(), prop::option::weighted(0.85, json_value())), 0..4);
+    let strategy = (0..eps.len(), edits, damage());
+    let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, usize>::new());
+    let result = runner.run(&strategy, |(e, edits, damage): Case| {
+        let (path, template, fields) = &eps[e];
+        let bytes = body(template, fields, &edits, &damage);
+        let status = rt.block_on(check(&c, &base, path, bytes)).map_err(TestCaseError::fail)?;
+        *statuses.lock().unwrap().entry(status).or_default() += 1;
         Ok(())
     });
-    let seen = seen.into_inner();
-    eprintln!("(endpoint, status) → cases: {seen:?}");
-    result.unwrap();
-    // Every endpoint was reached with both accepted and rejected bodies.
-    for (path, _) in &cases {
-        assert!(seen.iter().any(|((p, s), _)| p == path && *s < 300), "{path}: no accepted body in {CASES} cases");
-        assert!(seen.iter().any(|((p, s), _)| p == path && *s >= 400), "{path}: no rejected body in {CASES} cases");
+    if let Err(e) = result {
+        panic!("{e}");
     }
-    rt.block_on(raw_bodies(&client, &base));
-    rt.block_on(async {
-        // Started jobs end (they were stopped); then every block is free and the server is healthy.
-        for _ in 0..600 {
-            let jobs: Value = client.get(format!("{base}/v1/train/jobs")).send().await.unwrap().json().await.unwrap();
-            let running = jobs["data"].as_array().into_iter().flatten().any(|j| j["status"] == "running");
-            if !running {
-                break;
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        assert_eq!(client.get(format!("{base}/health")).send().await.unwrap().status(), 200);
-        let metrics = client.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
-        let usage = metrics.lines().find(|l| l.starts_with("rlserve:kv_cache_usage_perc")).unwrap_or("");
-        assert!(usage.ends_with(" 0"), "every KV block is free after the run: {usage}");
-        server.shutdown(Duration::from_secs(5)).await;
-    });
-}
+    let statuses = statuses.into_inner().unwrap();
+    eprintln!("fuzzer: {cases} cases, statuses {statuses:?}");
+    assert!(statuses.keys().any(|s| (200..300).contains(s)) && statuses.contains_key(&400), "{statuses:?}");
 
-/// Bodies that are not valid JSON of the right size and shape.
-async fn raw_bodies(client: &reqwest::Client, base: &str) {
+    // Fixed extremes: 10 MB, deep nesting, invalid UTF-8, non-finite numbers, no JSON at all.
+    let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(10 << 20));
     let deep = format!("{}{}", "[".repeat(100_000), "]".repeat(100_000));
-    let huge = format!("{{\"prompt\": \"{}\"}}", "a".repeat(10 << 20));
-    let bodies: Vec<(&str, Vec<u8>)> = vec![
-        ("empty", vec![]),
-        ("truncated", b"{\"prompt\": ".to_vec()),
-        ("NaN literal", b"{\"prompt\": \"a\", \"temperature\": NaN}".to_vec()),
-        ("Infinity literal", b"{\"prompt\": \"a\", \"max_tokens\": Infinity}".to_vec()),
-        ("invalid UTF-8", b"{\"prompt\": \"\xff\xfe\"}".to_vec()),
-        ("deep nesting", deep.into_bytes()),
-        ("10 MB", huge.into_bytes()),
-        ("number overflow", b"{\"prompt\": 1e999999}".to_vec()),
+    let deep_obj = format!("{{\"prompt\": {}1{}}}", "{\"a\":".repeat(50_000), "}".repeat(50_000));
+    let extremes: Vec<(&str, Vec<u8>, u16)> = vec![
+        ("/v1/completions", big.into_bytes(), 413),
+        ("/v1/chat/completions", deep.into_bytes(), 400),
+        ("/v1/completions", deep_obj.into_bytes(), 400),
+        ("/v1/completions", b"{\"prompt\": \"a\xff\xfe\"}".to_vec(), 400),
+        ("/v1/completions", b"{\"prompt\": \"a\", \"temperature\": NaN}".to_vec(), 400),
+        ("/v1/completions", b"{\"prompt\": \"a\", \"temperature\": Infinity}".to_vec(), 400),
+        ("/v1/completions", b"{\"prompt\": \"a\", \"max_tokens\": 1e999}".to_vec(), 400),
+        ("/v1/completions", vec![], 400),
+        ("/v1/rollouts", b"null".to_vec(), 400),
     ];
-    for path in ["/v1/completions", "/v1/chat/completions", "/v1/rollouts", "/v1/feedback", "/v1/train/jobs", "/tokenize"] {
-        for (name, b) in &bodies {
-            let r = client
-                .post(format!("{base}{path}"))
-                .header("content-type", "application/json")
-                .body(b.clone())
-                .send()
-                .await
-                .unwrap();
-            let what = format!("POST {path} with a {name} body");
-            let (status, _) = check(r, &what).await.unwrap();
-            assert!(status >= 400, "{what}: accepted with {status}");
-        }
-        // Not JSON at all.
-        let r = client.post(format!("{base}{path}")).header("content-type", "text/plain").body("hi").send().await.unwrap();
-        let (status, _) = check(r, &format!("POST {path} as text/plain")).await.unwrap();
-        assert!(status >= 400);
+    for (path, bytes, want) in extremes {
+        let got = rt.block_on(check(&c, &base, path, bytes)).unwrap();
+        assert_eq!(got, want, "{path}");
     }
+    let health = rt.block_on(async { c.get(format!("{base}/health")).send().await.unwrap().status() });
+    assert_eq!(health, 200);
+    let ok = rt.block_on(check(&c, &base, "/v1/completions", br#"{"prompt": "ab", "max_tokens": 2}"#.to_vec()));
+    assert_eq!(ok, Ok(200));
+    rt.block_on(s.shutdown(Duration::from_secs(5)));
 }

@@ -1,6 +1,10 @@
 //! The one integration-test binary of rlserve; one module per area.
 
+mod api;
+mod chat_tokens;
+mod checkpoints;
 mod conformance;
+mod crash;
 mod durability;
 mod engine;
 mod fuzz;
@@ -9,6 +13,8 @@ mod kernels;
 mod learner;
 mod load;
 mod model;
+mod plot;
+mod prompt_logprobs;
 mod reference;
 mod rl;
 mod sampling;

@@ -80,6 +80,9 @@ fn chat_template_matches_jinja2() {
     let chat = r.prompts.iter().find(|p| p.name == "chat").unwrap();
     let text = model().0.apply_chat_template(&r.chat_messages, true).unwrap();
     assert_eq!(model().0.encode(&text, true).unwrap(), chat.ids, "rendered: {text:?}");
+    // The chat path (contents as plain text) gives the same ids when no content holds a
+    // special-token string.
+    assert_eq!(model().0.encode_chat(&r.chat_messages, engine::ChatOptions::default()).unwrap(), chat.ids);
 }
 
 fn reference_logprobs() -> Vec<f32> {

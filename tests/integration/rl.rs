@@ -218,7 +218,12 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/rollouts", json!({"max_tokens": 3}), 400, "prompts"),
         ("/v1/rollouts", json!({"prompts": [[1, 99999]]}), 400, "99999"),
         ("/v1/rollouts", json!({"prompts": ["a"], "temperature": -1}), 400, "temperature"),
-        ("/v1/rollouts", json!({"prompts": ["a"], "num_generations": 0}), 400, "`num_generations` must be in [1, 256], got 0"),
+        (
+            "/v1/rollouts",
+            json!({"prompts": ["a"], "num_generations": 0}),
+            400,
+            "`num_generations` must be in [1, 256], got 0",
+        ),
         ("/v1/rollouts", json!({"prompts": ["a"], "n": 0}), 400, "`n` must be in [1, 256], got 0"),
         (
             "/v1/rollouts",
@@ -353,6 +358,8 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     let dir = tiny("rl-feedback-train", 79);
     let log = temp_dir("rl-feedback-train-log");
     let mut args = feedback_args(&log, 16);
+    let export = temp_dir("rl-feedback-export");
+    args.checkpoint_dir = Some(export.clone());
     args.feedback.feedback_batch_size = 2;
     args.feedback.feedback_save_steps = 1;
     args.feedback.learning_rate = Some(1e-2);
@@ -374,8 +381,8 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     }
     assert_eq!(version, 1, "the feedback learner did not update the served weights");
     // The served weights export as a checkpoint the engine loads.
-    let out = temp_dir("rl-feedback-export").join("v1");
-    let (st, r) = post(&base, "/v1/checkpoints", json!({"path": out})).await;
+    let out = export.join("v1");
+    let (st, r) = post(&base, "/v1/checkpoints", json!({"path": "v1"})).await;
     assert_eq!((st, &r["version"]), (200, &json!(1)), "{r}");
     let state = learner::checkpoint::load_state(&out).unwrap();
     assert_eq!(state["version"], 1);

@@ -88,6 +88,35 @@ fn penalties_follow_vllm() {
 }
 
 #[test]
+fn logit_bias_comes_before_penalties_and_temperature() {
+    let base = SamplingParams::default;
+    let p = [0.5f64, 0.3, 0.2];
+    let l: Vec<f32> = p.iter().map(|x| x.ln() as f32).collect();
+    // + ln 4 on token 2: weights (0.5, 0.3, 0.8) / 1.6; μ is the biased probability.
+    let bias = |b: Vec<(u32, f64)>| SamplingParams { logit_bias: b, ..base() };
+    check(&l, bias(vec![(2, 4f64.ln())]), &[], &[0.5 / 1.6, 0.3 / 1.6, 0.8 / 1.6]);
+    // Before temperature: T = 0.5 squares (0.5, 0.3·2, 0.2) → (0.25, 0.36, 0.04) / 0.65
+    // (after it, token 1 would weigh 0.09·2 instead).
+    let hot = SamplingParams { temperature: 0.5, ..bias(vec![(1, 2f64.ln())]) };
+    check(&l, hot, &[], &[0.25 / 0.65, 0.36 / 0.65, 0.04 / 0.65]);
+    // Before the repetition penalty 2 on seen {0, 1}: token 1 is −1 + 2 = 1 > 0, so halved
+    // to 0.5 (penalised first it would be −2 + 2 = 0); token 0: 2 / 2; token 2 unseen.
+    let rep = SamplingParams { repetition_penalty: 2.0, ..bias(vec![(1, 2.0)]) };
+    let w = [1f64.exp(), 0.5f64.exp(), 0.5f64.exp()];
+    let z: f64 = w.iter().sum();
+    check(&[2.0, -1.0, 0.5], rep, &[0, 1], &[w[0] / z, w[1] / z, w[2] / z]);
+    // A repeated id adds up; greedy takes the biased argmax; raw logprobs ignore the bias.
+    let ctx = SampleContext { prompt_ids: &[], output_ids: &[], eos_token_ids: &[], seed: 3 };
+    let g = sample(&l, &SamplingParams { temperature: 0.0, ..bias(vec![(2, 0.5), (2, 0.5)]) }, &ctx);
+    assert_eq!((g.token, g.behavior_logprob), (2, 0.0), "ln 0.2 + 1 > ln 0.5");
+    assert!((g.raw_logprob as f64 - 0.2f64.ln()).abs() < 1e-6, "{g:?}");
+    let g = sample(&l, &SamplingParams { temperature: 0.0, ..bias(vec![(2, 0.4)]) }, &ctx);
+    assert_eq!(g.token, 0, "ln 0.2 + 0.4 < ln 0.5");
+    // −100 bans a token for practical purposes.
+    check(&l, bias(vec![(0, -100.0)]), &[], &[0.0, 0.6, 0.4]);
+}
+
+#[test]
 fn greedy_tiny_temperature_and_min_tokens_never_give_nan() {
     let l = [3.0f32, 3.0 - 1e-3, -50.0, f32::NEG_INFINITY];
     for t in [0.0f32, 1e-6, 1e-4, 1e-2] {
@@ -144,5 +173,21 @@ fn validation_messages_name_parameter_value_and_range() {
     check(SamplingParams { min_p: 1.5, ..d() }, "`min_p` must be in [0, 1], got 1.5");
     check(SamplingParams { presence_penalty: 3.0, ..d() }, "`presence_penalty` must be in [-2, 2], got 3");
     check(SamplingParams { logprobs: Some(21), ..d() }, "`logprobs` must be at most 20, got 21");
+    check(
+        SamplingParams { logit_bias: vec![(1, 0.0), (2, -100.5)], ..d() },
+        "`logit_bias` must be a map of token ids to biases in [-100, 100], got -100.5 (token 2)",
+    );
+    assert!(SamplingParams { logit_bias: vec![(0, -100.0), (1, 100.0)], ..d() }.validate().is_ok());
+    let ids = SamplingParams { stop_token_ids: vec![3, 10], logit_bias: vec![(9, 1.0)], ..d() };
+    assert!(ids.validate_ids(11).is_ok());
+    let e = ids.validate_ids(10).unwrap_err().to_string();
+    assert_eq!(
+        e,
+        "`stop_token_ids` holds token id 10, which is out of range: the vocabulary has 10 tokens (ids 0..10)"
+    );
+    let e = ids.validate_ids(9).unwrap_err().to_string();
+    assert!(e.starts_with("`stop_token_ids` holds token id 10"), "{e}");
+    let e = SamplingParams { logit_bias: vec![(9, 1.0)], ..d() }.validate_ids(9).unwrap_err().to_string();
+    assert!(e.starts_with("`logit_bias` holds token id 9, which is out of range"), "{e}");
     assert!(d().validate().is_ok());
 }

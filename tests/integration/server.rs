@@ -10,31 +10,32 @@ use std::time::Duration;
 use tests::tiny::TinySpec;
 use tests::{default_model, temp_dir};
 
-fn tiny_dir() -> PathBuf {
-    let dir = temp_dir("server-tiny");
+/// A tiny Qwen2 model in its own folder (`name` keeps concurrent tests apart).
+pub(crate) fn tiny_dir(name: &str) -> PathBuf {
+    let dir = temp_dir(&format!("server-{name}"));
     TinySpec { architecture: "Qwen2ForCausalLM", seed: 51, ..Default::default() }.write(&dir);
     dir
 }
 
-async fn start(dir: PathBuf, args: ServeArgs) -> (Server, String) {
+pub(crate) async fn start(dir: PathBuf, args: ServeArgs) -> (Server, String) {
     let state = tokio::task::spawn_blocking(move || build_state(&dir, &args)).await.unwrap().unwrap();
     let s = Server::start(state, "127.0.0.1", 0).await.unwrap();
     let base = format!("http://{}", s.addr);
     (s, base)
 }
 
-fn args(name: &str) -> ServeArgs {
+pub(crate) fn args(name: &str) -> ServeArgs {
     ServeArgs { served_model_name: Some(name.into()), ..Default::default() }
 }
 
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
 /// The `data:` payloads of an SSE response, `[DONE]` included.
-async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
+pub(crate) async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
     let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
     assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
@@ -43,7 +44,7 @@ async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
 }
 
 /// Concatenated text per choice index of streamed chunks (completions `text` or chat `delta.content`).
-fn stream_texts(events: &[String]) -> Vec<String> {
+pub(crate) fn stream_texts(events: &[String]) -> Vec<String> {
     let mut out: Vec<String> = vec![];
     for e in events.iter().filter(|e| *e != "[DONE]") {
         let v: Value = serde_json::from_str(e).unwrap();
@@ -61,7 +62,7 @@ fn stream_texts(events: &[String]) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn endpoints_answer() {
-    let (s, base) = start(tiny_dir(), args("tiny-endpoints")).await;
+    let (s, base) = start(tiny_dir("tiny-endpoints"), args("tiny-endpoints")).await;
     let c = reqwest::Client::new();
     assert_eq!(c.get(format!("{base}/health")).send().await.unwrap().status(), 200);
     let models: Value = c.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
@@ -106,7 +107,7 @@ async fn endpoints_answer() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn streaming_equals_non_streaming_with_n_and_seed() {
-    let (s, base) = start(tiny_dir(), args("tiny-stream")).await;
+    let (s, base) = start(tiny_dir("tiny-stream"), args("tiny-stream")).await;
     let body = json!({"prompt": ["ab", "xyz"], "max_tokens": 12, "n": 2, "seed": 3, "temperature": 0.8, "logprobs": 2});
     let (st, full) = post(&base, "/v1/completions", body.clone()).await;
     assert_eq!(st, 200, "{full}");
@@ -171,7 +172,7 @@ async fn chat_streaming_with_chinese_and_emoji_equals_non_streaming() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
-async fn free_blocks(base: &str, model: &str) -> (f64, String) {
+pub(crate) async fn free_blocks(base: &str, model: &str) -> (f64, String) {
     let m = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
     let line = m
         .lines()
@@ -214,7 +215,8 @@ async fn a_client_disconnect_aborts_and_frees_blocks() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn api_key_is_required_when_set() {
-    let (s, base) = start(tiny_dir(), ServeArgs { api_key: Some("sekrit".into()), ..args("tiny-auth") }).await;
+    let (s, base) =
+        start(tiny_dir("tiny-auth"), ServeArgs { api_key: Some("sekrit".into()), ..args("tiny-auth") }).await;
     let c = reqwest::Client::new();
     let body = json!({"prompt": "a", "max_tokens": 1});
     let r = c.post(format!("{base}/v1/completions")).json(&body).send().await.unwrap();
@@ -230,7 +232,7 @@ async fn api_key_is_required_when_set() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_get_the_right_status_and_envelope() {
-    let (s, base) = start(tiny_dir(), args("tiny-bad")).await;
+    let (s, base) = start(tiny_dir("tiny-bad"), args("tiny-bad")).await;
     let c = reqwest::Client::new();
     // (method, path, raw body, status, message fragment)
     let cases: Vec<(&str, &str, String, u16, &str)> = vec![
@@ -312,7 +314,7 @@ async fn a_failed_engine_step_answers_500_or_an_sse_error_and_the_server_keeps_s
     // prompt of the same request has started generating.
     let mut a = args("tiny-fault");
     a.engine.max_num_batched_tokens = 8;
-    let (s, base) = start(tiny_dir(), a).await;
+    let (s, base) = start(tiny_dir("tiny-fault"), a).await;
     let bad = crate::engine::drop_last_embedding_row(&s.state.model);
     // Two prompts: [1, 2, 3] generates; the long one fails when its last chunk (holding the
     // bad id) runs, and that step also ran the short one's decode.
@@ -379,7 +381,7 @@ async fn a_response_below_the_greedy_temperature_cannot_be_rated() {
     a.feedback.learn_from_feedback = true;
     a.feedback.feedback_dir = temp_dir("server-greedy-feedback");
     a.feedback.feedback_batch_size = 1000; // no learner step
-    let (s, base) = start(tiny_dir(), a).await;
+    let (s, base) = start(tiny_dir("tiny-greedy"), a).await;
     assert!(engine::sampling::is_greedy_temperature(1e-6) && !engine::sampling::is_greedy_temperature(1e-4));
     let rate = |id: &Value| json!({"id": id, "choice": 0, "reward": 1.0});
     // Just below the threshold: the sampler took the argmax (μ = 0), so no rating.

@@ -9,6 +9,7 @@ pub mod gguf;
 
 use crate::error::{ModelError, Result};
 use crate::model::write_f32_safetensors;
+use crate::publish::Staging;
 use gguf::{Gguf, Value};
 use serde_json::json;
 use std::collections::BTreeMap;
@@ -63,8 +64,10 @@ fn meta_strs(g: &Gguf, path: &Path, key: &str) -> Result<Vec<String>> {
 }
 
 /// Converts a `llama`-architecture GGUF with a `gpt2` (byte-level BPE) tokenizer into a HF
-/// model folder at `out`. Writes into `out` with a `.partial` suffix, then renames, so an
-/// interrupted conversion never leaves a folder that looks complete.
+/// model folder at `out`. Writes into a staging folder of this process's own, fsyncs it and
+/// renames it to `out` ([`Staging::publish_dir`]): a reader never sees `out` half-written or
+/// missing once it existed, and when several processes convert at once the first complete
+/// folder stays (an existing `out` is never deleted).
 pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Result<()> {
     let p = gguf_path;
     let g = Gguf::open(p)?;
@@ -96,9 +99,9 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
     let pad = g.get("tokenizer.ggml.padding_token_id").and_then(Value::as_u64);
     let tied = g.tensor("output.weight").is_none();
 
-    let tmp = out.with_extension("partial");
-    let _ = std::fs::remove_dir_all(&tmp);
-    std::fs::create_dir_all(&tmp).map_err(|e| ModelError::io(&tmp, e))?;
+    // Written under a name of this process's own, published by one rename (crate::publish).
+    let staging = Staging::dir(out)?;
+    let tmp = staging.path().to_path_buf();
 
     // Weights.
     progress(&format!("converting {} tensors to f32", g.tensors.len()));
@@ -176,9 +179,12 @@ pub fn convert_gguf(gguf_path: &Path, out: &Path, progress: &dyn Fn(&str)) -> Re
     }
     write_json(&tmp.join("tokenizer_config.json"), &tok_cfg)?;
 
-    let _ = std::fs::remove_dir_all(out);
-    std::fs::rename(&tmp, out).map_err(|e| ModelError::io(out, e))?;
-    Ok(())
+    staging.publish_dir(out, is_complete)
+}
+
+/// Whether `dir` is a complete converted folder (config, weights and tokenizer files).
+pub fn is_complete(dir: &Path) -> bool {
+    ["config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"].iter().all(|f| dir.join(f).exists())
 }
 
 /// GGUF tensor name → HF name (llama.cpp `gguf-py/gguf/tensor_mapping.py`).

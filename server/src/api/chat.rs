@@ -1,11 +1,13 @@
 //! `POST /v1/chat/completions`.
 
-use super::error::{ApiError, ApiJson};
+use super::body::ApiJson;
+use super::error::ApiError;
 use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
-use super::protocol::{ChatMessageIn, ChatRequest, Content, Usage};
+use super::protocol::{ChatFormat, ChatMessageIn, ChatRequest, Content, Usage};
 use super::AppState;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use engine::sampling::MAX_LOGPROBS;
 use engine::{ChatMessage, FinishReason, StopReason, TokenOutput, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -49,12 +51,24 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
         .collect()
 }
 
-/// Renders and tokenizes the conversation.
-pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], add_generation_prompt: bool) -> Result<Vec<u32>, ApiError> {
-    let text = tok
-        .apply_chat_template(&messages(msgs)?, add_generation_prompt)
-        .map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?;
-    tok.encode(&text, false).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))
+/// Renders and tokenizes the conversation: only the template's markers are special tokens,
+/// message contents are plain text ([`Tokenizer::encode_chat`]). The one path from messages
+/// to ids for chat, `/tokenize` and rollouts, so the learner trains on these very ids.
+pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], format: &ChatFormat) -> Result<Vec<u32>, ApiError> {
+    let opts = format.options();
+    if opts.continue_final_message && opts.add_generation_prompt {
+        return Err(ApiError::bad(
+            "`continue_final_message: true` needs `add_generation_prompt: false` (it defaults to true)",
+            Some("continue_final_message"),
+        ));
+    }
+    let msgs = messages(msgs)?;
+    let mut ids = vec![];
+    if format.add_special_tokens == Some(true) && tok.add_bos_token {
+        ids.extend(tok.bos_token_id);
+    }
+    ids.extend(tok.encode_chat(&msgs, opts).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?);
+    Ok(ids)
 }
 
 fn token_json(tok: &Tokenizer, id: u32, lp: f32) -> Value {
@@ -80,16 +94,23 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
-    let prompt = chat_prompt(&state.tokenizer, &req.messages, req.add_generation_prompt)?;
-    let logprobs = req.logprobs.then_some(req.top_logprobs.unwrap_or(0));
-    if !req.logprobs && req.top_logprobs.is_some_and(|k| k > 0) {
+    let prompt = chat_prompt(&state.tokenizer, &req.messages, &req.format())?;
+    let want_logprobs = req.logprobs.unwrap_or(false);
+    if let Some(k) = req.top_logprobs.filter(|&k| k > MAX_LOGPROBS) {
+        return Err(ApiError::bad(
+            format!("`top_logprobs` must be at most {MAX_LOGPROBS}, got {k}"),
+            Some("top_logprobs"),
+        ));
+    }
+    if !want_logprobs && req.top_logprobs.is_some_and(|k| k > 0) {
         return Err(ApiError::bad("`top_logprobs` requires `logprobs: true`", Some("top_logprobs")));
     }
-    let params = sampling_params(&req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs);
+    let logprobs = want_logprobs.then_some(req.top_logprobs.unwrap_or(0));
+    let params = sampling_params(&req.sampling, req.max_completion_tokens.or(req.max_tokens), logprobs)?;
     let id = response_id("chatcmpl-");
     let gen = submit(&state, vec![prompt.clone()], params, &id).await?;
     let created = unix_now();
-    if req.sampling.stream {
+    if req.sampling.stream() {
         return Ok(stream(state, req, gen, id, created).into_response());
     }
     collect(state, req, gen, id, created, prompt).await.map(IntoResponse::into_response)
@@ -122,9 +143,9 @@ async fn collect(
         .map(|(idx, (text, tokens, f, s))| {
             let mut v = json!({
                 "index": idx, "message": {"role": "assistant", "content": text}, "finish_reason": finish_json(f), "stop_reason": stop_json(&s),
-                "logprobs": if req.logprobs { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
+                "logprobs": if req.logprobs == Some(true) { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
             });
-            if req.sampling.return_token_ids {
+            if req.sampling.return_token_ids() {
                 v["token_ids"] = json!(tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
                 v["behavior_logprobs"] = json!(tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
                 v["versions"] = json!(tokens.iter().map(|t| t.version).collect::<Vec<_>>());
@@ -135,14 +156,15 @@ async fn collect(
     let p = gen.prompt_tokens();
     let mut body = json!({"id": id, "object": "chat.completion", "created": created, "model": state.model_name, "choices": out,
         "usage": Usage { prompt_tokens: p, completion_tokens, total_tokens: p + completion_tokens }});
-    if req.sampling.return_token_ids {
+    if req.sampling.return_token_ids() {
         body["prompt_token_ids"] = json!(prompt);
     }
     Ok(axum::Json(body))
 }
 
 fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, created: u64) -> impl IntoResponse {
-    let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let include_usage = req.sampling.include_usage();
+    let want_logprobs = req.logprobs == Some(true);
     let model = state.model_name.clone();
     let envelope = move |choices: Value, usage: Option<Usage>| {
         let mut v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
@@ -153,19 +175,16 @@ fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, c
     };
     let mut started: BTreeSet<usize> = BTreeSet::new();
     sse(gen, include_usage, envelope, move |_prompt, idx, out| {
-        // The first chunk of a choice announces the role.
-        let mut delta = if started.insert(idx) {
-            json!({"role": "assistant", "content": out.text})
-        } else {
-            json!({"content": out.text})
+        // The first chunk of every choice announces the role, whatever else it carries (a
+        // choice may finish before producing any text).
+        let first = started.insert(idx);
+        let delta = match (first, out.text.is_empty()) {
+            (true, _) => json!({"role": "assistant", "content": out.text}),
+            (false, false) => json!({"content": out.text}),
+            (false, true) if out.finish_reason.is_some() || want_logprobs => json!({}),
+            (false, true) => return None,
         };
-        if out.text.is_empty() && out.finish_reason.is_some() {
-            delta = json!({});
-        }
-        if out.text.is_empty() && out.finish_reason.is_none() && !req.logprobs && delta.get("role").is_none() {
-            return None;
-        }
-        let logprobs = if req.logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
+        let logprobs = if want_logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
         Some(
             json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)}),
         )

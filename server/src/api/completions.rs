@@ -1,6 +1,7 @@
 //! `POST /v1/completions`.
 
-use super::error::{ApiError, ApiJson};
+use super::body::ApiJson;
+use super::error::ApiError;
 use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
 use super::protocol::{CompletionRequest, Prompt, Usage};
 use super::AppState;
@@ -32,9 +33,13 @@ fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput], offset: &mut usize) ->
     out
 }
 
-/// Token ids of every prompt (text is tokenized without BOS unless the model asks for it).
-fn prompts(state: &AppState, p: Prompt) -> Result<Vec<Vec<u32>>, ApiError> {
-    let enc = |t: &str| state.tokenizer.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")));
+/// Token ids of every prompt. Text goes through [`engine::Tokenizer::encode`]: with
+/// `add_special_tokens` (the default) BOS when the model asks for it and inline special
+/// tokens as control ids, without it plain text.
+fn prompts(state: &AppState, p: Prompt, add_special_tokens: bool) -> Result<Vec<Vec<u32>>, ApiError> {
+    let enc = |t: &str| {
+        state.tokenizer.encode(t, add_special_tokens).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))
+    };
     let ps = match p {
         Prompt::Text(t) => vec![enc(&t)?],
         Prompt::Texts(ts) => ts.iter().map(|t| enc(t)).collect::<Result<_, _>>()?,
@@ -52,9 +57,9 @@ pub async fn completions(
     ApiJson(req): ApiJson<CompletionRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
-    let ps = prompts(&state, req.prompt.clone())?;
-    let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), req.logprobs);
-    let echo: Vec<String> = if req.echo {
+    let ps = prompts(&state, req.prompt.clone(), req.add_special_tokens.unwrap_or(true))?;
+    let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), req.logprobs)?;
+    let echo: Vec<String> = if req.echo.unwrap_or(false) {
         ps.iter().map(|p| state.tokenizer.decode(p, false).unwrap_or_default()).collect()
     } else {
         vec![]
@@ -62,7 +67,7 @@ pub async fn completions(
     let id = response_id("cmpl-");
     let gen = submit(&state, ps.clone(), params, &id).await?;
     let created = unix_now();
-    if req.sampling.stream {
+    if req.sampling.stream() {
         return Ok(stream(state, req, gen, id, created, echo).into_response());
     }
     collect(state, req, gen, id, created, echo, ps).await.map(IntoResponse::into_response)
@@ -123,7 +128,7 @@ async fn collect(
                     Value::Object(m)
                 }).unwrap_or(Value::Null)).collect();
             }
-            if req.sampling.return_token_ids {
+            if req.sampling.return_token_ids() {
                 v["prompt_token_ids"] = json!(ps[prompt]);
                 v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
                 v["behavior_logprobs"] = json!(c.tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
@@ -150,7 +155,7 @@ fn stream(
     created: u64,
     echo: Vec<String>,
 ) -> impl IntoResponse {
-    let include_usage = req.sampling.stream_options.as_ref().is_some_and(|o| o.include_usage);
+    let include_usage = req.sampling.include_usage();
     let model = state.model_name.clone();
     let envelope = move |choices: Value, usage: Option<Usage>| {
         let mut v =
@@ -180,7 +185,7 @@ fn stream(
             Value::Null
         };
         let mut c = json!({"index": idx, "text": text, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
-        if req.sampling.return_token_ids {
+        if req.sampling.return_token_ids() {
             c["token_ids"] = json!(out.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
         }
         Some(c)

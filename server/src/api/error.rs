@@ -1,13 +1,10 @@
 //! One error type for the HTTP API and its one mapping to a status code and the OpenAI
 //! error envelope `{"error": {"message", "type", "param", "code"}}`.
 
-use axum::extract::rejection::BytesRejection;
-use axum::extract::{FromRequest, Request};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use engine::outputs::EngineFault;
 use engine::ValidationError;
-use serde::de::DeserializeOwned;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ApiError {
@@ -64,7 +61,7 @@ impl ApiError {
 impl From<ValidationError> for ApiError {
     fn from(e: ValidationError) -> Self {
         let param = match &e {
-            ValidationError::Param { param, .. } => Some(*param),
+            ValidationError::Param { param, .. } | ValidationError::VocabId { param, .. } => Some(*param),
             ValidationError::EmptyPrompt | ValidationError::TokenId { .. } => Some("prompt"),
             ValidationError::ContextLength { .. } | ValidationError::TooLongForCache { .. } => Some("max_tokens"),
             ValidationError::DuplicateRequestId(_) => None,
@@ -125,26 +122,5 @@ impl From<rl::RlError> for ApiError {
 impl IntoResponse for ApiError {
     fn into_response(self) -> Response {
         (self.parts().0, axum::Json(self.envelope())).into_response()
-    }
-}
-
-/// A JSON body whose errors (malformed JSON, wrong types, too large) come back in the
-/// OpenAI envelope instead of axum's plain-text rejections.
-pub struct ApiJson<T>(pub T);
-
-impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for ApiJson<T> {
-    type Rejection = ApiError;
-
-    async fn from_request(req: Request, state: &S) -> Result<Self, Self::Rejection> {
-        let bytes = axum::body::Bytes::from_request(req, state).await.map_err(|e| match e {
-            BytesRejection::FailedToBufferBody(inner) if inner.body_text().contains("length limit") => {
-                ApiError::PayloadTooLarge(format!("request body is larger than the limit: {}", inner.body_text()))
-            }
-            other => ApiError::bad(format!("could not read the request body: {}", other.body_text()), None),
-        })?;
-        serde_json::from_slice(&bytes).map(ApiJson).map_err(|e| {
-            let kind = if e.is_syntax() || e.is_eof() { "malformed JSON" } else { "invalid request" };
-            ApiError::bad(format!("{kind}: {e}"), None)
-        })
     }
 }

@@ -14,10 +14,28 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Builds engine sampling parameters (vLLM defaults where the request is silent).
-pub fn sampling_params(f: &SamplingFields, max_tokens: Option<usize>, logprobs: Option<usize>) -> SamplingParams {
+/// Builds engine sampling parameters (vLLM defaults where the request is silent). Ranges are
+/// checked by the engine; here only what the engine cannot see: `logit_bias` keys that are
+/// not token ids.
+pub fn sampling_params(
+    f: &SamplingFields,
+    max_tokens: Option<usize>,
+    logprobs: Option<usize>,
+) -> Result<SamplingParams, ApiError> {
     let d = SamplingParams::default();
-    SamplingParams {
+    let logit_bias = f
+        .logit_bias
+        .iter()
+        .flatten()
+        .map(|(k, &v)| match k.trim().parse::<u32>() {
+            Ok(id) => Ok((id, v)),
+            Err(_) => Err(ApiError::bad(
+                format!("`logit_bias` keys must be token ids (non-negative integers), got {k:?}"),
+                Some("logit_bias"),
+            )),
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(SamplingParams {
         n: f.n.unwrap_or(1),
         temperature: f.temperature.unwrap_or(d.temperature),
         top_p: f.top_p.unwrap_or(d.top_p),
@@ -35,7 +53,8 @@ pub fn sampling_params(f: &SamplingFields, max_tokens: Option<usize>, logprobs: 
         logprobs,
         prompt_logprobs: f.prompt_logprobs,
         skip_special_tokens: f.skip_special_tokens.unwrap_or(true),
-    }
+        logit_bias,
+    })
 }
 
 /// A unique response id with the given prefix (`cmpl-`, `chatcmpl-`).

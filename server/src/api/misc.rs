@@ -1,8 +1,9 @@
 //! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics`.
 
+use super::body::ApiJson;
 use super::chat::chat_prompt;
-use super::error::{ApiError, ApiJson};
-use super::protocol::{DetokenizeRequest, TokenizeRequest};
+use super::error::ApiError;
+use super::protocol::{ChatFormat, DetokenizeRequest, TokenizeRequest};
 use super::AppState;
 use axum::extract::State;
 use axum::http::{header, StatusCode};
@@ -23,10 +24,18 @@ pub async fn tokenize(
 ) -> Result<Json<Value>, ApiError> {
     s.check_model(req.model.as_deref())?;
     let tokens = match (&req.prompt, &req.messages) {
-        (Some(p), None) => {
-            s.tokenizer.encode(p, req.add_special_tokens).map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?
+        (Some(p), None) => s
+            .tokenizer
+            .encode(p, req.add_special_tokens.unwrap_or(true))
+            .map_err(|e| ApiError::bad(e.to_string(), Some("prompt")))?,
+        (None, Some(m)) => {
+            let format = ChatFormat {
+                add_generation_prompt: req.add_generation_prompt,
+                continue_final_message: req.continue_final_message,
+                add_special_tokens: req.add_special_tokens,
+            };
+            chat_prompt(&s.tokenizer, m, &format)?
         }
-        (None, Some(m)) => chat_prompt(&s.tokenizer, m, req.add_generation_prompt)?,
         _ => return Err(ApiError::bad("give exactly one of `prompt` or `messages`", Some("prompt"))),
     };
     Ok(Json(json!({"count": tokens.len(), "max_model_len": s.max_model_len, "tokens": tokens})))

@@ -1,6 +1,7 @@
 //! The HTTP API (axum): OpenAI-compatible completions and chat, tokenizer endpoints,
 //! health and Prometheus metrics. Handlers reach the engine only through its channels.
 
+pub mod body;
 pub mod chat;
 pub mod completions;
 pub mod error;
@@ -43,6 +44,8 @@ pub struct AppState {
     /// Whether the RL endpoints are enabled: an admin key is set, or the server listens on
     /// a loopback address only.
     pub admin_enabled: bool,
+    /// Root of `POST /v1/checkpoints` (`--checkpoint-dir`); `None`: the endpoint is off.
+    pub checkpoint_dir: Option<PathBuf>,
     /// Training jobs started on this server (over HTTP or by `rlserve train`).
     pub jobs: ::rl::Jobs,
     /// What training jobs and the feedback learner run against (this engine and weights,

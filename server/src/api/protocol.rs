@@ -1,6 +1,12 @@
 //! OpenAI-compatible request and response bodies (plus vLLM's extra sampling fields).
+//! Every body is parsed by the rules of [`super::body`]: null = absent, unknown members are
+//! a 400 naming them, type errors name the field.
 
+use super::body::{check_messages, fields, object, only, strict, typed, Body};
+use super::error::ApiError;
 use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use std::collections::BTreeMap;
 
 /// `prompt` of `/v1/completions`: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Clone, Deserialize)]
@@ -29,13 +35,16 @@ impl Stop {
     }
 }
 
+/// `stream_options` of a streamed request.
 #[derive(Debug, Clone, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
 pub struct StreamOptions {
-    #[serde(default)]
-    pub include_usage: bool,
+    /// Send a last chunk with the usage of the whole response.
+    pub include_usage: Option<bool>,
 }
 
-/// Sampling fields shared by both endpoints (OpenAI names plus vLLM's extras at the top level).
+/// Sampling fields shared by completions, chat and rollouts (OpenAI names plus vLLM's extras
+/// at the top level); their meaning is [`engine::SamplingParams`]'.
 #[derive(Debug, Clone, Default, Deserialize)]
 pub struct SamplingFields {
     pub n: Option<usize>,
@@ -53,15 +62,50 @@ pub struct SamplingFields {
     pub ignore_eos: Option<bool>,
     pub skip_special_tokens: Option<bool>,
     pub prompt_logprobs: Option<usize>,
-    #[serde(default)]
-    pub stream: bool,
+    /// OpenAI `logit_bias`: token id (as a string key) → bias in [-100, 100], added to the
+    /// logits before penalties and temperature.
+    pub logit_bias: Option<BTreeMap<String, f64>>,
+    pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
+    /// An end-user id (OpenAI); it does not change the answer.
     pub user: Option<String>,
     /// Also return `token_ids` per choice and `prompt_token_ids` (vLLM).
-    #[serde(default)]
-    pub return_token_ids: bool,
+    pub return_token_ids: Option<bool>,
 }
 
+impl SamplingFields {
+    /// Whether the response is streamed.
+    pub fn stream(&self) -> bool {
+        self.stream.unwrap_or(false)
+    }
+
+    /// Whether choices carry `token_ids`, `behavior_logprobs` and `versions`.
+    pub fn return_token_ids(&self) -> bool {
+        self.return_token_ids.unwrap_or(false)
+    }
+
+    /// Whether a streamed response ends with a usage chunk.
+    pub fn include_usage(&self) -> bool {
+        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+    }
+}
+
+/// A body made of an endpoint's own fields (`T`, whose `sampling` is skipped by serde) and
+/// the shared [`SamplingFields`]; no other member is accepted.
+fn with_sampling<T: serde::de::DeserializeOwned>(
+    v: Value,
+    prepare: impl FnOnce(&mut serde_json::Map<String, Value>) -> Result<(), ApiError>,
+    set: impl FnOnce(&mut T, SamplingFields),
+) -> Result<T, ApiError> {
+    let mut obj = object(v, "the request body")?;
+    only(&obj, &[fields::<T>(), fields::<SamplingFields>()], "")?;
+    prepare(&mut obj)?;
+    let mut own: T = typed(&obj)?;
+    set(&mut own, typed(&obj)?);
+    Ok(own)
+}
+
+/// `POST /v1/completions` (fields named and meant as OpenAI's).
 #[derive(Debug, Clone, Deserialize)]
 pub struct CompletionRequest {
     pub model: Option<String>,
@@ -69,10 +113,19 @@ pub struct CompletionRequest {
     pub max_tokens: Option<usize>,
     /// Number of top log-probabilities per token (0 = the sampled token only).
     pub logprobs: Option<usize>,
-    #[serde(default)]
-    pub echo: bool,
-    #[serde(flatten)]
+    /// Put the prompt's text before each choice's text.
+    pub echo: Option<bool>,
+    /// vLLM: text prompts get BOS (when the tokenizer adds one) and inline special-token
+    /// strings become control ids; `false` encodes the text as plain text. Default true.
+    pub add_special_tokens: Option<bool>,
+    #[serde(skip)]
     pub sampling: SamplingFields,
+}
+
+impl Body for CompletionRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        with_sampling(v, |_| Ok(()), |r: &mut Self, s| r.sampling = s)
+    }
 }
 
 /// Message `content`: a string or a list of `{"type": "text", "text": ...}` parts.
@@ -83,6 +136,7 @@ pub enum Content {
     Parts(Vec<ContentPart>),
 }
 
+/// One part of a list `content` (only `{"type": "text", "text": ...}` is supported).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ContentPart {
     #[serde(rename = "type")]
@@ -90,31 +144,74 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
+/// One chat message of a request: `role` (system, user, assistant, tool, developer) and
+/// `content`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
     pub content: Option<Content>,
 }
 
+/// How a conversation is turned into a prompt (vLLM's chat options).
+#[derive(Debug, Clone, Default)]
+pub struct ChatFormat {
+    /// End with the opening of an assistant turn (default true).
+    pub add_generation_prompt: Option<bool>,
+    /// Continue the final message (an assistant prefill) instead of closing it; needs
+    /// `add_generation_prompt: false` (default false).
+    pub continue_final_message: Option<bool>,
+    /// Prepend BOS when the tokenizer adds one (default false: the template writes it).
+    pub add_special_tokens: Option<bool>,
+}
+
+impl ChatFormat {
+    /// The engine's chat options (defaults filled in).
+    pub fn options(&self) -> engine::ChatOptions {
+        engine::ChatOptions {
+            add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
+            continue_final_message: self.continue_final_message.unwrap_or(false),
+        }
+    }
+}
+
+/// `POST /v1/chat/completions` (fields named and meant as OpenAI's and vLLM's).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatRequest {
     pub model: Option<String>,
     pub messages: Vec<ChatMessageIn>,
     pub max_tokens: Option<usize>,
     pub max_completion_tokens: Option<usize>,
-    #[serde(default)]
-    pub logprobs: bool,
+    pub logprobs: Option<bool>,
     pub top_logprobs: Option<usize>,
-    #[serde(default = "yes")]
-    pub add_generation_prompt: bool,
-    #[serde(flatten)]
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
+    pub add_special_tokens: Option<bool>,
+    #[serde(skip)]
     pub sampling: SamplingFields,
 }
 
-fn yes() -> bool {
-    true
+impl ChatRequest {
+    /// The conversation's formatting options.
+    pub fn format(&self) -> ChatFormat {
+        ChatFormat {
+            add_generation_prompt: self.add_generation_prompt,
+            continue_final_message: self.continue_final_message,
+            add_special_tokens: self.add_special_tokens,
+        }
+    }
 }
 
+impl Body for ChatRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        let prepare = |o: &mut serde_json::Map<String, Value>| match o.get_mut("messages") {
+            Some(m) => check_messages(m, "messages"),
+            None => Ok(()),
+        };
+        with_sampling(v, prepare, |r: &mut Self, s| r.sampling = s)
+    }
+}
+
+/// Token counts of a response.
 #[derive(Debug, Clone, Serialize, PartialEq)]
 pub struct Usage {
     pub prompt_tokens: usize,
@@ -122,19 +219,36 @@ pub struct Usage {
     pub total_tokens: usize,
 }
 
+/// `POST /tokenize`: a text `prompt` or chat `messages` (vLLM).
 #[derive(Debug, Clone, Deserialize)]
 pub struct TokenizeRequest {
     pub model: Option<String>,
     pub prompt: Option<String>,
     pub messages: Option<Vec<ChatMessageIn>>,
-    #[serde(default = "yes")]
-    pub add_special_tokens: bool,
-    #[serde(default = "yes")]
-    pub add_generation_prompt: bool,
+    /// Text: BOS and inline special tokens (default true); messages: BOS (default false).
+    pub add_special_tokens: Option<bool>,
+    pub add_generation_prompt: Option<bool>,
+    pub continue_final_message: Option<bool>,
 }
 
+impl Body for TokenizeRequest {
+    fn from_value(mut v: Value) -> Result<Self, ApiError> {
+        if let Some(m) = v.get_mut("messages") {
+            check_messages(m, "messages")?;
+        }
+        strict(v)
+    }
+}
+
+/// `POST /detokenize`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct DetokenizeRequest {
     pub model: Option<String>,
     pub tokens: Vec<u32>,
+}
+
+impl Body for DetokenizeRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        strict(v)
+    }
 }

@@ -2,10 +2,11 @@
 //! (`POST /v1/train/jobs`, `GET /v1/train/jobs[/{id}]`, `POST /v1/train/jobs/{id}/stop`,
 //! `GET /v1/train/jobs/{id}/plot`), `POST /v1/feedback` and `POST /v1/checkpoints`.
 
+use super::body::{check_messages, fields, object, only, strict, typed, ApiJson, Body};
 use super::chat::chat_prompt;
-use super::error::{ApiError, ApiJson};
+use super::error::ApiError;
 use super::generation::{response_id, sampling_params};
-use super::protocol::{ChatMessageIn, SamplingFields};
+use super::protocol::{ChatFormat, ChatMessageIn, SamplingFields};
 use super::AppState;
 use ::rl::rollout::RolloutSet;
 use ::rl::{FeedbackRequest, Job, JobConfig};
@@ -29,18 +30,42 @@ pub enum RolloutPrompt {
     Chat { messages: Vec<ChatMessageIn> },
 }
 
+/// `POST /v1/rollouts`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct RolloutRequest {
+    /// The served model's name, if given.
     pub model: Option<String>,
+    /// The prompts; each is sampled `num_generations` times.
     pub prompts: Vec<RolloutPrompt>,
     /// Samples per prompt (a GRPO group); `n` is accepted as an alias.
     pub num_generations: Option<usize>,
+    /// Most tokens per rollout (default 16).
     pub max_tokens: Option<usize>,
     /// Wrap text prompts as a user message in the chat template.
-    #[serde(default)]
-    pub apply_chat_template: bool,
-    #[serde(flatten)]
+    pub apply_chat_template: Option<bool>,
+    /// The shared sampling fields.
+    #[serde(skip)]
     pub sampling: SamplingFields,
+}
+
+impl Body for RolloutRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        let mut obj = object(v, "the request body")?;
+        only(&obj, &[fields::<Self>(), fields::<SamplingFields>()], "")?;
+        if let Some(Value::Array(ps)) = obj.get_mut("prompts") {
+            for (i, p) in ps.iter_mut().enumerate() {
+                let Value::Object(po) = p else { continue };
+                po.retain(|_, v| !v.is_null());
+                only(po, &[&["messages"]], &format!("prompts[{i}]."))?;
+                if let Some(m) = po.get_mut("messages") {
+                    check_messages(m, &format!("prompts[{i}].messages"))?;
+                }
+            }
+        }
+        let mut req: Self = typed(&obj)?;
+        req.sampling = typed(&obj)?;
+        Ok(req)
+    }
 }
 
 /// `POST /v1/rollouts`: every prompt × `num_generations`, submitted at once (the group's
@@ -53,10 +78,11 @@ pub async fn rollouts(
     if req.prompts.is_empty() {
         return Err(ApiError::bad("`prompts` must hold at least one prompt", Some("prompts")));
     }
-    if req.sampling.stream {
+    if req.sampling.stream() {
         return Err(ApiError::bad("`stream` is not supported for rollouts", Some("stream")));
     }
     let tok = &state.tokenizer;
+    let chat = ChatFormat::default();
     let prompts = req
         .prompts
         .iter()
@@ -64,13 +90,13 @@ pub async fn rollouts(
         .map(|(i, p)| {
             let ids = match p {
                 RolloutPrompt::Tokens(ids) => ids.clone(),
-                RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, true)?,
-                RolloutPrompt::Text(t) if req.apply_chat_template => {
+                RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, &chat)?,
+                RolloutPrompt::Text(t) if req.apply_chat_template == Some(true) => {
                     let msgs = [ChatMessageIn {
                         role: "user".into(),
                         content: Some(super::protocol::Content::Text(t.clone())),
                     }];
-                    chat_prompt(tok, &msgs, true)?
+                    chat_prompt(tok, &msgs, &chat)?
                 }
                 RolloutPrompt::Text(t) => {
                     tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?
@@ -85,12 +111,15 @@ pub async fn rollouts(
     let mut fields = req.sampling.clone();
     if let Some(g) = req.num_generations.filter(|g| !(1..=engine::sampling::MAX_N).contains(g)) {
         let max = engine::sampling::MAX_N;
-        return Err(ApiError::bad(format!("`num_generations` must be in [1, {max}], got {g}"), Some("num_generations")));
+        return Err(ApiError::bad(
+            format!("`num_generations` must be in [1, {max}], got {g}"),
+            Some("num_generations"),
+        ));
     }
     fields.n = req.num_generations.or(fields.n);
     // As completions: 16 tokens unless `max_tokens` says otherwise.
     let max_tokens = req.max_tokens.unwrap_or(super::completions::DEFAULT_MAX_TOKENS);
-    let params = sampling_params(&fields, Some(max_tokens), None);
+    let params = sampling_params(&fields, Some(max_tokens), None)?;
     params.validate()?;
     if prompts.len() * params.n > MAX_ROLLOUT_SEQS {
         return Err(ApiError::bad(
@@ -187,32 +216,76 @@ pub async fn feedback(
     Ok(axum::Json(v).into_response())
 }
 
+/// `POST /v1/checkpoints`.
 #[derive(Debug, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct CheckpointRequest {
-    /// Folder to write (created; replaced atomically if it exists).
+    /// Folder to write, relative to `--checkpoint-dir` (created; an rlserve checkpoint
+    /// already there is replaced atomically, anything else is refused).
     pub path: std::path::PathBuf,
 }
 
-/// `POST /v1/checkpoints {"path"}`: the served weights as they are now (HF names, with the
-/// model's config and tokenizer files), loadable by `rlserve serve --model` and by
-/// transformers; written to `<path>.partial` and renamed. The optimizer state of a job or of
-/// the feedback learner is in their own checkpoints.
+impl Body for CheckpointRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        strict(v)
+    }
+}
+
+/// `root` joined with `path` when `path` stays inside it: relative, only plain folder names
+/// (no `..`, `.`, root or drive), and no symbolic link on the way leads out of `root`.
+fn checkpoint_target(root: &std::path::Path, path: &std::path::Path) -> Result<std::path::PathBuf, ApiError> {
+    use std::path::Component;
+    let bad = |why: &str| {
+        ApiError::bad(
+            format!("`path` must be a folder name relative to --checkpoint-dir {}; {:?} {why}", root.display(), path),
+            Some("path"),
+        )
+    };
+    if path.as_os_str().is_empty() {
+        return Err(bad("is empty"));
+    }
+    if !path.components().all(|c| matches!(c, Component::Normal(_))) {
+        return Err(bad("leaves it (absolute, or with `..` or `.`)"));
+    }
+    let target = root.join(path);
+    let parent = target.parent().unwrap_or(root);
+    std::fs::create_dir_all(parent).map_err(|e| ApiError::Internal(format!("creating {}: {e}", parent.display())))?;
+    let canon = |p: &std::path::Path| {
+        p.canonicalize().map_err(|e| ApiError::Internal(format!("resolving {}: {e}", p.display())))
+    };
+    let inside = canon(parent)?.starts_with(canon(root)?);
+    let link = std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink());
+    if !inside || link {
+        return Err(bad("leads out of it through a symbolic link"));
+    }
+    Ok(target)
+}
+
+/// `POST /v1/checkpoints {"path"}` (with `--checkpoint-dir`): the served weights as they are
+/// now (HF names, with the model's config and tokenizer files), loadable by `rlserve serve
+/// --model` and by transformers, written to `<path>.partial` and renamed. Only a checkpoint
+/// rlserve wrote is ever replaced; a path outside the root or an existing folder that is not
+/// an rlserve checkpoint is a 400 and nothing is touched. The optimizer state of a job or
+/// of the feedback learner is in their own checkpoints.
 pub async fn save_checkpoint(
     State(state): State<Arc<AppState>>,
     ApiJson(req): ApiJson<CheckpointRequest>,
 ) -> Result<Response, ApiError> {
-    if req.path.as_os_str().is_empty() {
-        return Err(ApiError::bad("`path` must name a folder", Some("path")));
-    }
+    let root = state.checkpoint_dir.clone().ok_or_else(|| {
+        ApiError::NotFound("saving checkpoints over HTTP is off: start the server with --checkpoint-dir DIR".into())
+    })?;
     let (model, src, path) = (state.model.clone(), state.model_dir.clone(), req.path.clone());
-    let version = tokio::task::spawn_blocking(move || {
+    let saved = tokio::task::spawn_blocking(move || {
+        let target = checkpoint_target(&root, &path)?;
+        learner::checkpoint::check_replaceable(&target).map_err(|e| ApiError::bad(e.to_string(), Some("path")))?;
         let m = model.read();
         let opt = learner::optim::AdamW::default();
-        learner::checkpoint::save(&path, &src, &m, &opt, json!({})).map(|_| m.version)
+        learner::checkpoint::save(&target, &src, &m, &opt, json!({}))
+            .map_err(|e| ApiError::Internal(format!("saving {}: {e}", target.display())))?;
+        Ok::<_, ApiError>((target, m.version))
     })
     .await
-    .map_err(|e| ApiError::Internal(e.to_string()))?
-    .map_err(|e| ApiError::bad(format!("saving to {}: {e}", req.path.display()), Some("path")))?;
-    Ok(axum::Json(json!({"path": req.path, "version": version, "model": state.model_name})).into_response())
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    let (target, version) = saved?;
+    Ok(axum::Json(json!({"path": target, "version": version, "model": state.model_name})).into_response())
 }

@@ -1,0 +1,186 @@
+//! Request bodies, parsed by one set of rules for every endpoint: the body is a JSON object;
+//! an explicit `null` member is the same as an absent one; a member the endpoint does not
+//! implement is a 400 naming it (never silently ignored); a type error names the field
+//! (`param` is its path, such as `max_tokens` or `messages[0].content`).
+
+use super::error::ApiError;
+use axum::extract::{FromRequest, Request};
+use futures_util::StreamExt;
+use serde::de::{self, DeserializeOwned, Visitor};
+use serde_json::{Map, Value};
+
+/// A body type: how a JSON value becomes it (see the module rules).
+pub trait Body: Sized {
+    /// Parses the whole body.
+    fn from_value(v: Value) -> Result<Self, ApiError>;
+}
+
+/// A JSON body parsed by [`Body`]; malformed JSON, wrong types and unknown members come back
+/// in the OpenAI error envelope.
+pub struct ApiJson<T>(pub T);
+
+/// Bytes read past the body limit (and thrown away) before a 413: a client that sends a
+/// body somewhat too large gets to read the answer instead of a connection reset mid-send;
+/// beyond this the connection is closed unread.
+const DRAIN_BYTES: usize = 4 * super::MAX_BODY_BYTES;
+
+impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        let limit = super::MAX_BODY_BYTES;
+        let mut stream = req.into_body().into_data_stream();
+        let (mut bytes, mut total) = (Vec::new(), 0usize);
+        while let Some(chunk) = stream.next().await {
+            let chunk = chunk.map_err(|e| ApiError::bad(format!("could not read the request body: {e}"), None))?;
+            total += chunk.len();
+            if total <= limit {
+                bytes.extend_from_slice(&chunk);
+            } else if total > limit + DRAIN_BYTES {
+                break;
+            }
+        }
+        if total > limit {
+            return Err(ApiError::PayloadTooLarge(format!(
+                "request body is larger than the limit: {total}{} bytes, at most {limit}",
+                if total > limit + DRAIN_BYTES { "+" } else { "" }
+            )));
+        }
+        let v: Value =
+            serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("malformed JSON: {e}"), None))?;
+        T::from_value(v).map(ApiJson)
+    }
+}
+
+/// A rating: only its own fields.
+impl Body for rl::FeedbackRequest {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        strict(v)
+    }
+}
+
+/// A job config: the `rl` crate checks its keys itself.
+impl Body for Value {
+    fn from_value(v: Value) -> Result<Self, ApiError> {
+        Ok(v)
+    }
+}
+
+/// `v` as an object with its `null` members removed.
+pub fn object(v: Value, what: &str) -> Result<Map<String, Value>, ApiError> {
+    match v {
+        Value::Object(mut m) => {
+            m.retain(|_, v| !v.is_null());
+            Ok(m)
+        }
+        other => Err(ApiError::bad(format!("{what} must be a JSON object, got {}", kind(&other)), None)),
+    }
+}
+
+fn kind(v: &Value) -> &'static str {
+    match v {
+        Value::Null => "null",
+        Value::Bool(_) => "a boolean",
+        Value::Number(_) => "a number",
+        Value::String(_) => "a string",
+        Value::Array(_) => "an array",
+        Value::Object(_) => "an object",
+    }
+}
+
+/// 400 for the first member of `obj` that is none of `allowed`; `prefix` is the object's
+/// path (`""` at the top level, `messages[0].` inside).
+pub fn only(obj: &Map<String, Value>, allowed: &[&[&str]], prefix: &str) -> Result<(), ApiError> {
+    match obj.keys().find(|k| !allowed.iter().any(|a| a.contains(&k.as_str()))) {
+        None => Ok(()),
+        Some(k) => {
+            let name = format!("{prefix}{k}");
+            Err(ApiError::BadRequest {
+                message: format!("`{name}` is not supported by this server; remove it or set it to null"),
+                param: Some(name),
+            })
+        }
+    }
+}
+
+/// `T` from the members of `obj` it names (others are ignored here: [`only`] checks them);
+/// a type error names the field's path.
+pub fn typed<T: DeserializeOwned>(obj: &Map<String, Value>) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(&Value::Object(obj.clone())).map_err(|e| {
+        let path = e.path().to_string();
+        let param = (path != ".").then_some(path);
+        let message = match &param {
+            Some(p) => format!("invalid request: `{p}`: {}", e.inner()),
+            None => format!("invalid request: {}", e.inner()),
+        };
+        ApiError::BadRequest { message, param }
+    })
+}
+
+/// A body with only its own fields: `T`'s fields and nothing else.
+pub fn strict<T: DeserializeOwned>(v: Value) -> Result<T, ApiError> {
+    let obj = object(v, "the request body")?;
+    only(&obj, &[fields::<T>()], "")?;
+    typed(&obj)
+}
+
+/// The field names of a struct deserialized by serde derive (its `FIELDS`, skipped fields
+/// left out), read by a deserializer that only records them.
+pub fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
+    struct Names(Option<&'static [&'static str]>);
+    #[derive(Debug)]
+    struct Stop;
+    impl std::fmt::Display for Stop {
+        fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+            f.write_str("stop")
+        }
+    }
+    impl std::error::Error for Stop {}
+    impl de::Error for Stop {
+        fn custom<M: std::fmt::Display>(_: M) -> Self {
+            Stop
+        }
+    }
+    impl<'de> de::Deserializer<'de> for &mut Names {
+        type Error = Stop;
+        fn deserialize_any<V: Visitor<'de>>(self, _: V) -> Result<V::Value, Stop> {
+            Err(Stop)
+        }
+        fn deserialize_struct<V: Visitor<'de>>(
+            self,
+            _: &'static str,
+            fields: &'static [&'static str],
+            _: V,
+        ) -> Result<V::Value, Stop> {
+            self.0 = Some(fields);
+            Err(Stop)
+        }
+        serde::forward_to_deserialize_any! {
+            bool i8 i16 i32 i64 i128 u8 u16 u32 u64 u128 f32 f64 char str string bytes byte_buf
+            option unit unit_struct newtype_struct seq tuple tuple_struct map enum identifier ignored_any
+        }
+    }
+    let mut names = Names(None);
+    let _ = T::deserialize(&mut names);
+    names.0.unwrap_or(&[])
+}
+
+/// Chat messages inside a body (`messages` of chat and tokenize, rollout prompts): each an
+/// object of `role` and `content` (nulls removed), a list content's parts objects of `type`
+/// and `text`. `path` names the list (`messages`, `prompts[2].messages`).
+pub fn check_messages(v: &mut Value, path: &str) -> Result<(), ApiError> {
+    let Value::Array(msgs) = v else { return Ok(()) };
+    for (i, m) in msgs.iter_mut().enumerate() {
+        let Value::Object(obj) = m else { continue };
+        obj.retain(|_, v| !v.is_null());
+        only(obj, &[&["role", "content"]], &format!("{path}[{i}]."))?;
+        if let Some(Value::Array(parts)) = obj.get_mut("content") {
+            for (j, p) in parts.iter_mut().enumerate() {
+                let Value::Object(po) = p else { continue };
+                po.retain(|_, v| !v.is_null());
+                only(po, &[&["type", "text"]], &format!("{path}[{i}].content[{j}]."))?;
+            }
+        }
+    }
+    Ok(())
+}

@@ -1,0 +1,277 @@
+//! API fidelity over HTTP on the tiny model: `logit_bias` (applied, in μ, not in the raw
+//! logprobs, validated), fields the server does not implement are a 400 naming them,
+//! explicit nulls are absent fields, range and type errors name their field, assistant
+//! prefill, and the role on the first chunk of every streamed chat choice.
+
+use crate::server::{args, post, start, stream, tiny_dir};
+use serde_json::{json, Value};
+use std::time::Duration;
+
+/// The error envelope's `(status, param, message)`.
+async fn error(base: &str, path: &str, body: Value) -> (u16, Value, String) {
+    let (st, v) = post(base, path, body).await;
+    (st, v["error"]["param"].clone(), v["error"]["message"].as_str().unwrap_or_default().to_string())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn logit_bias_moves_the_sampled_distribution_and_is_validated() {
+    let (s, base) = start(tiny_dir("tiny-bias"), args("tiny-bias")).await;
+    // +100 on "A" (id 32): every draw is "A", μ ≈ 0, and the raw logprob is the model's own.
+    let body = json!({"prompt": [1, 2, 3], "max_tokens": 4, "seed": 5, "logprobs": 0, "return_token_ids": true,
+                      "logit_bias": {"32": 100}, "ignore_eos": true});
+    let (st, out) = post(&base, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    let c = &out["choices"][0];
+    assert_eq!(c["token_ids"], json!([32, 32, 32, 32]));
+    assert_eq!(c["text"], "AAAA");
+    assert!(c["behavior_logprobs"].as_array().unwrap().iter().all(|m| m.as_f64().unwrap() > -1e-3), "{c}");
+    let raw = c["logprobs"]["token_logprobs"][0].as_f64().unwrap();
+    let (_, pl) =
+        post(&base, "/v1/completions", json!({"prompt": [1, 2, 3, 32], "max_tokens": 1, "prompt_logprobs": 0})).await;
+    let unbiased = pl["choices"][0]["prompt_logprobs"][3]["32"]["logprob"].as_f64().unwrap();
+    assert_eq!(raw, unbiased, "logprobs are the raw model's");
+    assert!(raw < -1.0, "without the bias \"A\" is unlikely: {raw}");
+    // Greedy follows the bias too (chat, −100 on every byte but "B").
+    let bias: serde_json::Map<String, Value> =
+        (0..259).filter(|&t| t != 33).map(|t| (t.to_string(), json!(-100))).collect();
+    let chat =
+        json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 3, "temperature": 0, "logit_bias": bias});
+    let (st, out) = post(&base, "/v1/chat/completions", chat).await;
+    assert_eq!((st, out["choices"][0]["message"]["content"].as_str()), (200, Some("BBB")), "{out}");
+    for (bias, param, msg) in [
+        (json!("nonsense"), "logit_bias", "invalid type: string \"nonsense\", expected a map"),
+        (json!({"5": "x"}), "logit_bias.5", "invalid type: string \"x\", expected f64"),
+        (json!({"abc": 1}), "logit_bias", "`logit_bias` keys must be token ids (non-negative integers), got \"abc\""),
+        (json!({"-1": 1}), "logit_bias", "keys must be token ids"),
+        (
+            json!({"5": 101}),
+            "logit_bias",
+            "`logit_bias` must be a map of token ids to biases in [-100, 100], got 101 (token 5)",
+        ),
+        (
+            json!({"259": 1}),
+            "logit_bias",
+            "`logit_bias` holds token id 259, which is out of range: the vocabulary has 259 tokens",
+        ),
+    ] {
+        let (st, p, m) = error(&base, "/v1/completions", json!({"prompt": "a", "logit_bias": bias})).await;
+        assert_eq!((st, p.as_str()), (400, Some(param)), "{bias}: {m}");
+        assert!(m.contains(msg), "{bias}: {m:?} lacks {msg:?}");
+    }
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
+    let (s, base) = start(tiny_dir("tiny-fields"), args("tiny-fields")).await;
+    let chat = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let cmpl = |extra: Value| {
+        let mut b = json!({"prompt": "hi", "max_tokens": 2});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
+    // (path, body, param, message fragment)
+    let cases = vec![
+        ("/v1/chat/completions", chat(json!({"tools": tools})), "tools", "`tools` is not supported by this server"),
+        ("/v1/chat/completions", chat(json!({"tool_choice": "auto"})), "tool_choice", "`tool_choice` is not supported"),
+        (
+            "/v1/chat/completions",
+            chat(json!({"response_format": {"type": "json_object"}})),
+            "response_format",
+            "`response_format` is not supported",
+        ),
+        ("/v1/chat/completions", chat(json!({"parallel_tool_calls": false})), "parallel_tool_calls", "not supported"),
+        ("/v1/chat/completions", chat(json!({"echo": true})), "echo", "`echo` is not supported"),
+        ("/v1/chat/completions", chat(json!({"frobnicate": 1})), "frobnicate", "`frobnicate` is not supported"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": "x", "name": "bob"}]}),
+            "messages[0].name",
+            "`messages[0].name` is not supported",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}),
+            "messages[0].tool_calls",
+            "not supported",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "x", "cache": 1}]}]}),
+            "messages[0].content[0].cache",
+            "not supported",
+        ),
+        ("/v1/completions", cmpl(json!({"suffix": "end"})), "suffix", "`suffix` is not supported"),
+        ("/v1/completions", cmpl(json!({"best_of": 2})), "best_of", "`best_of` is not supported"),
+        ("/v1/completions", cmpl(json!({"top_logprobs": 2})), "top_logprobs", "`top_logprobs` is not supported"),
+        (
+            "/v1/completions",
+            cmpl(json!({"stream_options": {"include_usage": true, "x": 1}})),
+            "stream_options.x",
+            "unknown field `x`",
+        ),
+        ("/v1/rollouts", json!({"prompts": ["a"], "tools": tools}), "tools", "`tools` is not supported"),
+        ("/v1/rollouts", json!({"prompts": [{"messages": [], "extra": 1}]}), "prompts[0].extra", "not supported"),
+        ("/tokenize", json!({"prompt": "a", "tools": tools}), "tools", "not supported"),
+        ("/v1/feedback", json!({"id": "x", "choice": 0, "reward": 1, "note": "hi"}), "note", "not supported"),
+        // Ranges name the field at fault.
+        (
+            "/v1/chat/completions",
+            chat(json!({"logprobs": true, "top_logprobs": 21})),
+            "top_logprobs",
+            "`top_logprobs` must be at most 20, got 21",
+        ),
+        (
+            "/v1/chat/completions",
+            chat(json!({"stop_token_ids": [3, 259]})),
+            "stop_token_ids",
+            "`stop_token_ids` holds token id 259, which is out of range: the vocabulary has 259 tokens",
+        ),
+        ("/v1/completions", cmpl(json!({"stop_token_ids": [100000]})), "stop_token_ids", "token id 100000"),
+        (
+            "/v1/chat/completions",
+            chat(json!({"continue_final_message": true})),
+            "continue_final_message",
+            "needs `add_generation_prompt: false`",
+        ),
+        // Type errors name the field (with its path).
+        (
+            "/v1/completions",
+            cmpl(json!({"max_tokens": "ten"})),
+            "max_tokens",
+            "invalid type: string \"ten\", expected usize",
+        ),
+        ("/v1/completions", cmpl(json!({"n": -1})), "n", "invalid value: integer `-1`"),
+        ("/v1/completions", cmpl(json!({"echo": "yes"})), "echo", "expected a boolean"),
+        ("/v1/completions", cmpl(json!({"stream": 1})), "stream", "expected a boolean"),
+        ("/v1/completions", cmpl(json!({"temperature": [1]})), "temperature", "expected f32"),
+        ("/v1/completions", cmpl(json!({"seed": 1.5})), "seed", "expected u64"),
+        ("/v1/chat/completions", chat(json!({"logprobs": 1})), "logprobs", "expected a boolean"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": 5}]}),
+            "messages[0].content",
+            "did not match any variant",
+        ),
+        ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), "messages[0]", "missing field `role`"),
+        ("/v1/completions", json!([1, 2]), "", "the request body must be a JSON object, got an array"),
+    ];
+    for (path, body, param, msg) in &cases {
+        let (st, p, m) = error(&base, path, body.clone()).await;
+        assert_eq!(st, 400, "{path} {body}: {m}");
+        let want = if param.is_empty() { Value::Null } else { json!(param) };
+        assert_eq!(&p, &want, "{path} {body}: {m}");
+        assert!(m.contains(msg), "{path} {body}: {m:?} lacks {msg:?}");
+    }
+    // Explicit nulls are absent fields (OpenAI clients send them).
+    let nulls = [
+        "stream",
+        "echo",
+        "logprobs",
+        "return_token_ids",
+        "n",
+        "temperature",
+        "top_p",
+        "stop",
+        "seed",
+        "user",
+        "stream_options",
+        "logit_bias",
+        "model",
+        "suffix",
+        "tools",
+        "stop_token_ids",
+        "add_special_tokens",
+    ];
+    let mut body = cmpl(json!({}));
+    for k in nulls {
+        body[k] = Value::Null;
+    }
+    let (st, out) = post(&base, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    let mut body = chat(json!({}));
+    for k in [
+        "stream",
+        "logprobs",
+        "top_logprobs",
+        "add_generation_prompt",
+        "continue_final_message",
+        "return_token_ids",
+        "max_completion_tokens",
+        "tools",
+        "response_format",
+        "tool_choice",
+    ] {
+        body[k] = Value::Null;
+    }
+    body["messages"] = json!([{"role": "user", "content": "hi", "name": null, "tool_calls": null},
+                             {"role": "assistant", "content": null, "refusal": null}]);
+    let (st, out) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["choices"][0]["message"]["role"], "assistant");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_assistant_prefill_is_continued_over_http() {
+    let (s, base) = start(tiny_dir("tiny-prefill"), args("tiny-prefill")).await;
+    let msgs = json!([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure:"}]);
+    let tok = |extra: Value| {
+        let mut b = json!({"messages": msgs});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let (_, open) =
+        post(&base, "/tokenize", tok(json!({"continue_final_message": true, "add_generation_prompt": false}))).await;
+    let (_, closed) = post(&base, "/tokenize", tok(json!({"add_generation_prompt": false}))).await;
+    let (_, reopened) = post(&base, "/tokenize", tok(json!({}))).await;
+    let ids = |v: &Value| -> Vec<u64> { serde_json::from_value(v["tokens"].clone()).unwrap() };
+    let (open, closed, reopened) = (ids(&open), ids(&closed), ids(&reopened));
+    // "…<|im_start|>assistant\nSure:" | "<|im_end|>\n" | "<|im_start|>assistant\n".
+    let sure: Vec<u64> = "Sure:".bytes().map(|b| (b - 33) as u64).collect();
+    assert!(open.ends_with(&sure), "{open:?}");
+    let (_, newline) = post(&base, "/tokenize", json!({"prompt": "\n", "add_special_tokens": false})).await;
+    assert_eq!(closed[..open.len()], open[..]);
+    assert_eq!(json!(closed[open.len()..]), json!([258, newline["tokens"][0]]), "<|im_end|>, then a newline");
+    assert_eq!(reopened[..closed.len()], closed[..]);
+    assert_eq!(reopened[closed.len()], 257);
+    let body = json!({"messages": msgs, "continue_final_message": true, "add_generation_prompt": false,
+                      "max_tokens": 3, "temperature": 0, "return_token_ids": true});
+    let (st, out) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["prompt_token_ids"], json!(open), "the engine continues the prefill");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_streamed_chat_choice_starts_with_the_role() {
+    let (s, base) = start(tiny_dir("tiny-role"), args("tiny-role")).await;
+    // EOS (258) first: three choices that finish without any text.
+    for bias in [json!({"258": 100}), json!({})] {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "n": 3, "max_tokens": 2, "seed": 1,
+                          "stream": true, "logit_bias": bias});
+        let events = stream(&base, "/v1/chat/completions", body).await;
+        let mut seen = std::collections::BTreeSet::new();
+        for e in events.iter().filter(|e| *e != "[DONE]") {
+            let v: Value = serde_json::from_str(e).unwrap();
+            for c in v["choices"].as_array().unwrap() {
+                let first = seen.insert(c["index"].as_u64().unwrap());
+                assert_eq!(c["delta"]["role"].as_str().is_some(), first, "role on the first chunk only: {v}");
+                if first {
+                    assert_eq!(c["delta"]["role"], "assistant");
+                }
+            }
+        }
+        assert_eq!(seen.len(), 3, "{bias}: {events:?}");
+        if bias != json!({}) {
+            let texts = crate::server::stream_texts(&events);
+            assert!(texts.iter().all(String::is_empty), "{texts:?}");
+        }
+    }
+    s.shutdown(Duration::from_secs(5)).await;
+}
