@@ -5,7 +5,6 @@ mod chat_tokens;
 mod checkpoints;
 mod conformance;
 mod crash;
-mod durability;
 mod engine;
 mod fuzz;
 mod gguf;
