@@ -2,9 +2,11 @@
 //! transformers, with the model's `config.json` and tokenizer files copied beside it),
 //! `optimizer.safetensors` (AdamW moments `exp_avg.<name>`, `exp_avg_sq.<name>`) and
 //! `trainer_state.json` (optimizer step, policy version, and whatever the caller adds: a
-//! job's RNG and dataset position). Written into `<dir>.partial`, synced, then renamed over
+//! job's RNG and dataset position), and for PPO `value_head.safetensors` (`v_head.weight`,
+//! `v_head.bias`: the learner's critic, not part of the served model). Written into `<dir>.partial`, synced, then renamed over
 //! `<dir>`: a crash never leaves a half-written checkpoint under the final name.
 
+use super::algos::value_head::{self, ValueHead};
 use super::optim::AdamW;
 use crate::error::{LearnerError, Result};
 pub use engine::model::write_f32_safetensors as write_tensors;
@@ -17,6 +19,28 @@ use std::path::Path;
 /// `{"step", "version"}`) to `dir`, copying the config and tokenizer files from `source`
 /// (the model folder). Hold a read guard on a shared model while calling.
 pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_json::Value) -> Result<()> {
+    save_with(dir, source, model, opt, None, state)
+}
+
+/// [`save`] for a trainer: its optimizer state and, for PPO, its value head.
+pub fn save_trainer(
+    dir: &Path,
+    source: &Path,
+    model: &Model,
+    trainer: &crate::Trainer,
+    state: serde_json::Value,
+) -> Result<()> {
+    save_with(dir, source, model, &trainer.optimizer, trainer.value_head.as_ref(), state)
+}
+
+fn save_with(
+    dir: &Path,
+    source: &Path,
+    model: &Model,
+    opt: &AdamW,
+    value_head: Option<&ValueHead>,
+    state: serde_json::Value,
+) -> Result<()> {
     let tmp = dir.with_extension("partial");
     let _ = std::fs::remove_dir_all(&tmp);
     std::fs::create_dir_all(&tmp).map_err(|e| LearnerError::io(&tmp, e))?;
@@ -26,6 +50,9 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
         }
     }
     write_named(&tmp.join("model.safetensors"), model.named_weights()?.iter().map(|(n, t)| (n.clone(), t)))?;
+    if let Some(head) = value_head {
+        write_named(&tmp.join(value_head::FILE), head.named().into_iter())?;
+    }
     let moments = opt.m.iter().map(|(n, t)| (format!("exp_avg.{n}"), t));
     write_named(
         &tmp.join("optimizer.safetensors"),
@@ -86,4 +113,13 @@ pub fn load_optimizer(dir: &Path, device: &Device) -> Result<AdamW> {
     }
     opt.step = load_state(dir)?["step"].as_u64().unwrap_or(0);
     Ok(opt)
+}
+
+/// The value head saved by [`save_trainer`] in `dir`, if the checkpoint has one.
+pub fn load_value_head(dir: &Path, hidden: usize, device: &Device) -> Result<Option<ValueHead>> {
+    let path = dir.join(value_head::FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    ValueHead::load(&path, hidden, device).map(Some)
 }

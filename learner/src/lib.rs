@@ -13,6 +13,7 @@
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
 pub mod advantages;
+pub mod algos;
 pub mod checkpoint;
 mod error;
 mod grads;
