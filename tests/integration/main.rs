@@ -1,5 +1,6 @@
 //! The one integration-test binary of rlserve; one module per area.
 
+mod algos;
 mod conformance;
 mod engine;
 mod gguf;
