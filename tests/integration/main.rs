@@ -9,5 +9,6 @@ mod learner;
 mod model;
 mod reference;
 mod rl;
+mod rl_algos;
 mod sampling;
 mod server;
