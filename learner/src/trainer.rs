@@ -87,7 +87,8 @@ pub struct TrainConfig {
     pub kl_coef: f32,
     /// Passes over each rollout batch.
     pub num_ppo_epochs: usize,
-    /// Optimizer steps per pass (the batch's samples shuffled and split).
+    /// Optimizer steps per pass (the batch's samples shuffled and split; at most one
+    /// mini-batch per sample).
     pub num_mini_batches: usize,
     /// Initial value head: a checkpoint folder (its `value_head.safetensors`) or a
     /// safetensors file with `v_head.weight` / `v_head.bias`; unset = zeros.

@@ -212,8 +212,9 @@ impl LearnerTask for FeedbackTask {
         Ok(Some(Batch { samples, timing: Default::default(), checkpoint_state, guard: Some(guard) }))
     }
 
+    /// Learner steps so far: optimizer steps over the updates each takes (PPO: several).
     fn step_number(&self, optimizer_step: u64) -> u64 {
-        optimizer_step
+        optimizer_step / self.0.cfg.learner.updates_per_batch().max(1)
     }
 
     fn after_step(&mut self, record: &StepRecord, batch: &Batch, _log: &mut JobLog, _: &mut Trainer) -> Result<bool> {
@@ -227,9 +228,9 @@ impl LearnerTask for FeedbackTask {
         Ok(false)
     }
 
-    fn checkpoint_dir(&self, _step: u64, optimizer_step: u64, _last: bool) -> Option<PathBuf> {
+    fn checkpoint_dir(&self, step: u64, _optimizer_step: u64, _last: bool) -> Option<PathBuf> {
         let cfg = &self.0.cfg;
-        optimizer_step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
+        step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
     }
 
     /// A failed save is logged; the ratings after the last good checkpoint are replayed on

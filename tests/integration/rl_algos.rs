@@ -206,3 +206,24 @@ async fn a_chosen_rejected_rating_trains_the_served_model_with_dpo() {
     eprintln!("log π(chosen) − log π(rejected): {before:.4} → {after:.4}");
     assert!(after > before + 0.01, "{before} → {after}");
 }
+
+#[test]
+fn the_ppo_and_dpo_example_configs_parse_and_the_pairs_load() {
+    let root = tests::workspace_root();
+    let read = |name: &str| JobConfig::from_toml(&std::fs::read_to_string(root.join(name)).unwrap()).unwrap();
+    let ppo = read("examples/ppo.toml");
+    assert_eq!((ppo.learner.loss_type, ppo.learner.updates_per_batch()), (learner::loss::LossType::Ppo, 4));
+    assert_eq!(ppo.train_config().total_steps, Some(ppo.max_steps * 4));
+    let dpo = read("examples/dpo.toml");
+    assert_eq!((dpo.learner.loss_type, dpo.learner.beta), (learner::loss::LossType::Dpo, 0.1));
+    let dir = tiny("rl-dpo-example", 85);
+    let tok = engine::Tokenizer::from_dir(&dir).unwrap();
+    for (spec, n) in [(&dpo.dataset, 160), (dpo.eval_dataset.as_ref().unwrap(), 40)] {
+        let ex = rl::dataset::load("dataset", root.join(spec).to_str().unwrap(), &tok, true, None).unwrap();
+        assert_eq!(ex.len(), n);
+        let pair = ex[0].pair.as_ref().expect("a preference pair");
+        // Text completions end with the EOS token, as TRL's.
+        assert_eq!(pair.chosen.last(), tok.eos_token_ids.first());
+        assert_ne!(pair.chosen, pair.rejected);
+    }
+}
