@@ -16,7 +16,8 @@
 //! `β(π_w − r_w)`, `rewards/rejected` = mean `β(π_l − r_l)`, `rewards/margins` = their mean
 //! difference, `rewards/accuracies` = fraction of pairs whose chosen reward is strictly the
 //! larger, `logps/chosen`, `logps/rejected`; and `logps/accuracies`, the fraction of pairs
-//! where the policy itself gives the chosen completion the higher log-probability.
+//! where the policy itself gives the chosen completion the higher log-probability. `kl`
+//! (a job's `kl_to_initial`) is the k3 estimate on the chosen completions' tokens only.
 //!
 //! Pairs come from samples grouped by `group` (a dataset pair is a group of two with rewards
 //! 1 and 0; a rated response's choices are one group): every two samples of a group whose
@@ -142,7 +143,7 @@ pub fn dpo_loss(
 }
 
 /// The samples of `batch` that are in some pair, and the pairs re-indexed into them.
-fn paired<'b>(batch: &'b [TrainSample]) -> (Vec<&'b TrainSample>, Vec<(usize, usize)>) {
+fn paired(batch: &[TrainSample]) -> (Vec<&TrainSample>, Vec<(usize, usize)>) {
     let all: Vec<&TrainSample> = batch.iter().collect();
     let p = pairs(&all);
     let mut used: Vec<usize> = p.iter().flat_map(|&(w, l)| [w, l]).collect();
@@ -176,7 +177,13 @@ impl Trainer {
         let dl: Vec<f32> = dl.concat();
         let mut grads = Grads::default();
         fwd.backward(model, &OutputGrads::logprobs(&dl), &mut grads)?;
-        let kl = k3(&fwd.logprobs, &refs.concat());
+        // KL to the reference on the chosen completions: the rejected ones are pushed away by
+        // design, so their k3 measures the loss at work, not drift.
+        let chosen: std::collections::BTreeSet<usize> = pairs.iter().map(|&(w, _)| w).collect();
+        let kl = k3(
+            &chosen.iter().flat_map(|&k| logp[k].iter().copied()).collect::<Vec<_>>(),
+            &chosen.iter().flat_map(|&k| refs[k].iter().copied()).collect::<Vec<_>>(),
+        );
         let sel = crate::trainer::Selection {
             kept: batch.iter().enumerate().collect(),
             staleness: vec![],
@@ -211,7 +218,8 @@ impl Trainer {
     }
 }
 
-/// Mean k3 estimate of KL(π_θ ‖ π_ref) per token (reported as `kl`, as the policy losses).
+/// Mean k3 estimate of KL(π_θ ‖ π_ref) per token (reported as `kl`, as the policy losses;
+/// Schulman, "Approximating KL Divergence", 2020).
 fn k3(logp: &[f32], ref_logp: &[f32]) -> f64 {
     let n = logp.len().max(1) as f64;
     logp.iter()

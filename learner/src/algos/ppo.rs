@@ -305,7 +305,10 @@ impl Trainer {
                 let (stats, vl, clipfrac, grads) = self.ppo_minibatch(&model.read(), &r, &chunk, &fwd)?;
                 drop(fwd);
                 let u = self.update(model, &grads)?;
-                (losses.push(stats), vls.push(vl), clips.push(clipfrac), norms.push(u.grad_norm));
+                losses.push(stats);
+                vls.push(vl);
+                clips.push(clipfrac);
+                norms.push(u.grad_norm);
                 metrics.pause_seconds += u.pause_seconds;
                 last = (grads, u.lr, u.version);
             }
