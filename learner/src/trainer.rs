@@ -15,7 +15,7 @@ use super::{forward_batch, forward_batch_with, Grads, OutputGrads, SeqForward};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -315,16 +315,6 @@ pub struct StepMetrics {
     pub dpo: Option<crate::algos::dpo::DpoStats>,
 }
 
-/// ℓ_ref of the (prompt, completion) sequences the reference has scored: each is computed
-/// once (DPO revisits pairs every epoch). Cleared when it holds [`RefCache::CAPACITY`]
-/// sequences.
-#[derive(Default)]
-pub(crate) struct RefCache(HashMap<(Vec<u32>, Vec<u32>), Vec<f32>>);
-
-impl RefCache {
-    const CAPACITY: usize = 1 << 16;
-}
-
 /// The samples a step trains on, after the staleness and truncation filters.
 pub(crate) struct Selection<'b> {
     /// (index in the batch, sample) of every kept sample, in batch order.
@@ -353,7 +343,7 @@ pub struct Trainer {
     pub(crate) reference: Option<Model>,
     /// PPO's value head (`loss_type = "ppo"`): trained by the same AdamW, saved in checkpoints.
     pub value_head: Option<ValueHead>,
-    pub(crate) ref_cache: RefCache,
+    pub(crate) ref_cache: crate::algos::dpo::RefCache,
     /// Batches trained by this trainer (seeds PPO's mini-batch shuffles).
     pub(crate) batches: u64,
 }
@@ -601,34 +591,6 @@ impl Trainer {
         m.tokens_per_s =
             batch.iter().map(|s| s.prompt_ids.len() + s.completion_ids.len()).sum::<usize>() as f64 / m.step_seconds;
         Ok((m, grads))
-    }
-
-    /// ℓ_ref of `seqs` under the frozen reference at the training temperature, each sequence
-    /// computed once and cached ([`RefCache`]); only the sequences not seen before go
-    /// through the reference forward.
-    pub(crate) fn reference_logprobs(&mut self, seqs: &[(&[u32], &[u32])]) -> Result<Vec<Vec<f32>>> {
-        let Some(reference) = &self.reference else {
-            return Err(LearnerError::Batch("this loss needs the frozen reference weights".into()));
-        };
-        let cache = &mut self.ref_cache.0;
-        let key = |(p, c): &(&[u32], &[u32])| (p.to_vec(), c.to_vec());
-        let mut missing: Vec<(&[u32], &[u32])> = vec![];
-        for s in seqs {
-            if !cache.contains_key(&key(s)) && !missing.contains(s) {
-                missing.push(*s);
-            }
-        }
-        if cache.len() + missing.len() > RefCache::CAPACITY {
-            cache.clear();
-        }
-        if !missing.is_empty() {
-            let f = forward_batch(reference, &missing, self.config.temperature)?;
-            let offsets = offsets(&f.lens);
-            for (k, s) in missing.iter().enumerate() {
-                cache.insert(key(s), f.logprobs[offsets[k]..offsets[k + 1]].to_vec());
-            }
-        }
-        Ok(seqs.iter().map(|s| cache[&key(s)].clone()).collect())
     }
 }
 

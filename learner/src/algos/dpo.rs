@@ -27,7 +27,7 @@
 use crate::error::{LearnerError, Result};
 use crate::loss::{LossStats, LossType};
 use crate::trainer::offsets;
-use crate::{forward_batch_with, Grads, OutputGrads, StepMetrics, TrainConfig, TrainSample, Trainer};
+use crate::{forward_batch, forward_batch_with, Grads, OutputGrads, StepMetrics, TrainConfig, TrainSample, Trainer};
 use engine::Model;
 use serde::Serialize;
 use std::collections::BTreeMap;
@@ -154,7 +154,45 @@ fn paired(batch: &[TrainSample]) -> (Vec<&TrainSample>, Vec<(usize, usize)>) {
     (used.iter().map(|&i| all[i]).collect(), remapped)
 }
 
+/// ℓ_ref of the (prompt, completion) sequences the reference has scored: each is computed
+/// once (DPO revisits pairs every epoch). Cleared when it holds [`RefCache::CAPACITY`]
+/// sequences.
+#[derive(Default)]
+pub(crate) struct RefCache(std::collections::HashMap<(Vec<u32>, Vec<u32>), Vec<f32>>);
+
+impl RefCache {
+    const CAPACITY: usize = 1 << 16;
+}
+
 impl Trainer {
+    /// ℓ_ref of `seqs` under the frozen reference at the training temperature, each sequence
+    /// computed once and cached ([`RefCache`]); only the sequences not seen before go
+    /// through the reference forward.
+    pub(crate) fn reference_logprobs(&mut self, seqs: &[(&[u32], &[u32])]) -> Result<Vec<Vec<f32>>> {
+        let Some(reference) = &self.reference else {
+            return Err(LearnerError::Batch("this loss needs the frozen reference weights".into()));
+        };
+        let cache = &mut self.ref_cache.0;
+        let key = |(p, c): &(&[u32], &[u32])| (p.to_vec(), c.to_vec());
+        let mut missing: Vec<(&[u32], &[u32])> = vec![];
+        for s in seqs {
+            if !cache.contains_key(&key(s)) && !missing.contains(s) {
+                missing.push(*s);
+            }
+        }
+        if cache.len() + missing.len() > RefCache::CAPACITY {
+            cache.clear();
+        }
+        if !missing.is_empty() {
+            let f = forward_batch(reference, &missing, self.config.temperature)?;
+            let offsets = offsets(&f.lens);
+            for (k, s) in missing.iter().enumerate() {
+                cache.insert(key(s), f.logprobs[offsets[k]..offsets[k + 1]].to_vec());
+            }
+        }
+        Ok(seqs.iter().map(|s| cache[&key(s)].clone()).collect())
+    }
+
     /// DPO/IPO on the batch's pairs: one packed forward over every paired sequence, ℓ_ref from
     /// the cache or the reference, the loss and its gradient.
     pub(crate) fn dpo_gradients(&mut self, model: &Model, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
@@ -207,7 +245,7 @@ impl Trainer {
         let refs = self.reference_logprobs(&seqs)?;
         let mut logps: Vec<Vec<f32>> = Vec::with_capacity(seqs.len());
         for part in seqs.chunks(16) {
-            let f = crate::forward_batch(model, part, c.temperature)?;
+            let f = forward_batch(model, part, c.temperature)?;
             let o = offsets(&f.lens);
             logps.extend((0..part.len()).map(|k| f.logprobs[o[k]..o[k + 1]].to_vec()));
         }
