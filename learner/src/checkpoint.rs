@@ -2,14 +2,17 @@
 //! transformers, with the model's `config.json` and tokenizer files copied beside it),
 //! `optimizer.safetensors` (AdamW moments `exp_avg.<name>`, `exp_avg_sq.<name>`),
 //! `trainer_state.json` (optimizer step, policy version, and whatever the caller adds: a
-//! job's RNG and dataset position) and the marker [`MARKER`]. Written into
-//! `<dir>.partial` (marker first), every file and the folder synced, then renamed over
+//! job's RNG and dataset position), for PPO `value_head.safetensors` (`v_head.weight`,
+//! `v_head.bias`: the learner's critic, not part of the served model), and the marker
+//! [`MARKER`]. Written into `<dir>.partial` (marker first), every file and the folder
+//! synced, then renamed over
 //! `<dir>`: a crash never leaves a half-written checkpoint under the final name.
 //!
 //! Nothing rlserve did not write is ever deleted: a folder is replaced (or pruned) only
 //! when it is empty or holds rlserve's checkpoint files and nothing else, and then only
 //! those files are removed, by name, before the empty folder itself ([`remove`]).
 
+use super::algos::value_head::{self, ValueHead};
 use super::optim::AdamW;
 use crate::error::{LearnerError, Result};
 pub use engine::model::write_f32_safetensors as write_tensors;
@@ -25,8 +28,9 @@ pub const MARKER: &str = "rlserve_checkpoint.json";
 const COPIED: [&str; 4] = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"];
 
 /// Every file name a checkpoint may hold.
-const FILES: [&str; 8] = [
+const FILES: [&str; 9] = [
     MARKER,
+    value_head::FILE,
     "config.json",
     "generation_config.json",
     "tokenizer.json",
@@ -131,6 +135,28 @@ pub fn recover(dir: &Path) -> Result<()> {
 /// (or `<dir>.partial`) that is not an rlserve checkpoint is an error, and nothing is
 /// deleted.
 pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_json::Value) -> Result<()> {
+    save_with(dir, source, model, opt, None, state)
+}
+
+/// [`save`] for a trainer: its optimizer state and, for PPO, its value head.
+pub fn save_trainer(
+    dir: &Path,
+    source: &Path,
+    model: &Model,
+    trainer: &crate::Trainer,
+    state: serde_json::Value,
+) -> Result<()> {
+    save_with(dir, source, model, &trainer.optimizer, trainer.value_head.as_ref(), state)
+}
+
+fn save_with(
+    dir: &Path,
+    source: &Path,
+    model: &Model,
+    opt: &AdamW,
+    value_head: Option<&ValueHead>,
+    state: serde_json::Value,
+) -> Result<()> {
     check_replaceable(dir)?;
     let tmp = partial_path(dir);
     remove(&tmp)?;
@@ -138,6 +164,9 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
     let copied: Vec<&str> = COPIED.into_iter().filter(|f| source.join(f).exists()).collect();
     let mut files: Vec<&str> = copied.clone();
     files.extend(["model.safetensors", "optimizer.safetensors", "trainer_state.json"]);
+    if value_head.is_some() {
+        files.push(value_head::FILE);
+    }
     // The marker first: a folder left by a crash is recognisably rlserve's.
     let marker = serde_json::json!({"format": "rlserve checkpoint", "files": files});
     write_synced(&tmp.join(MARKER), marker.to_string().as_bytes())?;
@@ -146,6 +175,9 @@ pub fn save(dir: &Path, source: &Path, model: &Model, opt: &AdamW, state: serde_
         std::fs::copy(source.join(f), tmp.join(f)).map_err(|e| LearnerError::io(source.join(f), e))?;
     }
     write_named(&tmp.join("model.safetensors"), model.named_weights()?.iter().map(|(n, t)| (n.clone(), t)))?;
+    if let Some(head) = value_head {
+        write_named(&tmp.join(value_head::FILE), head.named().into_iter())?;
+    }
     let moments = opt.m.iter().map(|(n, t)| (format!("exp_avg.{n}"), t));
     write_named(
         &tmp.join("optimizer.safetensors"),
@@ -226,4 +258,13 @@ pub fn load_optimizer(dir: &Path, device: &Device) -> Result<AdamW> {
     }
     opt.step = load_state(dir)?["step"].as_u64().unwrap_or(0);
     Ok(opt)
+}
+
+/// The value head saved by [`save_trainer`] in `dir`, if the checkpoint has one.
+pub fn load_value_head(dir: &Path, hidden: usize, device: &Device) -> Result<Option<ValueHead>> {
+    let path = dir.join(value_head::FILE);
+    if !path.exists() {
+        return Ok(None);
+    }
+    ValueHead::load(&path, hidden, device).map(Some)
 }

@@ -8,6 +8,12 @@ pub enum LearnerError {
     /// Every sample of a batch was filtered out before the loss.
     #[error("every sample was filtered out (zero-std groups, staleness or truncation)")]
     EmptyBatch,
+    /// A learner setting outside its allowed range for the chosen `loss_type`.
+    #[error("{message}")]
+    Config { key: &'static str, message: String },
+    /// A batch the chosen loss cannot train on (missing μ, reward or pairs).
+    #[error("{0}")]
+    Batch(String),
     /// A checkpoint folder or file is missing or malformed.
     #[error("{path}: {msg}")]
     Checkpoint { path: PathBuf, msg: String },

@@ -1,17 +1,22 @@
-//! One optimizer step on a batch of samples: advantages → learner forward (ℓ, and ℓ_ref
-//! when `beta > 0`) → policy loss → backward → global-norm clipping → AdamW on f32 master
-//! weights, in place, under the shared model's write guard (DESIGN-NOTES §1) → version + 1.
+//! One learner step on a batch of samples. GRPO family: advantages → learner forward (ℓ,
+//! and ℓ_ref when `beta > 0`) → policy loss → backward → global-norm clipping → AdamW on
+//! the served f32 weights, in place, under the shared model's write guard (DESIGN-NOTES §1)
+//! → version + 1. PPO (`algos::ppo`) runs `num_ppo_epochs × num_mini_batches` such updates
+//! per batch; DPO/IPO (`algos::dpo`) one update on the batch's preference pairs.
 
 use super::algos::advantages::{compute_advantages, ScaleRewards};
+use super::algos::value_head::ValueHead;
 use super::algos::grpo::{
-    policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossType, OffPolicyCorrection, SampleLogprobs,
+    policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossStats, LossType, OffPolicyCorrection,
+    SampleLogprobs,
 };
 use super::optim::{AdamW, Schedule};
-use super::{forward_batch, forward_batch_with, Grads, OutputGrads};
+use super::{forward_batch, forward_batch_with, Grads, OutputGrads, SeqForward};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::path::PathBuf;
 use std::time::Instant;
 
 /// The learner's settings: one flat table of TRL / HF `TrainingArguments` names (the
@@ -69,6 +74,28 @@ pub struct TrainConfig {
     /// Keep a frozen copy of the initial weights even when `beta` is 0, to report `kl`
     /// (k3 by default) on the trained tokens: a reward-hacking / drift signal.
     pub log_kl_to_initial: bool,
+    // PPO (`loss_type = "ppo"`, `algos::ppo`): TRL `PPOConfig` names and defaults.
+    /// Value-loss coefficient: `L = L_policy + vf_coef · L_value`.
+    pub vf_coef: f32,
+    /// Value clipping: `V_clip = V_old + clip(V − V_old, −c, c)`.
+    pub cliprange_value: f32,
+    /// GAE discount γ.
+    pub gamma: f32,
+    /// GAE λ.
+    pub lam: f32,
+    /// KL penalty in the reward (InstructGPT): `r_t −= kl_coef · (ℓ_old,t − ℓ_ref,t)`.
+    pub kl_coef: f32,
+    /// Passes over each rollout batch.
+    pub num_ppo_epochs: usize,
+    /// Optimizer steps per pass (the batch's samples shuffled and split; at most one
+    /// mini-batch per sample).
+    pub num_mini_batches: usize,
+    /// Initial value head: a checkpoint folder (its `value_head.safetensors`) or a
+    /// safetensors file with `v_head.weight` / `v_head.bias`; unset = zeros.
+    pub value_head_path: Option<PathBuf>,
+    // DPO (`loss_type = "dpo"` / `"ipo"`, `algos::dpo`): `beta` is DPO's β.
+    /// cDPO label smoothing ε: the probability that a preference label is flipped.
+    pub label_smoothing: f32,
 }
 
 impl Default for TrainConfig {
@@ -105,6 +132,80 @@ impl Default for TrainConfig {
             overlong_penalty_factor: 1.0,
             gradient_checkpointing: false,
             log_kl_to_initial: false,
+            vf_coef: 0.1,
+            cliprange_value: 0.2,
+            gamma: 1.0,
+            lam: 0.95,
+            kl_coef: 0.05,
+            num_ppo_epochs: 4,
+            num_mini_batches: 1,
+            value_head_path: None,
+            label_smoothing: 0.0,
+        }
+    }
+}
+
+impl TrainConfig {
+    /// Checks the values the chosen `loss_type` uses: `Err((key, message))` names the key,
+    /// the value and the allowed range.
+    pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
+        let check = |ok: bool, key: &'static str, msg: String| if ok { Ok(()) } else { Err((key, msg)) };
+        match self.loss_type {
+            LossType::Ppo => {
+                check(
+                    self.num_ppo_epochs >= 1,
+                    "num_ppo_epochs",
+                    format!("`num_ppo_epochs` must be >= 1, got {}", self.num_ppo_epochs),
+                )?;
+                check(
+                    self.num_mini_batches >= 1,
+                    "num_mini_batches",
+                    format!("`num_mini_batches` must be >= 1, got {}", self.num_mini_batches),
+                )?;
+                check(
+                    (0.0..=1.0).contains(&self.gamma),
+                    "gamma",
+                    format!("`gamma` must be in [0, 1], got {}", self.gamma),
+                )?;
+                check((0.0..=1.0).contains(&self.lam), "lam", format!("`lam` must be in [0, 1], got {}", self.lam))?;
+                check(self.vf_coef >= 0.0, "vf_coef", format!("`vf_coef` must be >= 0, got {}", self.vf_coef))?;
+                check(
+                    self.cliprange_value > 0.0,
+                    "cliprange_value",
+                    format!("`cliprange_value` must be > 0, got {}", self.cliprange_value),
+                )?;
+                check(self.kl_coef >= 0.0, "kl_coef", format!("`kl_coef` must be >= 0, got {}", self.kl_coef))?;
+            }
+            LossType::Dpo | LossType::Ipo => {
+                check(
+                    self.beta > 0.0,
+                    "beta",
+                    format!(
+                        "`beta` (DPO's β) must be > 0 for loss_type = \"{}\" (TRL's default is 0.1), got {}",
+                        if self.loss_type == LossType::Dpo { "dpo" } else { "ipo" },
+                        self.beta
+                    ),
+                )?;
+                check(
+                    (0.0..0.5).contains(&self.label_smoothing),
+                    "label_smoothing",
+                    format!("`label_smoothing` must be in [0, 0.5), got {}", self.label_smoothing),
+                )?;
+            }
+            _ => {}
+        }
+        check(
+            self.value_head_path.is_none() || self.loss_type == LossType::Ppo,
+            "value_head_path",
+            "`value_head_path` is only used by loss_type = \"ppo\"".into(),
+        )
+    }
+
+    /// Optimizer steps one batch takes: `num_ppo_epochs × num_mini_batches` for PPO, else 1.
+    pub fn updates_per_batch(&self) -> u64 {
+        match self.loss_type {
+            LossType::Ppo => (self.num_ppo_epochs * self.num_mini_batches) as u64,
+            _ => 1,
         }
     }
 }
@@ -114,7 +215,9 @@ impl Default for TrainConfig {
 pub struct TrainSample {
     pub prompt_ids: Vec<u32>,
     pub completion_ids: Vec<u32>,
-    /// μ per completion token.
+    /// μ per completion token; empty when unknown (preference pairs from a dataset), which
+    /// only `dpo` / `ipo` accept.
+    #[serde(default)]
     pub behavior_logprobs: Vec<f32>,
     /// Given directly, or computed from `reward` and `group`.
     #[serde(default)]
@@ -140,7 +243,7 @@ impl TrainSample {
         if self.completion_ids.is_empty() {
             return Err("`completion_ids` is empty".into());
         }
-        if self.behavior_logprobs.len() != self.completion_ids.len() {
+        if !self.behavior_logprobs.is_empty() && self.behavior_logprobs.len() != self.completion_ids.len() {
             return Err(format!(
                 "`behavior_logprobs` has {} values for {} completion tokens",
                 self.behavior_logprobs.len(),
@@ -162,8 +265,8 @@ impl TrainSample {
                 ));
             }
         }
-        if self.advantage.is_none() && (self.reward.is_none() || self.group.is_none()) {
-            return Err("give `advantage`, or `reward` and `group`".into());
+        if self.advantage.is_none() && self.reward.is_none() {
+            return Err("give `advantage`, or `reward` (with `group` for group advantages and preference pairs)".into());
         }
         Ok(())
     }
@@ -176,8 +279,10 @@ pub struct StepMetrics {
     #[serde(rename = "optimizer_step")]
     pub step: u64,
     #[serde(flatten)]
-    pub loss: super::algos::grpo::LossStats,
+    pub loss: LossStats,
+    /// Global gradient norm before clipping (PPO: the mean over the batch's updates).
     pub grad_norm: f64,
+    /// Learning rate of the (last) update.
     pub learning_rate: f64,
     pub entropy: f64,
     pub reward_mean: f64,
@@ -196,24 +301,66 @@ pub struct StepMetrics {
     pub num_truncated_masked: usize,
     /// Policy version after this step.
     pub version: u64,
-    /// How long the optimizer held the write guard (the engine's pause), seconds.
+    /// Optimizer steps (versions) this batch took: `num_ppo_epochs × num_mini_batches` for
+    /// PPO, else 1.
+    pub num_updates: u64,
+    /// How long the optimizer held the write guard (the engine's pause), seconds; summed
+    /// over the batch's updates.
+    pub pause_seconds: f64,
+    /// PPO's value-head and advantage metrics.
+    #[serde(flatten)]
+    pub ppo: Option<crate::algos::ppo::PpoStats>,
+    /// DPO's implicit-reward metrics (TRL names, `rewards/chosen`, ...).
+    #[serde(flatten)]
+    pub dpo: Option<crate::algos::dpo::DpoStats>,
+}
+
+/// The samples a step trains on, after the staleness and truncation filters.
+pub(crate) struct Selection<'b> {
+    /// (index in the batch, sample) of every kept sample, in batch order.
+    pub kept: Vec<(usize, &'b TrainSample)>,
+    /// Staleness of every sample of the batch (None without versions).
+    pub staleness: Vec<Option<u64>>,
+    pub stale_dropped: usize,
+    pub truncated_masked: usize,
+}
+
+/// The outcome of one optimizer update.
+pub(crate) struct Update {
+    pub grad_norm: f64,
+    pub lr: f64,
+    pub version: u64,
     pub pause_seconds: f64,
 }
 
-/// The learner: AdamW state and, when `beta > 0` or `log_kl_to_initial`, a frozen
-/// reference copy. The weights it trains are the served ones ([`SharedModel`]); it keeps
-/// no master copy (they are f32 already).
+/// The learner: AdamW state; when `beta > 0`, `log_kl_to_initial`, PPO's `kl_coef > 0` or
+/// DPO/IPO, a frozen reference copy of the initial weights; PPO's value head. The weights
+/// it trains are the served ones ([`SharedModel`]); it keeps no master copy (they are f32
+/// already).
 pub struct Trainer {
     pub config: TrainConfig,
     pub optimizer: AdamW,
-    reference: Option<Model>,
+    pub(crate) reference: Option<Model>,
+    /// PPO's value head (`loss_type = "ppo"`): trained by the same AdamW, saved in checkpoints.
+    pub value_head: Option<ValueHead>,
+    pub(crate) ref_cache: crate::algos::dpo::RefCache,
+    /// Batches trained by this trainer (seeds PPO's mini-batch shuffles).
+    pub(crate) batches: u64,
 }
 
 impl Trainer {
-    /// Starts from the model's current weights; copies them into a frozen reference only
-    /// when `beta > 0` or `log_kl_to_initial`.
+    /// Starts from the model's current weights (the config is checked first, see
+    /// [`TrainConfig::validate`]). Copies them into a frozen reference when `beta > 0`,
+    /// `log_kl_to_initial`, PPO with `kl_coef > 0`, or DPO/IPO; PPO gets a value head (zeros,
+    /// or `value_head_path`).
     pub fn new(model: &Model, config: TrainConfig) -> Result<Self> {
-        let reference = if config.beta > 0.0 || config.log_kl_to_initial {
+        config.validate().map_err(|(key, message)| LearnerError::Config { key, message })?;
+        let ppo = config.loss_type == LossType::Ppo;
+        let needs_reference = config.beta > 0.0
+            || config.log_kl_to_initial
+            || (ppo && config.kl_coef > 0.0)
+            || config.loss_type.is_preference();
+        let reference = if needs_reference {
             let named = model.named_weights()?;
             let get = |n: &str, s: &[usize]| -> engine::Result<kernels::Tensor> {
                 named.get(n).cloned().ok_or_else(|| engine::ModelError::MissingTensor {
@@ -226,7 +373,20 @@ impl Trainer {
         } else {
             None
         };
-        Ok(Self { config, optimizer: AdamW::default(), reference })
+        let hidden = model.config.hidden_size;
+        let value_head = match (&config.value_head_path, ppo) {
+            (Some(p), true) => Some(ValueHead::load(p, hidden, model.device())?),
+            (None, true) => Some(ValueHead::zeros(hidden, model.device())?),
+            _ => None,
+        };
+        Ok(Self {
+            config,
+            optimizer: AdamW::default(),
+            reference,
+            value_head,
+            ref_cache: Default::default(),
+            batches: 0,
+        })
     }
 
     /// DAPO soft overlong punishment for a completion of `len` tokens (0 when off).
@@ -240,10 +400,98 @@ impl Trainer {
         c.overlong_penalty_factor * ((expected as f32 - len as f32) / buffer as f32).max(-1.0)
     }
 
-    /// The loss gradient of `batch` without updating anything (for `--dump-grads`).
-    pub fn gradients(&self, model: &Model, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
+    /// The samples of `batch` that pass the staleness bound and the truncation mask, and
+    /// `keep(i)` (the zero-std group filter).
+    pub(crate) fn select<'b>(
+        &self,
+        model: &Model,
+        batch: &'b [TrainSample],
+        keep: &dyn Fn(usize) -> bool,
+    ) -> Selection<'b> {
+        let c = &self.config;
+        let staleness: Vec<Option<u64>> = batch
+            .iter()
+            .map(|s| s.versions.as_ref().and_then(|v| v.iter().min()).map(|&m| model.version.saturating_sub(m)))
+            .collect();
+        let stale = |i: usize| c.max_staleness.is_some_and(|k| staleness[i].is_some_and(|s| s > k));
+        let truncated = |s: &TrainSample| c.mask_truncated_completions && s.finish_reason.as_deref() == Some("length");
+        let kept = batch.iter().enumerate().filter(|(i, s)| keep(*i) && !stale(*i) && !truncated(s)).collect();
+        Selection {
+            kept,
+            stale_dropped: (0..batch.len()).filter(|&i| stale(i)).count(),
+            truncated_masked: batch.iter().filter(|s| truncated(s)).count(),
+            staleness,
+        }
+    }
+
+    /// The metrics every loss reports: batch shape, staleness, entropy of the forward.
+    pub(crate) fn base_metrics(
+        &self,
+        batch: &[TrainSample],
+        sel: &Selection,
+        fwd: &SeqForward,
+        t0: Instant,
+    ) -> StepMetrics {
+        let lens: Vec<usize> = batch.iter().map(|s| s.completion_ids.len()).collect();
+        let tokens = fwd.logprobs.len();
+        let secs = t0.elapsed().as_secs_f64();
+        let st = &sel.staleness;
+        StepMetrics {
+            step: self.optimizer.step,
+            entropy: fwd.entropies.iter().map(|&e| e as f64).sum::<f64>() / tokens.max(1) as f64,
+            completion_length_mean: lens.iter().sum::<usize>() as f64 / lens.len().max(1) as f64,
+            completion_length_max: lens.iter().cloned().max().unwrap_or(0),
+            samples: sel.kept.len(),
+            tokens_per_s: batch.iter().map(|s| s.prompt_ids.len() + s.completion_ids.len()).sum::<usize>() as f64
+                / secs,
+            step_seconds: secs,
+            staleness_mean: st.iter().flatten().sum::<u64>() as f64 / st.iter().flatten().count().max(1) as f64,
+            staleness_max: st.iter().flatten().cloned().max().unwrap_or(0),
+            num_stale_dropped: sel.stale_dropped,
+            num_truncated_masked: sel.truncated_masked,
+            ..Default::default()
+        }
+    }
+
+    /// The entropy bonus `−entropy_coef · Σ w_t H_t` with the `loss_type`'s token weights:
+    /// its value and `dL/dH` per token (None when `entropy_coef` is 0).
+    pub(crate) fn entropy_bonus(&self, fwd: &SeqForward) -> (f64, Option<Vec<f32>>) {
+        let c = &self.config;
+        if c.entropy_coef == 0.0 {
+            return (0.0, None);
+        }
+        let w = token_weights(&fwd.lens, c);
+        let mut start = 0;
+        let (mut loss, mut de) = (0.0, Vec::with_capacity(fwd.entropies.len()));
+        for (k, &n) in fwd.lens.iter().enumerate() {
+            let h: f64 = fwd.entropies[start..start + n].iter().map(|&e| e as f64).sum();
+            loss -= c.entropy_coef as f64 * w[k] * h;
+            de.extend(std::iter::repeat_n((-(c.entropy_coef as f64) * w[k]) as f32, n));
+            start += n;
+        }
+        (loss, Some(de))
+    }
+
+    /// The loss gradient of `batch` without updating anything (for `--dump-grads`). PPO: the
+    /// gradient of the first update (the whole batch as one mini-batch, π = π_old).
+    pub fn gradients(&mut self, model: &Model, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
+        match self.config.loss_type {
+            LossType::Ppo => self.ppo_gradients(model, batch),
+            LossType::Dpo | LossType::Ipo => self.dpo_gradients(model, batch),
+            _ => self.policy_gradients(model, batch),
+        }
+    }
+
+    /// The GRPO family: group advantages and the clipped policy loss.
+    fn policy_gradients(&self, model: &Model, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
         let t0 = Instant::now();
         let c = &self.config;
+        check_behavior(batch)?;
+        if let Some(i) = batch.iter().position(|s| s.advantage.is_none() && s.group.is_none()) {
+            return Err(LearnerError::Batch(format!(
+                "sample {i}: the group-relative losses need `advantage`, or `reward` and `group`"
+            )));
+        }
         let (rewards, groups): (Vec<f32>, Vec<u64>) = batch
             .iter()
             .enumerate()
@@ -252,31 +500,22 @@ impl Trainer {
             })
             .unzip();
         let adv = compute_advantages(&rewards, &groups, c.scale_rewards, c.filter_zero_std_groups);
-        let staleness: Vec<Option<u64>> = batch
-            .iter()
-            .map(|s| s.versions.as_ref().and_then(|v| v.iter().min()).map(|&m| model.version.saturating_sub(m)))
-            .collect();
-        let stale = |i: usize| c.max_staleness.is_some_and(|k| staleness[i].is_some_and(|s| s > k));
-        let truncated = |s: &TrainSample| c.mask_truncated_completions && s.finish_reason.as_deref() == Some("length");
-        let kept: Vec<(usize, &TrainSample)> =
-            batch.iter().enumerate().filter(|(i, s)| adv.keep[*i] && !stale(*i) && !truncated(s)).collect();
-        if kept.is_empty() {
+        let sel = self.select(model, batch, &|i| adv.keep[i]);
+        if sel.kept.is_empty() {
             return Err(LearnerError::EmptyBatch);
         }
         // One packed forward over all kept samples (and the reference when beta > 0).
         let seqs: Vec<(&[u32], &[u32])> =
-            kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
+            sel.kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
         let fwd = forward_batch_with(model, &seqs, c.temperature, c.gradient_checkpointing)?;
         let ref_lp = match &self.reference {
             Some(r) => Some(forward_batch(r, &seqs, c.temperature)?.logprobs),
             None => None,
         };
-        let mut offsets = vec![0usize];
-        for n in &fwd.lens {
-            offsets.push(offsets.last().unwrap() + n);
-        }
+        let offsets = offsets(&fwd.lens);
         let span = |i: usize| offsets[i]..offsets[i + 1];
-        let samples: Vec<SampleLogprobs> = kept
+        let samples: Vec<SampleLogprobs> = sel
+            .kept
             .iter()
             .enumerate()
             .map(|(k, (i, s))| SampleLogprobs {
@@ -285,80 +524,114 @@ impl Trainer {
                 ref_logp: ref_lp.as_ref().map(|r| &r[span(k)]),
                 prox_logp: None,
                 advantage: s.advantage.unwrap_or(adv.advantages[*i]),
+                token_advantages: None,
             })
             .collect();
         let (mut stats, dl) = policy_loss(&samples, c);
         let dl: Vec<f32> = dl.concat();
+        let (bonus, de) = self.entropy_bonus(&fwd);
+        stats.loss += bonus;
         let mut grads = Grads::default();
-        if c.entropy_coef != 0.0 {
-            // Entropy bonus: L −= entropy_coef · Σ w_t H_t with the loss_type's token weights.
-            let w = token_weights(&fwd.lens, c);
-            let de: Vec<f32> = (0..fwd.lens.len())
-                .flat_map(|k| std::iter::repeat_n((-(c.entropy_coef as f64) * w[k]) as f32, fwd.lens[k]))
-                .collect();
-            stats.loss -= (0..fwd.lens.len())
-                .map(|k| c.entropy_coef as f64 * w[k] * fwd.entropies[span(k)].iter().map(|&e| e as f64).sum::<f64>())
-                .sum::<f64>();
-            fwd.backward(model, &OutputGrads { dl_dentropy: Some(&de), ..OutputGrads::logprobs(&dl) }, &mut grads)?;
-        } else {
-            fwd.backward(model, &OutputGrads::logprobs(&dl), &mut grads)?;
-        }
-        let lens: Vec<usize> = batch.iter().map(|s| s.completion_ids.len()).collect();
-        let tokens = fwd.logprobs.len();
-        let secs = t0.elapsed().as_secs_f64();
+        fwd.backward(model, &OutputGrads { dl_dentropy: de.as_deref(), ..OutputGrads::logprobs(&dl) }, &mut grads)?;
         let m = StepMetrics {
-            step: self.optimizer.step,
-            entropy: fwd.entropies.iter().map(|&e| e as f64).sum::<f64>() / tokens.max(1) as f64,
             loss: stats,
             reward_mean: adv.reward_mean,
             reward_std: adv.reward_std,
             frac_reward_zero_std: adv.frac_reward_zero_std,
-            completion_length_mean: lens.iter().sum::<usize>() as f64 / lens.len().max(1) as f64,
-            completion_length_max: lens.iter().cloned().max().unwrap_or(0),
-            samples: kept.len(),
-            tokens_per_s: batch.iter().map(|s| s.prompt_ids.len() + s.completion_ids.len()).sum::<usize>() as f64
-                / secs,
-            step_seconds: secs,
-            staleness_mean: staleness.iter().flatten().sum::<u64>() as f64
-                / staleness.iter().flatten().count().max(1) as f64,
-            staleness_max: staleness.iter().flatten().cloned().max().unwrap_or(0),
-            num_stale_dropped: (0..batch.len()).filter(|&i| stale(i)).count(),
-            num_truncated_masked: batch.iter().filter(|s| truncated(s)).count(),
-            ..Default::default()
+            ..self.base_metrics(batch, &sel, &fwd, t0)
         };
         Ok((m, grads))
     }
 
-    /// One optimizer step: gradients under a read guard (the engine keeps stepping), the AdamW
-    /// step prepared outside any guard, then applied to the served weights in place under the
-    /// write guard, and the version bumped before the guard is released.
-    pub fn step(&mut self, model: &SharedModel, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
-        let t0 = Instant::now();
-        let (mut m, grads) = self.gradients(&model.read(), batch)?;
+    /// One AdamW update of the served weights (and the value head) with `grads`: the step is
+    /// computed and laid out like the served weights while the engine keeps serving; the
+    /// write guard covers one elementwise pass `w ← decay·w + Δ` and the version bump.
+    pub(crate) fn update(&mut self, model: &SharedModel, grads: &Grads) -> Result<Update> {
         let cfg = &self.config;
-        let scale = self.optimizer.begin_step(&grads, cfg)?;
-        // AdamW's step Δ is computed and laid out like the served weights while the engine
-        // keeps serving; the write guard covers one elementwise pass `w ← decay·w + Δ`.
+        let scale = self.optimizer.begin_step(grads, cfg)?;
         let mut deltas = BTreeMap::new();
         for (name, g) in &grads.tensors {
             deltas.insert(name.as_str(), self.optimizer.delta(name, g, &scale, cfg)?);
         }
         let laid = model.read().lay_out(&mut |n| deltas.remove(n))?;
+        let decay = AdamW::decay(&scale, cfg);
+        if let Some(head) = &mut self.value_head {
+            head.apply(decay, &mut |n| deltas.remove(n))?;
+        }
         drop(deltas);
         let t_write = Instant::now();
-        {
+        let version = {
             let mut w = model.write();
-            w.apply_deltas(&laid, AdamW::decay(&scale, cfg))?;
+            w.apply_deltas(&laid, decay)?;
             w.version += 1;
-            m.version = w.version;
-        }
-        m.pause_seconds = t_write.elapsed().as_secs_f64();
-        m.grad_norm = scale.grad_norm;
-        m.learning_rate = scale.lr;
+            w.version
+        };
+        Ok(Update { grad_norm: scale.grad_norm, lr: scale.lr, version, pause_seconds: t_write.elapsed().as_secs_f64() })
+    }
+
+    /// One learner step: gradients under a read guard (the engine keeps stepping), then
+    /// AdamW applied to the served weights in place ([`Self::update`]). PPO takes
+    /// `num_ppo_epochs × num_mini_batches` updates per batch. Returns the step's metrics and
+    /// the gradient of its (last) update.
+    pub fn step(&mut self, model: &SharedModel, batch: &[TrainSample]) -> Result<(StepMetrics, Grads)> {
+        let t0 = Instant::now();
+        let (mut m, grads) = if self.config.loss_type == LossType::Ppo {
+            self.ppo_step(model, batch)?
+        } else {
+            let (mut m, grads) = self.gradients(&model.read(), batch)?;
+            let u = self.update(model, &grads)?;
+            (m.grad_norm, m.learning_rate, m.version, m.pause_seconds) =
+                (u.grad_norm, u.lr, u.version, u.pause_seconds);
+            m.num_updates = 1;
+            (m, grads)
+        };
+        self.batches += 1;
         m.step = self.optimizer.step;
         m.step_seconds = t0.elapsed().as_secs_f64();
         m.tokens_per_s =
             batch.iter().map(|s| s.prompt_ids.len() + s.completion_ids.len()).sum::<usize>() as f64 / m.step_seconds;
         Ok((m, grads))
+    }
+}
+
+/// Start of each sequence's tokens in the concatenation, and the total at the end.
+pub(crate) fn offsets(lens: &[usize]) -> Vec<usize> {
+    let mut o = Vec::with_capacity(lens.len() + 1);
+    o.push(0);
+    for n in lens {
+        o.push(o.last().unwrap() + n);
+    }
+    o
+}
+
+/// The policy losses need μ on every token.
+pub(crate) fn check_behavior(batch: &[TrainSample]) -> Result<()> {
+    match batch.iter().position(|s| s.behavior_logprobs.len() != s.completion_ids.len()) {
+        Some(i) => Err(LearnerError::Batch(format!(
+            "sample {i}: `behavior_logprobs` has {} values for {} completion tokens (only loss_type dpo/ipo trains \
+             without them)",
+            batch[i].behavior_logprobs.len(),
+            batch[i].completion_ids.len()
+        ))),
+        None => Ok(()),
+    }
+}
+
+/// Mean of the loss statistics of several updates (ratio extremes: min and max over them).
+pub(crate) fn mean_stats(all: &[LossStats]) -> LossStats {
+    let n = all.len().max(1) as f64;
+    let avg = |f: fn(&LossStats) -> f64| all.iter().map(f).sum::<f64>() / n;
+    LossStats {
+        loss: avg(|s| s.loss),
+        clip_ratio_low: avg(|s| s.clip_ratio_low),
+        clip_ratio_high: avg(|s| s.clip_ratio_high),
+        clip_ratio: avg(|s| s.clip_ratio),
+        kl: avg(|s| s.kl),
+        mismatch_mean: avg(|s| s.mismatch_mean),
+        mismatch_max: all.iter().map(|s| s.mismatch_max).fold(0.0, f64::max),
+        ratio_min: all.iter().map(|s| s.ratio_min).fold(f64::INFINITY, f64::min),
+        ratio_mean: avg(|s| s.ratio_mean),
+        ratio_max: all.iter().map(|s| s.ratio_max).fold(0.0, f64::max),
+        tokens: all.iter().map(|s| s.tokens).max().unwrap_or(0),
     }
 }

@@ -3,6 +3,8 @@
 //! Job keys are at the top; the learner's settings ([`TrainConfig`], TRL names) are the
 //! `[learner]` table (`"learner": {...}` in JSON). `learner.temperature`,
 //! `learner.max_staleness` and `learner.max_completion_length` also drive the rollouts.
+//! With `learner.loss_type = "dpo"` (or `"ipo"`) the job trains on the preference pairs of
+//! its dataset (`prompt`, `chosen`, `rejected` per line) instead of rollouts.
 //!
 //! Learner defaults: a job starts from one default set, [`job_learner_defaults`]
 //! (`TrainConfig::default()` with `learning_rate = 1e-5`, `max_completion_length = 64`,
@@ -25,7 +27,7 @@ pub struct JobConfig {
     /// Model folder; default the served model (or the default model for `rlserve train`).
     pub model: Option<PathBuf>,
     /// JSONL with `prompt` or `messages` per line plus fields for the rewards (`answer`), or
-    /// `builtin:arithmetic` (see `dataset.rs`).
+    /// `builtin:arithmetic` (see `dataset.rs`); for DPO/IPO, `prompt`, `chosen`, `rejected`.
     pub dataset: String,
     /// Held-out prompts for greedy evaluation (same format); default none.
     pub eval_dataset: Option<String>,
@@ -33,9 +35,9 @@ pub struct JobConfig {
     pub eval_interval: u64,
     /// At most this many eval prompts.
     pub eval_size: usize,
-    /// Completions per prompt (a GRPO group).
+    /// Completions per prompt (a GRPO group; PPO may use 1; unused by DPO).
     pub num_generations: usize,
-    /// Prompts per optimizer step (samples per step = prompts_per_step × num_generations).
+    /// Prompts per step (samples per step = prompts_per_step × num_generations; DPO: pairs per step).
     pub prompts_per_step: usize,
     /// Steps of the run (and the learning-rate schedule's length unless `total_steps`).
     pub max_steps: u64,
@@ -155,9 +157,13 @@ impl JobConfig {
         let t = &self.learner;
         let checks: [(bool, &str, String); 9] = [
             (
-                self.num_generations >= 2,
+                self.num_generations >= 2 || (!t.loss_type.is_group_relative() && self.num_generations >= 1),
                 "num_generations",
-                format!("`num_generations` must be >= 2 (a group needs two samples), got {}", self.num_generations),
+                if t.loss_type.is_group_relative() {
+                    format!("`num_generations` must be >= 2 (a group needs two samples), got {}", self.num_generations)
+                } else {
+                    format!("`num_generations` must be >= 1, got {}", self.num_generations)
+                },
             ),
             (
                 self.prompts_per_step >= 1,
@@ -199,6 +205,8 @@ impl JobConfig {
         if let Some((_, param, msg)) = checks.into_iter().find(|(ok, ..)| !ok) {
             return Err(RlError::invalid(param, msg));
         }
+        t.validate()
+            .map_err(|(key, msg)| RlError::invalid(&format!("learner.{key}"), msg.replacen('`', "`learner.", 1)))?;
         for r in &self.rewards {
             r.validate()?;
         }
@@ -210,10 +218,12 @@ impl JobConfig {
         self.learner.max_staleness.unwrap_or(0)
     }
 
-    /// The learner's settings for this job: `[learner]` with `total_steps` defaulting to
-    /// `max_steps` (the schedule ends with the run).
+    /// The learner's settings for this job: `[learner]` with `total_steps` defaulting to the
+    /// run's optimizer steps, `max_steps × updates per batch` (PPO: `num_ppo_epochs ×
+    /// num_mini_batches`), so the schedule ends with the run.
     pub fn train_config(&self) -> TrainConfig {
-        TrainConfig { total_steps: Some(self.learner.total_steps.unwrap_or(self.max_steps)), ..self.learner.clone() }
+        let total = self.max_steps * self.learner.updates_per_batch();
+        TrainConfig { total_steps: Some(self.learner.total_steps.unwrap_or(total)), ..self.learner.clone() }
     }
 
     /// Sampling parameters of the rollouts of step `step` (seeded per step).

@@ -3,7 +3,11 @@
 //! tokenized once: messages (and prompts under `apply_chat_template`) as the chat endpoint
 //! does ([`Tokenizer::encode_chat`]: message contents are plain text, only the template's
 //! markers are special tokens), raw prompts as a completions prompt (`Tokenizer::encode`
-//! with special tokens).
+//! with special tokens); a `prompt` may also be a list of token ids (taken as is).
+//!
+//! Preference pairs (DPO/IPO jobs; TRL's preference format): lines with `prompt`, `chosen`
+//! and `rejected`. A completion is text (tokenized without special tokens, then the EOS
+//! token appended, as TRL) or a list of token ids (taken as is).
 
 use super::error::{Result, RlError};
 use engine::{ChatMessage, ChatOptions, Tokenizer};
@@ -18,6 +22,17 @@ pub struct Example {
     pub prompt_text: String,
     /// The dataset line's fields.
     pub fields: Map<String, Value>,
+    /// The line's preference pair, when it has `chosen` and `rejected`.
+    pub pair: Option<Pair>,
+}
+
+/// A preference between two completions of one prompt.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Pair {
+    /// The preferred completion's token ids.
+    pub chosen: Vec<u32>,
+    /// The other completion's token ids.
+    pub rejected: Vec<u32>,
 }
 
 /// The built-in task: two-number addition with the answer after `####`. Train and eval
@@ -68,26 +83,64 @@ pub fn load(
                 (_, Some(Value::String(p))) if apply_chat_template => msgs.push(ChatMessage::new("user", p)),
                 (_, Some(Value::String(p))) => {
                     let prompt_ids = tok.encode(p, true).map_err(|e| line_error(i, &e))?;
-                    return example(prompt_ids, p.clone(), fields).map_err(|e| line_error(i, &e));
+                    return example(prompt_ids, p.clone(), fields, tok).map_err(|e| line_error(i, &e));
                 }
-                _ => return Err(line_error(i, &"needs a string `prompt` or a `messages` list")),
+                (_, Some(Value::Array(ids))) => {
+                    let ids = token_ids(ids, tok.vocab_size()).map_err(|e| line_error(i, &format!("`prompt`: {e}")))?;
+                    let text = tok.decode(&ids, false).map_err(|e| line_error(i, &e))?;
+                    return example(ids, text, fields, tok).map_err(|e| line_error(i, &e));
+                }
+                _ => return Err(line_error(i, &"needs a string `prompt`, a list of token ids, or a `messages` list")),
             }
             let text = tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?;
             let prompt_ids = tok.encode_chat(&msgs, ChatOptions::default()).map_err(|e| line_error(i, &e))?;
-            example(prompt_ids, text, fields).map_err(|e| line_error(i, &e))
+            example(prompt_ids, text, fields, tok).map_err(|e| line_error(i, &e))
         })
         .collect()
 }
 
-fn example(
-    prompt_ids: Vec<u32>,
-    prompt_text: String,
-    fields: Map<String, Value>,
-) -> std::result::Result<Example, &'static str> {
+fn example(prompt_ids: Vec<u32>, prompt_text: String, fields: Map<String, Value>, tok: &Tokenizer) -> std::result::Result<Example, String> {
     if prompt_ids.is_empty() {
-        return Err("the prompt is empty");
+        return Err("the prompt is empty".into());
     }
-    Ok(Example { prompt_ids, prompt_text, fields })
+    let pair = pair(&fields, tok)?;
+    Ok(Example { prompt_ids, prompt_text, fields, pair })
+}
+
+/// Token ids from a JSON list: every element an integer below `vocab`, at least one.
+fn token_ids(v: &[Value], vocab: usize) -> std::result::Result<Vec<u32>, String> {
+    if v.is_empty() {
+        return Err("the list of token ids is empty".into());
+    }
+    v.iter()
+        .map(|x| match x.as_u64() {
+            Some(t) if (t as usize) < vocab => Ok(t as u32),
+            _ => Err(format!("{x} is not a token id (an integer below the vocab size {vocab})")),
+        })
+        .collect()
+}
+
+/// The line's `chosen` / `rejected` completions, if it has them (both or neither).
+fn pair(fields: &Map<String, Value>, tok: &Tokenizer) -> std::result::Result<Option<Pair>, String> {
+    let completion = |key: &str| -> std::result::Result<Vec<u32>, String> {
+        match &fields[key] {
+            Value::String(t) => {
+                let mut ids = tok.encode(t, false).map_err(|e| format!("`{key}`: {e}"))?;
+                ids.extend(tok.eos_token_ids.first());
+                if ids.is_empty() {
+                    return Err(format!("`{key}` is empty"));
+                }
+                Ok(ids)
+            }
+            Value::Array(ids) => token_ids(ids, tok.vocab_size()).map_err(|e| format!("`{key}`: {e}")),
+            _ => Err(format!("`{key}` must be text or a list of token ids")),
+        }
+    };
+    match (fields.contains_key("chosen"), fields.contains_key("rejected")) {
+        (false, false) => Ok(None),
+        (true, true) => Ok(Some(Pair { chosen: completion("chosen")?, rejected: completion("rejected")? })),
+        _ => Err("a preference pair needs both `chosen` and `rejected`".into()),
+    }
 }
 
 /// The JSON objects of `spec`, one per non-empty line (or the built-in task's rows).

@@ -3,11 +3,16 @@
 //! Every finished chat/completion response is kept for a bounded window
 //! (`--feedback-window` responses): per choice its prompt ids, completion ids, μ and
 //! versions ([`FeedbackRecorder`]). `POST /v1/feedback` rates a choice (`reward` in
-//! [−1, 1]) or picks a preferred one (it gets 1, the others 0). Each accepted rating is
-//! appended to `<feedback-dir>/feedback.jsonl` and fsynced **before** the 200 reply.
+//! [−1, 1]), picks a preferred one (it gets 1, the others 0), or prefers one choice over
+//! another (`chosen` gets 1, `rejected` 0). Each accepted rating is appended to
+//! `<feedback-dir>/feedback.jsonl` and fsynced **before** the 200 reply.
 //!
 //! Samples become trainable by these rules (`ratings.rs`):
-//! - all `n ≥ 2` choices of a response rated → one GRPO group (advantages from the group);
+//! - all `n ≥ 2` choices of a response rated → one group (GRPO advantages from the group;
+//!   with `loss_type = "dpo"`/`"ipo"`, a preference pair for every two choices whose rewards
+//!   differ);
+//! - a `chosen` / `rejected` preference → those two choices as one group at once (a DPO
+//!   pair; a GRPO group of two), and the response counts as fully rated;
 //! - a response with `n = 1`, or one that leaves the window partly rated → each rated choice
 //!   alone, REINFORCE with a baseline: advantage = reward − the running mean of all earlier
 //!   single-choice rewards (0 before the first).
@@ -225,11 +230,12 @@ impl LearnerTask for FeedbackTask {
         Ok(Some(Batch { samples, timing: Default::default(), checkpoint_state, guard: Some(guard) }))
     }
 
+    /// Learner steps so far: optimizer steps over the updates each takes (PPO: several).
     fn step_number(&self, optimizer_step: u64) -> u64 {
-        optimizer_step
+        optimizer_step / self.0.cfg.learner.updates_per_batch().max(1)
     }
 
-    fn after_step(&mut self, record: &StepRecord, batch: &Batch, _log: &mut JobLog) -> Result<bool> {
+    fn after_step(&mut self, record: &StepRecord, batch: &Batch, _log: &mut JobLog, _: &mut Trainer) -> Result<bool> {
         self.0.lock().trained(batch.samples.len());
         tracing::info!(
             version = record.learner.version,
@@ -240,9 +246,9 @@ impl LearnerTask for FeedbackTask {
         Ok(false)
     }
 
-    fn checkpoint_dir(&self, _step: u64, optimizer_step: u64, _last: bool) -> Option<PathBuf> {
+    fn checkpoint_dir(&self, step: u64, _optimizer_step: u64, _last: bool) -> Option<PathBuf> {
         let cfg = &self.0.cfg;
-        optimizer_step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
+        step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
     }
 
     /// A failed save is logged; the ratings after the last good checkpoint are replayed on

@@ -90,6 +90,18 @@ impl Job {
             Some(s) => load("eval_dataset", s)?.into_iter().take(config.eval_size).collect(),
             None => vec![],
         };
+        if config.learner.loss_type.is_preference() {
+            for (key, spec, set) in
+                [("dataset", Some(&config.dataset), &train), ("eval_dataset", config.eval_dataset.as_ref(), &eval)]
+            {
+                if let (Some(spec), Some(i)) = (spec, set.iter().position(|e| e.pair.is_none())) {
+                    return Err(RlError::invalid(
+                        key,
+                        format!("{key} {spec}: example {} has no `chosen` and `rejected`: loss_type dpo/ipo trains on preference pairs", i + 1),
+                    ));
+                }
+            }
+        }
         let rewards = Rewards::new(&config.rewards, ctx.runtime.clone())?;
         let resume = job_run::resolve_resume(&config)?;
         let longest = train.iter().chain(&eval).map(|e| e.prompt_ids.len()).max().unwrap_or(0);

@@ -8,6 +8,10 @@
 //! `max_staleness`, and nothing is generated only to be thrown away. With
 //! `max_staleness = 0` generation and training alternate (synchronous); with k ≥ 1 the
 //! generation of step s + 1 overlaps the training of step s.
+//!
+//! DPO/IPO jobs (`learner.loss_type`) generate nothing: step `s`'s batch is the next
+//! `prompts_per_step` preference pairs of the dataset (two samples per pair, one group,
+//! rewards 1 and 0), and the evaluation scores the held-out pairs' implicit rewards.
 
 use super::config::JobConfig;
 use super::context::RlContext;
@@ -15,11 +19,11 @@ use super::dataset::{self, Example};
 use super::error::{Result, RlError};
 use super::job::Job;
 use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
-use super::report::{EvalRecord, JobLog, RolloutTiming, StepRecord};
+use super::report::{EvalRecord, JobLog, PreferenceEval, RolloutTiming, StepRecord};
 use super::rewards::{exact_answer, Rewards, Scored};
 use super::rollout::{Rollout, RolloutSet};
 use engine::SamplingParams;
-use learner::Trainer;
+use learner::{TrainSample, Trainer};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
@@ -70,7 +74,7 @@ impl JobRun<'_> {
         let mut log = JobLog::open(&cfg.output_dir, start, progress.then_some(cfg.max_steps))?;
         // A resumed run keeps the evals it logged up to its checkpoint.
         if start == 0 {
-            self.record_eval(start, &mut log)?;
+            self.record_eval(start, &mut log, &mut trainer)?;
         }
         let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction)
             .record_versions_in(&cfg.output_dir);
@@ -122,6 +126,17 @@ impl JobRun<'_> {
         let t0 = Instant::now();
         let pps = cfg.prompts_per_step as u64;
         let examples: Vec<&Example> = (0..pps).map(|j| dataset::at(self.train, cfg.seed, s * pps + j)).collect();
+        let checkpoint_state = serde_json::json!({
+            "job_step": s + 1,
+            "seed": cfg.seed,
+            "dataset_position": (s + 1) * pps,
+        });
+        if cfg.learner.loss_type.is_preference() {
+            let len = cfg.learner.max_completion_length;
+            let samples =
+                examples.iter().enumerate().flat_map(|(j, e)| pair_samples(e, s << 20 | j as u64, len)).collect();
+            return Ok(Batch { samples, timing: Default::default(), checkpoint_state, guard: None });
+        }
         let rollouts = self.rollouts(&examples, cfg.sampling_params(s))?;
         let generation_seconds = t0.elapsed().as_secs_f64();
         let mut samples = Vec::with_capacity(rollouts.len());
@@ -138,11 +153,6 @@ impl JobRun<'_> {
         }
         let rollout_tokens = rollouts.iter().map(|r| r.completion_ids.len()).sum();
         let timing = RolloutTiming { rollout_tokens, generation_seconds, reward_errors, ..Default::default() };
-        let checkpoint_state = serde_json::json!({
-            "job_step": s + 1,
-            "seed": cfg.seed,
-            "dataset_position": (s + 1) * pps,
-        });
         Ok(Batch { samples, timing, checkpoint_state, guard: None })
     }
 
@@ -157,12 +167,33 @@ impl JobRun<'_> {
         Ok(self.ctx.runtime.block_on(set.collect(streams))?)
     }
 
-    /// Greedy completions of the eval prompts after step `step`, scored with the job's rewards.
-    fn record_eval(&self, step: u64, log: &mut JobLog) -> Result<()> {
+    /// Greedy completions of the eval prompts after step `step`, scored with the job's
+    /// rewards; for DPO/IPO, the held-out pairs' loss and implicit rewards
+    /// (`eval_reward` = `rewards/margins`, `eval_accuracy` = `rewards/accuracies`).
+    fn record_eval(&self, step: u64, log: &mut JobLog, trainer: &mut Trainer) -> Result<()> {
         if self.eval.is_empty() {
             return Ok(());
         }
         let cfg = &self.job.config;
+        if cfg.learner.loss_type.is_preference() {
+            let len = cfg.learner.max_completion_length;
+            let samples: Vec<TrainSample> =
+                self.eval.iter().enumerate().flat_map(|(i, e)| pair_samples(e, i as u64, len)).collect();
+            let version = self.ctx.model.version();
+            let (loss, stats) = trainer.evaluate_preferences(&self.ctx.model.read(), &samples)?;
+            let rec = EvalRecord {
+                step,
+                version,
+                eval_reward: stats.rewards_margins,
+                eval_accuracy: Some(stats.rewards_accuracies),
+                eval_size: stats.pairs,
+                preferences: Some(PreferenceEval { loss, stats }),
+            };
+            log.eval(&rec)?;
+            self.ctx.metrics.eval(&rec);
+            self.job.update(|st| st.evals.push(rec));
+            return Ok(());
+        }
         let params = SamplingParams {
             temperature: 0.0,
             max_tokens: Some(cfg.learner.max_completion_length),
@@ -187,12 +218,33 @@ impl JobRun<'_> {
             eval_reward: total / rs.len() as f64,
             eval_accuracy: (with_answer > 0).then(|| correct as f64 / with_answer as f64),
             eval_size: rs.len(),
+            preferences: None,
         };
         log.eval(&rec)?;
         self.ctx.metrics.eval(&rec);
         self.job.update(|st| st.evals.push(rec));
         Ok(())
     }
+}
+
+/// The two samples of a preference pair (`ex.pair`; the job checked every example has one):
+/// one group, the chosen completion rewarded 1 and the rejected 0, each cut to `max_len`
+/// tokens (TRL's `max_completion_length`). No μ: DPO does not use it.
+fn pair_samples(ex: &Example, group: u64, max_len: usize) -> Vec<TrainSample> {
+    let Some(p) = &ex.pair else { return vec![] };
+    [(&p.chosen, 1.0), (&p.rejected, 0.0)]
+        .into_iter()
+        .map(|(c, reward)| TrainSample {
+            prompt_ids: ex.prompt_ids.clone(),
+            completion_ids: c[..c.len().min(max_len)].to_vec(),
+            behavior_logprobs: vec![],
+            advantage: None,
+            reward: Some(reward),
+            group: Some(group),
+            versions: None,
+            finish_reason: None,
+        })
+        .collect()
 }
 
 /// What the rewards see of rollout `r` of example `ex`.
@@ -219,7 +271,13 @@ impl LearnerTask for JobTask<'_, '_> {
         self.step + 1
     }
 
-    fn after_step(&mut self, record: &StepRecord, _batch: &Batch, log: &mut JobLog) -> Result<bool> {
+    fn after_step(
+        &mut self,
+        record: &StepRecord,
+        _batch: &Batch,
+        log: &mut JobLog,
+        trainer: &mut Trainer,
+    ) -> Result<bool> {
         let (job, cfg) = (self.run.job, &self.run.job.config);
         self.step = record.step;
         job.update(|st| {
@@ -234,7 +292,7 @@ impl LearnerTask for JobTask<'_, '_> {
         let eval_due =
             cfg.eval_dataset.is_some() && cfg.eval_interval > 0 && record.step.is_multiple_of(cfg.eval_interval);
         if eval_due || (last && !self.run.eval.is_empty()) {
-            self.run.record_eval(record.step, log)?;
+            self.run.record_eval(record.step, log, trainer)?;
         }
         Ok(last)
     }

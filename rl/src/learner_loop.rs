@@ -38,9 +38,15 @@ pub trait LearnerTask {
     /// The `step` of the record of the batch just trained, given the optimizer's step count.
     fn step_number(&self, optimizer_step: u64) -> u64;
 
-    /// Called after each step is logged (status, evaluation, bookkeeping); returns whether
-    /// it was the last step.
-    fn after_step(&mut self, record: &StepRecord, batch: &Batch, log: &mut JobLog) -> Result<bool>;
+    /// Called after each step is logged (status, evaluation with the trainer's reference,
+    /// bookkeeping); returns whether it was the last step.
+    fn after_step(
+        &mut self,
+        record: &StepRecord,
+        batch: &Batch,
+        log: &mut JobLog,
+        trainer: &mut Trainer,
+    ) -> Result<bool>;
 
     /// Where to write a checkpoint after step `step` (`optimizer_step` optimizer steps so
     /// far; `last` step of the run), if one is due.
@@ -82,8 +88,10 @@ impl LearnerLoop {
     pub fn run(&mut self, task: &mut impl LearnerTask) -> Result<()> {
         while let Some(batch) = task.next_batch()? {
             if let Some(f) = &self.version_file {
-                // The learner holds the slot: the next version is the current one + 1.
-                write_version(f, self.ctx.model.version() + 1)?;
+                // The learner holds the slot: this batch's updates (several for PPO) take the
+                // versions after the current one.
+                let updates = self.trainer.config.updates_per_batch().max(1);
+                write_version(f, self.ctx.model.version() + updates)?;
             }
             let trained = self.trainer.step(&self.ctx.model, &batch.samples);
             let step = task.step_number(self.trainer.optimizer.step);
@@ -97,7 +105,7 @@ impl LearnerLoop {
             };
             let record = self.log.step(step, metrics, &batch.samples, &batch.timing, self.entropy_collapse_fraction);
             self.ctx.metrics.learner_step(&record, &batch.samples);
-            let last = task.after_step(&record, &batch, &mut self.log)?;
+            let last = task.after_step(&record, &batch, &mut self.log, &mut self.trainer)?;
             if let Some(dir) = task.checkpoint_dir(step, self.trainer.optimizer.step, last) {
                 let saved = self.save(&dir, batch.checkpoint_state.clone());
                 task.saved(saved)?;
@@ -110,11 +118,11 @@ impl LearnerLoop {
         Ok(())
     }
 
-    /// Writes the served weights and the optimizer state to `dir` (atomically), with `state`
-    /// added to `trainer_state.json`.
+    /// Writes the served weights, the optimizer state and the value head (PPO) to `dir`
+    /// (atomically), with `state` added to `trainer_state.json`.
     fn save(&self, dir: &Path, state: serde_json::Value) -> Result<()> {
         let model = self.ctx.model.read();
-        Ok(checkpoint::save(dir, &self.ctx.model_dir, &model, &self.trainer.optimizer, state)?)
+        Ok(checkpoint::save_trainer(dir, &self.ctx.model_dir, &model, &self.trainer, state)?)
     }
 
     /// Ends the log (progress bar, `metrics.png`).
@@ -154,14 +162,24 @@ pub fn restore_version(model: &SharedModel, dir: &Path) -> Result<()> {
     Ok(())
 }
 
-/// Loads the checkpoint in `dir` into the served weights and `trainer`'s optimizer and
-/// returns its `trainer_state.json`. Build the trainer first: its KL reference is the
-/// weights before the checkpoint.
+/// Loads the checkpoint in `dir` into the served weights, `trainer`'s optimizer and (PPO)
+/// its value head, and returns its `trainer_state.json`. Build the trainer first: its
+/// reference (KL, DPO) is the weights before the checkpoint. A PPO trainer resumed from a
+/// checkpoint without a value head keeps its initial one.
 pub fn resume(ctx: &RlContext, trainer: &mut Trainer, dir: &Path) -> Result<serde_json::Value> {
     let state = checkpoint::load_state(dir)?;
     load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
-    let device = ctx.model.read().device().clone();
+    let (device, hidden) = {
+        let m = ctx.model.read();
+        (m.device().clone(), m.config.hidden_size)
+    };
     trainer.optimizer = checkpoint::load_optimizer(dir, &device)?;
+    if trainer.value_head.is_some() {
+        match checkpoint::load_value_head(dir, hidden, &device)? {
+            Some(head) => trainer.value_head = Some(head),
+            None => tracing::warn!("{} has no value head; PPO starts from its initial one", dir.display()),
+        }
+    }
     Ok(state)
 }
 

@@ -53,14 +53,17 @@ impl RlMetrics {
                     _ => None,
                 };
                 if let Some(x) = x {
-                    gauge!(format!("rlserve:train_{k}"), m()).set(x);
+                    // DPO's TRL names (`rewards/chosen`) are not Prometheus names.
+                    gauge!(format!("rlserve:train_{}", k.replace('/', "_")), m()).set(x);
                 }
             }
         }
         gauge!("rlserve:entropy_collapse_alarm", m()).set(r.entropy_collapse as u8 as f64);
         for s in samples {
             if let (Some(v), true) = (s.versions.as_ref().and_then(|v| v.iter().min()), r.updated) {
-                let staleness = r.learner.version.saturating_sub(1).saturating_sub(*v) as f64;
+                // Staleness against the version the batch started from.
+                let start = r.learner.version.saturating_sub(r.learner.num_updates.max(1));
+                let staleness = start.saturating_sub(*v) as f64;
                 let h = histogram!("rlserve:trained_token_staleness", m());
                 for _ in 0..s.completion_ids.len() {
                     h.record(staleness);

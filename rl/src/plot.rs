@@ -1,9 +1,13 @@
-//! `metrics.png`: a titled figure of five stacked panels over training steps, each with its
-//! own title, axis labels and tick values: reward (training mean as a blue line, eval reward
-//! as red dots, said in the panel's title so no legend covers the data), mean token entropy, KL to the initial weights, completion
-//! length relative to the first steps, and the train − eval reward gap. Drawn with
-//! `plotters`' bitmap backend; the text uses DejaVu Sans embedded in the binary (the
-//! `dejavu` crate), so no font is needed on the machine. The numbers are in `metrics.jsonl`.
+//! `metrics.png`: a titled figure of stacked panels over training steps, each with its own
+//! title, axis labels and tick values: reward (training mean as a blue line, eval reward as
+//! red dots, said in the panel's title so no legend covers the data), mean token entropy,
+//! KL to the initial weights, completion length relative to the first steps, and the
+//! train − eval reward gap. PPO jobs add the value loss and the explained variance (with the
+//! value clip fraction); DPO/IPO jobs (whose reward panel shows `rewards/margins`) add
+//! `rewards/accuracies` (with the held-out accuracy) and `rewards/chosen` (with
+//! `rewards/rejected`). Drawn with `plotters`' bitmap backend; the text uses DejaVu Sans
+//! embedded in the binary (the `dejavu` crate), so no font is needed on the machine. The
+//! numbers are in `metrics.jsonl`.
 
 use super::error::{Result, RlError};
 use plotters::prelude::*;
@@ -15,6 +19,12 @@ type Series = Vec<(f64, f64)>;
 
 /// Width and height of `metrics.png` in pixels.
 pub const SIZE: (u32, u32) = (1000, 1500);
+
+/// Height in pixels of a figure of `panels` panels: [`SIZE`] holds the five common ones, and
+/// each algorithm's extra panel is as tall as one of them.
+pub fn height(panels: usize) -> u32 {
+    TITLE_BAND + (SIZE.1 - TITLE_BAND) * panels as u32 / 5
+}
 
 /// Height of the figure's title band.
 const TITLE_BAND: u32 = 60;
@@ -53,18 +63,12 @@ pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<()> {
             .filter(|p| p.1.is_finite())
             .collect()
     };
-    let root = BitMapBackend::new(path, SIZE).into_drawing_area();
-    root.fill(&WHITE).map_err(|x| e(&x))?;
-    let (title, body) = root.split_vertically(TITLE_BAND);
-    let steps = lines.iter().filter(|l| l["kind"] == "train").count();
-    let heading = format!("Training metrics by step ({steps} steps, from metrics.jsonl)");
-    title.titled(&heading, (family, 30).into_font().style(FontStyle::Bold).color(&BLACK)).map_err(|x| e(&x))?;
     let (reward, eval) = (pts("train", "reward"), pts("eval", "eval_reward"));
     let (entropy, kl) = (pts("train", "entropy"), pts("train", "kl_to_initial"));
     let (drift, gap) = (pts("train", "completion_length_drift"), pts("train", "train_eval_reward_gap"));
     let none = Series::new();
     let orange = RGBColor(230, 120, 0);
-    let panels = [
+    let mut panels = vec![
         Panel {
             title: "Reward: training mean (blue line), eval reward (red dots)",
             y_label: "mean reward",
@@ -96,7 +100,40 @@ pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<()> {
             dots: Some((&gap, BLACK)),
         },
     ];
+    let (value_loss, explained, clipfrac) =
+        (pts("train", "value_loss"), pts("train", "explained_variance"), pts("train", "value_clipfrac"));
+    if !value_loss.is_empty() {
+        panels.push(Panel { title: "PPO value loss", y_label: "value loss", line: (&value_loss, RGBColor(140, 80, 20)), dots: None });
+        panels.push(Panel {
+            title: "Explained variance (line), value clip fraction (dots)",
+            y_label: "fraction",
+            line: (&explained, RGBColor(0, 128, 128)),
+            dots: Some((&clipfrac, BLACK)),
+        });
+    }
+    let (accuracy, eval_accuracy) = (pts("train", "rewards/accuracies"), pts("eval", "rewards/accuracies"));
+    let (chosen, rejected) = (pts("train", "rewards/chosen"), pts("train", "rewards/rejected"));
+    if !accuracy.is_empty() {
+        panels.push(Panel {
+            title: "DPO rewards/accuracies: training (line), held-out (red dots)",
+            y_label: "accuracy",
+            line: (&accuracy, CYAN),
+            dots: Some((&eval_accuracy, RED)),
+        });
+        panels.push(Panel {
+            title: "DPO rewards/chosen (line), rewards/rejected (dots)",
+            y_label: "implicit reward",
+            line: (&chosen, BLUE),
+            dots: Some((&rejected, BLACK)),
+        });
+    }
     let x_max = lines.iter().filter_map(|l| l["step"].as_f64()).fold(1.0, f64::max);
+    let root = BitMapBackend::new(path, (SIZE.0, height(panels.len()))).into_drawing_area();
+    root.fill(&WHITE).map_err(|x| e(&x))?;
+    let (title, body) = root.split_vertically(TITLE_BAND);
+    let steps = lines.iter().filter(|l| l["kind"] == "train").count();
+    let heading = format!("Training metrics by step ({steps} steps, from metrics.jsonl)");
+    title.titled(&heading, (family, 30).into_font().style(FontStyle::Bold).color(&BLACK)).map_err(|x| e(&x))?;
     for (area, p) in body.split_evenly((panels.len(), 1)).iter().zip(&panels) {
         draw_panel(area, p, x_max, family).map_err(|x| e(&x))?;
     }

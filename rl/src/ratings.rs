@@ -1,13 +1,15 @@
 //! The feedback window: the responses kept for rating, the checks a rating must pass, and
-//! how accepted ratings become trainable samples (GRPO groups, or REINFORCE with a
-//! running-mean baseline). No I/O here: `feedback.rs` logs and replays the ratings.
+//! how accepted ratings become trainable samples (GRPO groups, preference pairs, or
+//! REINFORCE with a running-mean baseline). No I/O here: `feedback.rs` logs and replays the
+//! ratings.
 
 use super::error::{Result, RlError};
 use learner::TrainSample;
 use serde::{Deserialize, Serialize};
 use std::collections::{HashMap, HashSet, VecDeque};
 
-/// `POST /v1/feedback` body: `{"id", "choice", "reward"}` or `{"id", "preferred"}`.
+/// `POST /v1/feedback` body: `{"id", "choice", "reward"}`, `{"id", "preferred"}` or
+/// `{"id", "chosen", "rejected"}`.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FeedbackRequest {
@@ -19,6 +21,10 @@ pub struct FeedbackRequest {
     pub reward: Option<f64>,
     /// The preferred choice's index (it gets 1, the others 0).
     pub preferred: Option<usize>,
+    /// A preference between two choices: the better one's index (it gets 1)...
+    pub chosen: Option<usize>,
+    /// ...and the worse one's (it gets 0). The two form one group (a DPO pair) at once.
+    pub rejected: Option<usize>,
 }
 
 /// One line of `feedback.jsonl`: a rating with the data of every choice of its response
@@ -29,6 +35,10 @@ pub(crate) struct LogLine {
     pub id: String,
     /// Rewards set by this rating, by choice index.
     pub ratings: Vec<(usize, f32)>,
+    /// A `chosen` / `rejected` preference: the two rated choices are one group, and the
+    /// response is then fully rated.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub pair: bool,
     pub choices: Vec<TrainSample>,
 }
 
@@ -110,8 +120,29 @@ impl Ratings {
             ));
         }
         let n = k.choices.len();
-        let ratings = match (req.choice, req.reward, req.preferred) {
-            (Some(c), Some(r), None) => {
+        let pair = req.chosen.is_some() || req.rejected.is_some();
+        let ratings = match (req.choice, req.reward, req.preferred, req.chosen, req.rejected) {
+            (None, None, None, Some(w), Some(l)) => {
+                for (key, c) in [("chosen", w), ("rejected", l)] {
+                    if c >= n {
+                        return Err(RlError::invalid(
+                            key,
+                            format!("`{key}` {c} is out of range: the response has {n} choice(s)"),
+                        ));
+                    }
+                }
+                if w == l {
+                    return Err(RlError::invalid(
+                        "rejected",
+                        format!("`chosen` and `rejected` must be two different choices, got {w} and {l}"),
+                    ));
+                }
+                if k.rewards.iter().any(Option::is_some) {
+                    return Err(RlError::AlreadyRated(format!("response `{}` already has ratings", req.id)));
+                }
+                vec![(w, 1.0), (l, 0.0)]
+            }
+            (Some(c), Some(r), None, None, None) => {
                 if c >= n {
                     return Err(RlError::invalid(
                         "choice",
@@ -126,7 +157,7 @@ impl Ratings {
                 }
                 vec![(c, r as f32)]
             }
-            (None, None, Some(p)) => {
+            (None, None, Some(p), None, None) => {
                 if p >= n {
                     return Err(RlError::invalid(
                         "preferred",
@@ -140,11 +171,12 @@ impl Ratings {
             }
             _ => {
                 return Err(RlError::invalid_input(
-                    "give either `choice` and `reward`, or `preferred` (a choice index)",
+                    "give one of: `choice` and `reward`; `preferred` (a choice index); `chosen` and `rejected` \
+                     (two choice indices)",
                 ))
             }
         };
-        Ok(LogLine { seq: self.next_seq, id: req.id.clone(), ratings, choices: k.choices.clone() })
+        Ok(LogLine { seq: self.next_seq, id: req.id.clone(), ratings, pair, choices: k.choices.clone() })
     }
 
     /// Applies a logged rating (from a request or the replay). Ratings at or before
@@ -166,6 +198,20 @@ impl Ratings {
             }
         }
         k.seq = line.seq;
+        if line.pair {
+            // A preference: the two rated choices are one group now; the response is done.
+            let k = self.retire(&line.id).expect("present");
+            if line.seq > covered {
+                self.next_group += 1;
+                for &(c, r) in &line.ratings {
+                    if let Some(choice) = k.choices.get(c) {
+                        let sample = TrainSample { reward: Some(r), group: Some(self.next_group), ..choice.clone() };
+                        self.ready.push_back((k.seq, sample));
+                    }
+                }
+            }
+            return;
+        }
         let complete = k.rewards.iter().all(Option::is_some);
         if line.seq <= covered {
             if complete {

@@ -22,7 +22,9 @@ pub struct StepRecord {
     /// The learner's metrics of the step (defaults when nothing was trained).
     #[serde(flatten)]
     pub learner: StepMetrics,
-    /// Mean and std of the job reward over the step's samples (before any filtering).
+    /// Mean and std of the job reward over the step's samples (before any filtering). DPO/IPO
+    /// (whose sample rewards are only the preference labels): the implicit reward margin
+    /// `rewards/margins`, std 0.
     pub reward: f64,
     /// See `reward`.
     pub reward_std: f64,
@@ -54,8 +56,21 @@ pub struct EvalRecord {
     pub eval_reward: f64,
     /// Fraction whose final answer equals `answer` (when the eval set has answers).
     pub eval_accuracy: Option<f64>,
-    /// Eval prompts completed.
+    /// Eval prompts completed (DPO/IPO: held-out pairs).
     pub eval_size: usize,
+    /// DPO/IPO jobs: the loss and implicit-reward metrics of the held-out pairs (TRL names).
+    #[serde(flatten)]
+    pub preferences: Option<PreferenceEval>,
+}
+
+/// A DPO/IPO evaluation on held-out pairs.
+#[derive(Debug, Clone, Serialize)]
+pub struct PreferenceEval {
+    /// The DPO/IPO loss.
+    pub loss: f64,
+    /// `rewards/chosen`, `rewards/rejected`, `rewards/margins`, `rewards/accuracies`, ...
+    #[serde(flatten)]
+    pub stats: learner::algos::dpo::DpoStats,
 }
 
 /// Where a step's samples came from: rollout volume, time and waits (all zero for the
@@ -150,8 +165,13 @@ impl JobLog {
     ) -> StepRecord {
         let rewards: Vec<f64> = samples.iter().filter_map(|s| s.reward).map(f64::from).collect();
         let n = rewards.len().max(1) as f64;
-        let mean = rewards.iter().sum::<f64>() / n;
-        let std = (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt();
+        let (mean, std) = match learner.as_ref().and_then(|m| m.dpo.as_ref()) {
+            Some(d) => (d.rewards_margins, 0.0),
+            None => {
+                let mean = rewards.iter().sum::<f64>() / n;
+                (mean, (rewards.iter().map(|r| (r - mean).powi(2)).sum::<f64>() / n).sqrt())
+            }
+        };
         let len = samples.iter().map(|s| s.completion_ids.len()).sum::<usize>() as f64 / samples.len().max(1) as f64;
         let updated = learner.is_some();
         let learner = learner.unwrap_or_default();

@@ -12,8 +12,9 @@ use std::path::PathBuf;
 pub struct TrainStepArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// JSON lines: {"prompt_ids", "completion_ids", "behavior_logprobs", "advantage"} or
-    /// with "reward" and "group" instead of "advantage".
+    /// JSON lines: {"prompt_ids", "completion_ids", "behavior_logprobs", "advantage"}, or
+    /// with "reward" and "group" instead of "advantage" (PPO: "reward"; DPO/IPO: pairs as
+    /// two lines of one "group" with rewards 1 and 0, "behavior_logprobs" optional).
     #[arg(long)]
     pub batch: PathBuf,
     /// TOML with learner settings (TRL names: loss_type, importance_sampling_level, epsilon,
@@ -97,7 +98,7 @@ pub fn run(a: TrainStepArgs) -> Result<()> {
     let (metrics, _) = trainer.step(&model, &batch)?;
     println!("{}", serde_json::to_string(&metrics)?);
     if let Some(out) = &a.save {
-        checkpoint::save(out, &dir, &model.read(), &trainer.optimizer, serde_json::json!({}))?;
+        checkpoint::save_trainer(out, &dir, &model.read(), &trainer, serde_json::json!({}))?;
         eprintln!("saved checkpoint to {}", out.display());
     }
     Ok(())

@@ -194,6 +194,7 @@ fn losses_match_jax_autodiff() {
                 ref_logp: Some(&f.reference[i]),
                 prox_logp: c.use_prox.then(|| f.prox[i].as_slice()),
                 advantage: f.advantages[i],
+                token_advantages: None,
             })
             .collect();
         let (stats, grads) = policy_loss(&samples, &cfg);
@@ -418,7 +419,7 @@ fn staleness_truncation_and_overlong_shaping() {
         ..Default::default()
     };
     cfg.max_completion_length = 10;
-    let t = Trainer::new(&model, cfg).unwrap();
+    let mut t = Trainer::new(&model, cfg).unwrap();
     // Overlong: L − B = 6; |y| = 8 → (6 − 8)/4 = −0.5; |y| = 12 → −1 (capped); |y| ≤ 6 → 0.
     assert_eq!((t.overlong_penalty(6), t.overlong_penalty(8), t.overlong_penalty(12)), (0.0, -0.5, -1.0));
     model.version = 3;

@@ -1,5 +1,6 @@
 //! The one integration-test binary of rlserve; one module per area.
 
+mod algos;
 mod api;
 mod chat_tokens;
 mod checkpoints;
@@ -16,5 +17,6 @@ mod plot;
 mod prompt_logprobs;
 mod reference;
 mod rl;
+mod rl_algos;
 mod sampling;
 mod server;

@@ -14,7 +14,7 @@ use std::time::Duration;
 use tests::temp_dir;
 use tests::tiny::TinySpec;
 
-fn tiny(name: &str, seed: u64) -> PathBuf {
+pub(crate) fn tiny(name: &str, seed: u64) -> PathBuf {
     let dir = temp_dir(name);
     TinySpec { seed, ..Default::default() }.write(&dir);
     dir
@@ -41,28 +41,36 @@ fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
 /// HF-named weights: name → (shape, values).
 type Weights = std::collections::BTreeMap<String, Vec<f32>>;
 
-/// A job on the tiny model in `dir` with extra TOML lines at the top level and in
-/// `[learner]`; also returns the final weights.
-fn run_job_in(dir: &Path, extra: &str, learner_extra: &str) -> (Arc<Job>, f32, f32, Weights) {
-    let data = dir.join("data.jsonl");
-    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+/// The RL context of the tiny model in `dir` (engine thread started), and the runtime its
+/// handle belongs to (keep it alive while the context is used).
+pub(crate) fn context(dir: &Path) -> (RlContext, tokio::runtime::Runtime) {
     let tok = Arc::new(Tokenizer::from_dir(dir).unwrap());
     let model = SharedModel::new(Model::load(dir, &Device::Cpu).unwrap());
-    let start = p_ascii(&model.read(), &tok);
     let engine =
         LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() })
             .unwrap();
     let rt = tokio::runtime::Runtime::new().unwrap();
     let ctx = RlContext {
         engine: EngineHandle::spawn(engine),
-        model: model.clone(),
-        tokenizer: tok.clone(),
+        model,
+        tokenizer: tok,
         model_dir: dir.to_path_buf(),
         runtime: rt.handle().clone(),
         metrics: RlMetrics::new("tiny"),
         learner: LearnerSlot::default(),
         max_model_len: 128,
     };
+    (ctx, rt)
+}
+
+/// A job on the tiny model in `dir` with extra TOML lines at the top level and in
+/// `[learner]`; also returns the final weights.
+pub(crate) fn run_job_in(dir: &Path, extra: &str, learner_extra: &str) -> (Arc<Job>, f32, f32, Weights) {
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let (ctx, _rt) = context(dir);
+    let (model, tok) = (ctx.model.clone(), ctx.tokenizer.clone());
+    let start = p_ascii(&model.read(), &tok);
     let cfg = JobConfig::from_toml(&format!(
         r#"
         dataset = "{}"
@@ -157,20 +165,20 @@ fn an_async_job_with_max_staleness_2_learns() {
     check_job(&job, 2, start, end);
 }
 
-async fn start_server(dir: PathBuf, args: ServeArgs) -> (Server, String) {
+pub(crate) async fn start_server(dir: PathBuf, args: ServeArgs) -> (Server, String) {
     let state = tokio::task::spawn_blocking(move || build_state(&dir, &args)).await.unwrap().unwrap();
     let s = Server::start(state, "127.0.0.1", 0).await.unwrap();
     let base = format!("http://{}", s.addr);
     (s, base)
 }
 
-async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
+pub(crate) async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     let status = r.status().as_u16();
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
-fn feedback_args(dir: &Path, window: usize) -> ServeArgs {
+pub(crate) fn feedback_args(dir: &Path, window: usize) -> ServeArgs {
     let mut a = ServeArgs::default();
     a.feedback.learn_from_feedback = true;
     a.feedback.feedback_dir = dir.to_path_buf();

@@ -12,7 +12,10 @@
 //!   k2 = ½(ℓ − ℓ_ref)², k3 = exp(ℓ_ref − ℓ) − (ℓ_ref − ℓ) − 1 (Schulman, "Approximating KL", 2020);
 //! - aggregation `loss_type`: `grpo` = mean over samples of the per-sample token mean;
 //!   `dapo`/`bnpo` = Σ tokens / Σ completion lengths; `dr_grpo` = Σ tokens / (N · max_completion_length)
-//!   (Liu et al. 2025, "Understanding R1-Zero-Like Training").
+//!   (Liu et al. 2025, "Understanding R1-Zero-Like Training"); `ppo` = the token mean over the
+//!   mini-batch (TRL `PPOTrainer`'s `masked_mean`, verl `token-mean`), with a per-token
+//!   advantage `Â_t` (GAE, `algos::gae`) in place of the sample's `A`;
+//! - `dpo` / `ipo` are not policy losses over sampled tokens: see `algos::dpo`.
 //! - `off_policy_correction` (ℓ_old = π_prox = the learner's logprob at the start of the
 //!   batch: `SampleLogprobs::prox_logp`, or ℓ itself, detached, for one optimizer step per batch):
 //!   - `ppo_clip`: the ratio against μ, as above;
@@ -32,6 +35,10 @@
 use crate::TrainConfig;
 use serde::{Deserialize, Serialize};
 
+/// The learner's objective. The first four are GRPO-family policy losses on group
+/// advantages; `ppo` trains a value head and uses GAE ([`crate::algos::ppo`]); `dpo` (alias
+/// `sigmoid`, TRL `DPOConfig`'s name) and `ipo` learn from preference pairs
+/// ([`crate::algos::dpo`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum LossType {
@@ -39,6 +46,22 @@ pub enum LossType {
     Dapo,
     Bnpo,
     DrGrpo,
+    Ppo,
+    #[serde(alias = "sigmoid")]
+    Dpo,
+    Ipo,
+}
+
+impl LossType {
+    /// DPO or IPO: trained on preference pairs, not on sampled tokens with advantages.
+    pub fn is_preference(self) -> bool {
+        matches!(self, LossType::Dpo | LossType::Ipo)
+    }
+
+    /// The GRPO family: advantages from groups of samples of one prompt.
+    pub fn is_group_relative(self) -> bool {
+        matches!(self, LossType::Grpo | LossType::Dapo | LossType::Bnpo | LossType::DrGrpo)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
@@ -75,7 +98,10 @@ pub struct SampleLogprobs<'a> {
     pub ref_logp: Option<&'a [f32]>,
     /// ℓ_old = π_prox per token for `tis` / `decoupled` / `mis`; `None` = ℓ (detached).
     pub prox_logp: Option<&'a [f32]>,
+    /// The sample's advantage `A` (every token), unless `token_advantages` is given.
     pub advantage: f32,
+    /// Per-token advantages `Â_t` (PPO's GAE); when given they replace `advantage`.
+    pub token_advantages: Option<&'a [f32]>,
 }
 
 /// Loss statistics of one batch.
@@ -105,7 +131,9 @@ pub fn token_weights(lens: &[usize], cfg: &TrainConfig) -> Vec<f64> {
     lens.iter()
         .map(|&len| match cfg.loss_type {
             LossType::Grpo => 1.0 / (len.max(1) as f64 * n),
-            LossType::Dapo | LossType::Bnpo => 1.0 / total.max(1) as f64,
+            LossType::Dapo | LossType::Bnpo | LossType::Ppo | LossType::Dpo | LossType::Ipo => {
+                1.0 / total.max(1) as f64
+            }
             LossType::DrGrpo => 1.0 / (n * cfg.max_completion_length.max(1) as f64),
         })
         .collect()
@@ -123,7 +151,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats,
         let len = s.logp.len();
         // Per-token weight of the aggregation.
         let norm = weights[grads.len()];
-        let a = s.advantage as f64;
+        let adv = |t: usize| s.token_advantages.map_or(s.advantage, |a| a[t]) as f64;
         let d: Vec<f64> = s.logp.iter().zip(s.behavior).map(|(&l, &m)| l as f64 - m as f64).collect();
         for &x in &d {
             let r = x.exp();
@@ -147,6 +175,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats,
         let sequence = cfg.importance_sampling_level == ImportanceSamplingLevel::Sequence;
         let mut g = vec![0.0f32; len];
         for t in 0..len {
+            let a = adv(t);
             // The ratio in the clipped objective, its derivative w.r.t. ℓ_t, and a detached weight.
             let (ratio, dratio, weight) = match (cfg.off_policy_correction, sequence) {
                 (OffPolicyCorrection::PpoClip | OffPolicyCorrection::Mis, false) => (d[t].exp(), d[t].exp(), 1.0),

@@ -201,8 +201,9 @@ pub async fn job_plot(State(state): State<Arc<AppState>>, Path(id): Path<String>
     Ok(([(header::CONTENT_TYPE, "image/png")], bytes).into_response())
 }
 
-/// `POST /v1/feedback`: `{"id", "choice", "reward"}` or `{"id", "preferred"}`. 200 only
-/// after the rating is in the durable log.
+/// `POST /v1/feedback`: `{"id", "choice", "reward"}`, `{"id", "preferred"}` or
+/// `{"id", "chosen", "rejected"}` (a preference pair). 200 only after the rating is in the
+/// durable log.
 pub async fn feedback(
     State(state): State<Arc<AppState>>,
     ApiJson(req): ApiJson<FeedbackRequest>,
