@@ -12,7 +12,9 @@
 pub mod backend;
 pub mod cpu;
 #[cfg(feature = "cuda")]
-compile_error!("this build has no CUDA backend yet (kernels/src/cuda_stub.rs stands in for it); build without `--features cuda`");
+compile_error!(
+    "this build has no CUDA backend yet (kernels/src/cuda_stub.rs stands in for it); build without `--features cuda`"
+);
 #[cfg(not(feature = "cuda"))]
 #[path = "cuda_stub.rs"]
 pub mod cuda;

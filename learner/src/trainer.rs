@@ -5,11 +5,11 @@
 //! per batch; DPO/IPO (`algos::dpo`) one update on the batch's preference pairs.
 
 use super::algos::advantages::{compute_advantages, ScaleRewards};
-use super::algos::value_head::ValueHead;
 use super::algos::grpo::{
     policy_loss, token_weights, ImportanceSamplingLevel, KlEstimator, LossStats, LossType, OffPolicyCorrection,
     SampleLogprobs,
 };
+use super::algos::value_head::ValueHead;
 use super::optim::{AdamW, Schedule};
 use super::{forward_batch, forward_batch_with, Grads, OutputGrads, SeqForward};
 use crate::error::{LearnerError, Result};

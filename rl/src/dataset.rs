@@ -99,7 +99,12 @@ pub fn load(
         .collect()
 }
 
-fn example(prompt_ids: Vec<u32>, prompt_text: String, fields: Map<String, Value>, tok: &Tokenizer) -> std::result::Result<Example, String> {
+fn example(
+    prompt_ids: Vec<u32>,
+    prompt_text: String,
+    fields: Map<String, Value>,
+    tok: &Tokenizer,
+) -> std::result::Result<Example, String> {
     if prompt_ids.is_empty() {
         return Err("the prompt is empty".into());
     }

@@ -103,7 +103,12 @@ pub fn write_png(path: &Path, lines: &[serde_json::Value]) -> Result<()> {
     let (value_loss, explained, clipfrac) =
         (pts("train", "value_loss"), pts("train", "explained_variance"), pts("train", "value_clipfrac"));
     if !value_loss.is_empty() {
-        panels.push(Panel { title: "PPO value loss", y_label: "value loss", line: (&value_loss, RGBColor(140, 80, 20)), dots: None });
+        panels.push(Panel {
+            title: "PPO value loss",
+            y_label: "value loss",
+            line: (&value_loss, RGBColor(140, 80, 20)),
+            dots: None,
+        });
         panels.push(Panel {
             title: "Explained variance (line), value clip fraction (dots)",
             y_label: "fraction",

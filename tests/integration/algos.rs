@@ -5,8 +5,8 @@
 
 use engine::{Model, SharedModel};
 use kernels::Device;
-use learner::algos::{dpo, gae, ppo, value_head};
 use learner::algos::grpo::{policy_loss, LossType, OffPolicyCorrection, SampleLogprobs};
+use learner::algos::{dpo, gae, ppo, value_head};
 use learner::{checkpoint, Grads, TrainConfig, TrainSample, Trainer};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;

@@ -24,8 +24,8 @@
 //! rewards differ form a pair, the higher reward chosen (the Bradley–Terry comparisons of a
 //! ranking, as InstructGPT's reward model, Ouyang et al. 2022, §3.5).
 
-use crate::error::{LearnerError, Result};
 use crate::algos::grpo::{LossStats, LossType};
+use crate::error::{LearnerError, Result};
 use crate::trainer::offsets;
 use crate::{forward_batch, forward_batch_with, Grads, OutputGrads, StepMetrics, TrainConfig, TrainSample, Trainer};
 use engine::Model;

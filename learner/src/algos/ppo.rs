@@ -21,8 +21,8 @@
 //! Every update bumps the policy version; staleness is measured once, at the batch's start.
 
 use super::gae;
-use crate::error::{LearnerError, Result};
 use crate::algos::grpo::{policy_loss, LossStats, SampleLogprobs};
+use crate::error::{LearnerError, Result};
 use crate::trainer::{check_behavior, mean_stats, offsets, Selection};
 use crate::{
     forward_batch, forward_batch_with, Grads, OutputGrads, SeqForward, StepMetrics, TrainConfig, TrainSample, Trainer,

@@ -12,8 +12,8 @@ pub mod rl;
 
 use crate::metrics::Metrics;
 use axum::extract::{DefaultBodyLimit, Request, State};
-use axum::response::IntoResponse;
 use axum::middleware::{self, Next};
+use axum::response::IntoResponse;
 use axum::response::Response;
 use axum::routing::{get, post};
 use axum::Router;
@@ -139,7 +139,8 @@ const DRAIN_LIMIT_BYTES: usize = 64 << 20;
 /// A request whose `Content-Length` exceeds [`MAX_BODY_BYTES`] gets the 413 envelope after
 /// its body is drained (up to [`DRAIN_LIMIT_BYTES`]; beyond that the connection is closed).
 async fn oversized_body(req: Request, next: Next) -> Response {
-    let len = req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
+    let len =
+        req.headers().get(axum::http::header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<usize>().ok());
     let Some(len) = len.filter(|&n| n > MAX_BODY_BYTES) else { return next.run(req).await };
     if len <= DRAIN_LIMIT_BYTES {
         let mut body = req.into_body().into_data_stream();
