@@ -178,6 +178,21 @@ pub(crate) async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Posts `body` to `/v1/completions` until its tokens come from policy version `want` (at
+/// most 10 s); returns the last version seen.
+pub(crate) async fn served_version_reaches(base: &str, body: &Value, want: u64) -> u64 {
+    let mut version = 0;
+    for _ in 0..200 {
+        let (_, r) = post(base, "/v1/completions", body.clone()).await;
+        version = r["choices"][0]["versions"][0].as_u64().unwrap();
+        if version == want {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    version
+}
+
 pub(crate) fn feedback_args(dir: &Path, window: usize) -> ServeArgs {
     let mut a = ServeArgs::default();
     a.feedback.learn_from_feedback = true;
@@ -378,15 +393,7 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     let (st, out) = post(&base, "/v1/feedback", json!({"id": a["id"], "preferred": 1})).await;
     assert_eq!((st, &out["samples_ready"]), (200, &json!(2)), "{out}");
     // The learner steps on the group of two; later requests are answered by version 1.
-    let mut version = 0;
-    for _ in 0..200 {
-        let (_, r) = post(&base, "/v1/completions", body.clone()).await;
-        version = r["choices"][0]["versions"][0].as_u64().unwrap();
-        if version == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let version = served_version_reaches(&base, &body, 1).await;
     assert_eq!(version, 1, "the feedback learner did not update the served weights");
     // The served weights export as a checkpoint the engine loads.
     let out = export.join("v1");

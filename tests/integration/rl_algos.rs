@@ -2,7 +2,7 @@
 //! head; a DPO job on a JSONL of token-id pairs learns a preference that holds on held-out
 //! pairs; a `chosen`/`rejected` rating trains the served model with DPO.
 
-use super::rl::{context, feedback_args, post, run_job_in, start_server, tiny};
+use super::rl::{context, feedback_args, post, run_job_in, served_version_reaches, start_server, tiny};
 use engine::Model;
 use kernels::Device;
 use learner::TrainSample;
@@ -178,15 +178,7 @@ async fn a_chosen_rejected_rating_trains_the_served_model_with_dpo() {
     assert_eq!((st, &out["samples_ready"]), (200, &json!(2)), "{out}");
     let (st, out) = post(&base, "/v1/feedback", json!({"id": id, "choice": 0, "reward": 1.0})).await;
     assert_eq!(st, 409, "a preference rates the whole response: {out}");
-    let mut version = 0;
-    for _ in 0..200 {
-        let (_, r) = post(&base, "/v1/completions", body.clone()).await;
-        version = r["choices"][0]["versions"][0].as_u64().unwrap();
-        if version == 1 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let version = served_version_reaches(&base, &body, 1).await;
     assert_eq!(version, 1, "the DPO feedback learner did not update the served weights");
     for _ in 0..200 {
         if log.join("checkpoint/trainer_state.json").exists() {
