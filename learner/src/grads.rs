@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 pub struct Grads {
     /// HF name → gradient, shaped like the HF weight.
     pub tensors: BTreeMap<String, Tensor>,
+    /// Wall-clock seconds the backward passes that produced them took.
+    pub backward_seconds: f64,
 }
 
 impl Grads {

@@ -97,6 +97,8 @@ pub struct SeqForward {
     pub logprobs: Vec<f32>,
     /// Entropy of π_θ(· | prefix) at temperature T for each completion position (nats).
     pub entropies: Vec<f32>,
+    /// Wall-clock seconds this forward took.
+    pub forward_seconds: f64,
 }
 
 /// Training forward of one `prompt ++ completion` at `temperature`.
@@ -126,6 +128,7 @@ fn forward_inner(
     temperature: f32,
     gradient_checkpointing: bool,
 ) -> Result<SeqForward> {
+    let t0 = std::time::Instant::now();
     let c = &model.config;
     let bad = |d: String| -> Result<SeqForward> {
         Err(kernels::KernelError::Shape { op: "learner forward", detail: d }.into())
@@ -172,6 +175,7 @@ fn forward_inner(
         logits,
         logprobs,
         entropies,
+        forward_seconds: t0.elapsed().as_secs_f64(),
     })
 }
 
@@ -204,9 +208,13 @@ impl SeqForward {
     }
 
     /// Accumulates into `grads` the gradient of a loss whose derivatives w.r.t. the
-    /// forward's outputs are `g` (HF tensor names and layouts).
+    /// forward's outputs are `g` (HF tensor names and layouts), and the time it took into
+    /// `grads.backward_seconds`.
     pub fn backward(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {
-        rayon::scope(|_| self.backward_inner(model, g, grads))
+        let t0 = std::time::Instant::now();
+        rayon::scope(|_| self.backward_inner(model, g, grads))?;
+        grads.backward_seconds += t0.elapsed().as_secs_f64();
+        Ok(())
     }
 
     fn backward_inner(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {

@@ -59,16 +59,18 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
     let mut trainer =
         Trainer::new(&model, TrainConfig { gradient_checkpointing: a.gradient_checkpointing, ..Default::default() })?;
     let tokens = a.num_seqs * (a.prompt_len + a.completion_len);
-    let mut times = Vec::new();
+    let (mut times, mut phases) = (Vec::new(), Vec::new());
     let model = engine::SharedModel::new(model);
     for i in 0..=a.steps {
         let t = std::time::Instant::now();
-        trainer.step(&model, &batch)?;
+        let (m, _) = trainer.step(&model, &batch)?;
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());
+            phases.push([m.forward_seconds, m.backward_seconds, m.optimizer_seconds, m.pause_seconds]);
         }
     }
     let secs = median(times);
+    let phase = |j: usize| median(phases.iter().map(|p| p[j]).collect());
     println!(
         "train step: {} seqs × ({} + {}) tokens, {} threads",
         a.num_seqs,
@@ -77,6 +79,13 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         rayon::current_num_threads()
     );
     println!("fwd+bwd+AdamW: {secs:.2} s/step, {:.1} tokens/s", tokens as f64 / secs);
+    println!(
+        "split (medians): forward {:.2} s, backward {:.2} s, optimizer {:.2} s, pause (write guard) {:.3} s",
+        phase(0),
+        phase(1),
+        phase(2),
+        phase(3)
+    );
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
     }
