@@ -124,15 +124,14 @@ fn a_synchronous_job_learns_and_its_logprobs_equal_the_samplers() {
 }
 
 /// The TRL parity issue's failure mode in miniature: the reward needs a short exact answer
-/// (one digit, then EOS: `^[0-9]$` on the text) and every completion that runs to the
-/// `max_completion_length` limit scores 0. The tiny model gets a prior in which a correct
+/// (one digit, then EOS: `^[0-9]$` on the text, plus a `length` reward with target 2 that
+/// scores −1 at the `max_completion_length` limit of 4, since special tokens are invisible
+/// in the text: "7" + three `<|im_start|>` would otherwise match). The tiny model gets a prior in which a correct
 /// sample is rare but not hopeless (P ≈ 0.06–0.10 at the start, computed below): its
 /// embeddings carry a constant feature (column 0 = 5) that the untied LM head reads only
 /// for the digits (weight 1) and EOS (1.5). With the parity settings (dapo, β = 0, 8
 /// generations of one prompt, `max_staleness` 0 and 1), each of three models must reach a
 /// 5-step mean reward ≥ 0.9 within 40 steps and end with 2-token completions (digit + EOS).
-/// (At twice this learning rate one of them falls into the failure mode: the first updates
-/// raise the entropy, every completion runs to the limit, and the reward stays at 0.)
 #[test]
 fn jobs_learn_a_short_exact_answer_under_a_length_limit() {
     // max_staleness 0 is deterministic; at 1 the versions that sampled each step depend on
@@ -190,7 +189,8 @@ fn short_answer_job(seed: u64, max_staleness: u64) -> Vec<f64> {
         prompts_per_step = 1
         max_steps = 40
         output_dir = "{}"
-        rewards = [{{ type = "regex", pattern = '^[0-9]$' }}]
+        rewards = [{{ type = "regex", pattern = '^[0-9]$' }}, {{ type = "length", target = 2 }}]
+        log_completions = true
         [learner]
         max_completion_length = 4
         loss_type = "dapo"
@@ -208,6 +208,17 @@ fn short_answer_job(seed: u64, max_staleness: u64) -> Vec<f64> {
     assert_eq!((st.status, st.error.as_deref()), (JobState::Completed, None));
     let last = st.history.last().unwrap();
     assert!(last.learner.completion_length_mean <= 2.25, "seed {seed}: completions end long: {last:?}");
+    // `log_completions`: every rollout, and the step means of its rewards are the history's.
+    let log = std::fs::read_to_string(dir.join("run/completions.jsonl")).unwrap();
+    let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 40 * 8);
+    for r in &st.history {
+        let step: Vec<&Value> = lines.iter().filter(|l| l["step"] == r.step).collect();
+        let mean = step.iter().map(|l| l["reward"].as_f64().unwrap()).sum::<f64>() / step.len() as f64;
+        assert!((mean - r.reward).abs() < 1e-9, "step {}: logged rewards {mean} vs {}", r.step, r.reward);
+        let short = |l: &&Value| l["finish_reason"] == "stop" && l["completion"].as_str().unwrap().len() == 1;
+        assert!(step.iter().filter(|l| l["reward"] == 1.0).all(short), "a reward-1 sample is a digit + EOS");
+    }
     st.history.iter().map(|r| r.reward).collect()
 }
 
