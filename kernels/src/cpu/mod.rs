@@ -6,6 +6,7 @@ pub mod backward;
 pub mod elementwise;
 pub mod logprob;
 pub mod matmul;
+pub mod optim;
 pub mod simd;
 mod storage;
 
