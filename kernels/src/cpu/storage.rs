@@ -102,7 +102,10 @@ impl BackendStorage for CpuStorage {
         Ok(Self(self.0.par_iter().map(|v| v * s).collect()))
     }
     fn sum_squares(&self) -> Result<f64> {
-        Ok(self.0.par_chunks(CHUNK).map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()).sum())
+        // Per-chunk partials collected in order, then summed in order: the same bits
+        // whatever the thread count or work stealing.
+        let partials: Vec<f64> = self.0.par_chunks(CHUNK).map(elementwise::sum_squares).collect();
+        Ok(partials.iter().sum())
     }
     fn sum_rows(&self, _m: usize, n: usize) -> Result<Self> {
         let mut s = vec![0.0f32; n];
