@@ -24,6 +24,17 @@ impl Grads {
         Ok(())
     }
 
+    /// Adds row `i` of `src` to row `rows[i]` of the gradient of `name` (zeros of `shape`
+    /// the first time): an embedding's gradient without a dense `[vocab, hidden]` temporary.
+    pub fn scatter_add_rows(&mut self, name: &str, shape: &[usize], rows: &[u32], src: &Tensor) -> Result<()> {
+        if !self.tensors.contains_key(name) {
+            self.tensors.insert(name.to_string(), Tensor::zeros(shape, &src.device())?);
+        }
+        let acc = self.tensors.get_mut(name).expect("inserted");
+        ops::scatter_add_rows(acc, rows, src)?;
+        Ok(())
+    }
+
     /// `sqrt(Σ g²)` over every tensor (before clipping), accumulated in f64.
     pub fn global_norm(&self) -> Result<f64> {
         let mut s = 0.0;

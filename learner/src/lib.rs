@@ -304,10 +304,8 @@ impl SeqForward {
             grads.add(&format!("{p}input_layernorm.weight"), dw_in)?;
             ops::add_inplace(&mut dx, &d_in)?;
         }
-        // Embedding: scatter-add rows.
-        let mut de = Tensor::zeros(&[c.vocab_size, h], model.device())?;
-        ops::scatter_add_rows(&mut de, &self.inputs, &dx)?;
-        grads.add("model.embed_tokens.weight", de)?;
+        // Embedding: scatter-add rows (into the tied LM head's gradient when there is one).
+        grads.scatter_add_rows("model.embed_tokens.weight", &[c.vocab_size, h], &self.inputs, &dx)?;
         Ok(())
     }
 }
