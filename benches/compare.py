@@ -11,7 +11,8 @@ Work compared (the CPU-performance issue's table):
 - train: one learner step, 8 × (128 + 128) tokens, forward + backward + AdamW:
   `rlserve bench train` vs PyTorch with the transformers model class (`--hf`) and with
   benches/train_step_torch.py's functional model;
-- train-rl: the same at the GRPO job's shape, 8 × (30 + 16) tokens;
+- train-rl: the same at the GRPO job's shape, 8 generations of one 30-token prompt, 16
+  completion tokens each (rlserve runs the shared prompt's rows once; PyTorch all 8 copies);
 - latency: prefill of 512 tokens and decode of 128 tokens, one sequence:
   `rlserve bench latency` vs `llama-bench` (F32 GGUF of the same weights);
 - batched: 64 sequences, 64-token prompts, 32 output tokens; output tokens over the whole
@@ -101,20 +102,21 @@ def main():
     # name → (unit, higher is better, [(label, command, parse)]) ; the first entry is rlserve.
     cases = []
 
-    def train(name, n, p, c):
+    def train(name, n, p, c, g):
         sec = r"([\d.]+) s/step"
         torch_cmd = [py, "benches/train_step_torch.py", a.model, "--threads", t, "--num-seqs", str(n),
                      "--prompt-len", str(p), "--completion-len", str(c), "--steps", "2"]
-        cases.append((name, f"learner step {n} × ({p} + {c}) tokens", "s/step", False, [
-            ("rlserve", lambda: grab(sec, run(rl + ["bench", "train", "--model", a.model, "--num-seqs", str(n), "--prompt-len", str(p), "--completion-len", str(c), "--steps", "2"]), "s/step")),
+        what = f"learner step {n} × ({p} + {c}) tokens" + (f", {g} per prompt (rlserve shares it)" if g > 1 else "")
+        cases.append((name, what, "s/step", False, [
+            ("rlserve", lambda: grab(sec, run(rl + ["bench", "train", "--model", a.model, "--num-seqs", str(n), "--prompt-len", str(p), "--completion-len", str(c), "--num-generations", str(g), "--steps", "2"]), "s/step")),
             ("PyTorch + transformers (HF class)", lambda: grab(sec, run(torch_cmd + ["--hf"]), "s/step")),
             ("PyTorch (functional model)", lambda: grab(sec, run(torch_cmd), "s/step")),
         ]))
 
     if "train" in only:
-        train("train", 8, 128, 128)
+        train("train", 8, 128, 128, 1)
     if "train-rl" in only:
-        train("train-rl", 8, 30, 16)
+        train("train-rl", 8, 30, 16, 8)
     if "latency" in only:
         lat = {}
 
