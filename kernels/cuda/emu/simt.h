@@ -185,18 +185,13 @@ inline float __fadd_rn(float a, float b) { return a + b; }
 inline unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
+// The f-suffixed functions (expf, logf, fmaxf, ...) are the global ones of <math.h>.
 using std::exp;
-using std::expf;
 using std::fabs;
-using std::fabsf;
 using std::fmax;
-using std::fmaxf;
 using std::fmin;
-using std::fminf;
 using std::log;
-using std::logf;
 using std::sqrt;
-using std::sqrtf;
 using std::max;
 using std::min;
 

@@ -1,0 +1,1230 @@
+//! The CUDA kernels (`kernels/cuda/*.cu`) on the CPU: `tests/build.rs` compiles them with the
+//! host C++ compiler through the SIMT emulation (`kernels/cuda/emu/simt.h`: blocks in turn,
+//! the threads of a block as real threads, barriers, warp shuffles), and each kernel is
+//! compared here with the CPU backend's op (`kernels::ops` on `Device::Cpu`) or, for the
+//! sampler, with the engine's CPU sampler.
+//!
+//! Tolerances: bitwise where the kernel performs the CPU's operations in the CPU's order
+//! (the emulation's `expf` is glibc's, as Rust's); otherwise `|got − want| ≤ tol·(1 + |want|)`
+//! with the smallest `tol` that the reduction-order difference named at the check allows.
+//! Sizes are small and odd (the emulation runs a thread per CUDA thread).
+
+use engine::sampling::{sample, SampleContext, SamplingParams};
+use kernels::ops::{self, AdamWStep, AttnSeq};
+use kernels::Tensor;
+use rand::rngs::StdRng;
+use rand::seq::SliceRandom;
+use rand::{Rng, SeedableRng};
+use std::ops::Range;
+
+/// The launch shims of tests/build.rs: `geom` is grid x, y, z then block x, y, z; `smem` the
+/// dynamic shared memory in bytes; then the kernel's own arguments (host pointers).
+mod ffi {
+    /// `RlsSampleParams` of sampler.cu.
+    #[repr(C)]
+    #[derive(Clone, Copy, Debug)]
+    pub struct SampleParams {
+        pub temperature: f32,
+        pub top_p: f32,
+        pub min_p: f32,
+        pub repetition_penalty: f32,
+        pub presence_penalty: f32,
+        pub frequency_penalty: f32,
+        pub top_k: i32,
+        pub pad: i32,
+        pub seed: u64,
+        pub step: u64,
+    }
+
+    type G = *const u32;
+    extern "C" {
+        pub fn emu_add_inplace(g: G, smem: usize, a: *mut f32, b: *const f32, n: i64);
+        pub fn emu_scale_add_inplace(g: G, smem: usize, a: *mut f32, s: f32, d: *const f32, n: i64);
+        pub fn emu_scale(g: G, smem: usize, x: *const f32, y: *mut f32, s: f32, n: i64);
+        pub fn emu_add_bias(g: G, smem: usize, y: *mut f32, b: *const f32, m: i32, n: i32);
+        pub fn emu_silu_mul(g: G, smem: usize, gu: *const f32, out: *mut f32, m: i32, i: i32);
+        pub fn emu_silu_mul_backward(g: G, smem: usize, gu: *const f32, da: *const f32, d: *mut f32, m: i32, i: i32);
+        pub fn emu_f32_to_bf16(g: G, smem: usize, x: *const f32, y: *mut u16, n: i64);
+        pub fn emu_sum_rows(g: G, smem: usize, x: *const f32, out: *mut f32, m: i32, n: i32);
+        pub fn emu_sum_squares_partial(g: G, smem: usize, x: *const f32, n: i64, chunk: i64, partial: *mut f64);
+        pub fn emu_sum_f64(g: G, smem: usize, x: *const f64, n: i32, out: *mut f64);
+        pub fn emu_transpose(g: G, smem: usize, x: *const f32, y: *mut f32, rows: i32, cols: i32);
+        pub fn emu_copy_cols(
+            g: G,
+            smem: usize,
+            src: *const f32,
+            src_cols: i32,
+            src_off: i32,
+            dst: *mut f32,
+            dst_cols: i32,
+            dst_off: i32,
+            m: i32,
+            w: i32,
+        );
+        pub fn emu_rms_norm(g: G, smem: usize, x: *const f32, w: *const f32, y: *mut f32, m: i32, d: i32, eps: f32);
+        pub fn emu_rms_norm_residual(
+            g: G,
+            smem: usize,
+            x: *const f32,
+            residual: *mut f32,
+            w: *const f32,
+            y: *mut f32,
+            m: i32,
+            d: i32,
+            eps: f32,
+        );
+        pub fn emu_rms_norm_backward(
+            g: G,
+            smem: usize,
+            x: *const f32,
+            w: *const f32,
+            dy: *const f32,
+            dx: *mut f32,
+            rstd: *mut f64,
+            m: i32,
+            d: i32,
+            eps: f32,
+        );
+        pub fn emu_rms_norm_backward_dw(
+            g: G,
+            smem: usize,
+            x: *const f32,
+            dy: *const f32,
+            rstd: *const f64,
+            dw: *mut f32,
+            m: i32,
+            d: i32,
+        );
+        pub fn emu_rope(
+            g: G,
+            smem: usize,
+            x: *mut f32,
+            pos: *const i32,
+            cos: *const f32,
+            sin: *const f32,
+            m: i32,
+            c: i32,
+            head_dim: i32,
+        );
+        pub fn emu_gather_rows(g: G, smem: usize, table: *const f32, ids: *const u32, out: *mut f32, n: i32, c: i32);
+        pub fn emu_scatter_rows(g: G, smem: usize, dst: *mut f32, rows: *const u32, src: *const f32, n: i32, c: i32);
+        pub fn emu_scatter_add_rows(
+            g: G,
+            smem: usize,
+            dst: *mut f32,
+            rows: *const u32,
+            src: *const f32,
+            n: i32,
+            c: i32,
+        );
+        pub fn emu_kv_cache_write(
+            g: G,
+            smem: usize,
+            k: *const f32,
+            v: *const f32,
+            kc: *mut f32,
+            vc: *mut f32,
+            slots: *const u32,
+            n: i32,
+            c: i32,
+        );
+        pub fn emu_softmax_rows(g: G, smem: usize, x: *const f32, y: *mut f32, m: i32, n: i32);
+        pub fn emu_log_softmax_rows(g: G, smem: usize, x: *const f32, y: *mut f32, m: i32, n: i32);
+        pub fn emu_token_logprobs(
+            g: G,
+            smem: usize,
+            logits: *const f32,
+            tokens: *const u32,
+            m: i32,
+            v: i32,
+            t: f32,
+            logp: *mut f32,
+            ent: *mut f32,
+        );
+        pub fn emu_token_logprobs_backward(
+            g: G,
+            smem: usize,
+            logits: *const f32,
+            tokens: *const u32,
+            m: i32,
+            v: i32,
+            t: f32,
+            dl_dlogp: *const f32,
+            dl_dent: *const f32,
+            ent: *const f32,
+            dz: *mut f32,
+        );
+        pub fn emu_adamw_delta(
+            g: G,
+            smem: usize,
+            grad: *const f32,
+            m: *mut f32,
+            v: *mut f32,
+            delta: *mut f32,
+            n: i64,
+            lr: f64,
+            b1: f64,
+            b2: f64,
+            eps: f64,
+            bc1: f64,
+            bc2: f64,
+            clip: f64,
+        );
+        pub fn emu_adamw_apply(
+            g: G,
+            smem: usize,
+            grad: *const f32,
+            m: *mut f32,
+            v: *mut f32,
+            master: *mut f32,
+            copy: *mut u16,
+            n: i64,
+            lr: f64,
+            b1: f64,
+            b2: f64,
+            eps: f64,
+            bc1: f64,
+            bc2: f64,
+            clip: f64,
+            decay: f32,
+        );
+        pub fn emu_paged_attention_split(
+            g: G,
+            smem: usize,
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            tables: *const u32,
+            row_table: *const i32,
+            row_pos: *const i32,
+            part_out: *mut f32,
+            part_ml: *mut f32,
+            n_heads: i32,
+            n_kv_heads: i32,
+            head_dim: i32,
+            block_size: i32,
+            partition: i32,
+            max_parts: i32,
+            scale: f32,
+        );
+        pub fn emu_paged_attention_reduce(
+            g: G,
+            smem: usize,
+            part_out: *const f32,
+            part_ml: *const f32,
+            row_pos: *const i32,
+            out: *mut f32,
+            n_heads: i32,
+            head_dim: i32,
+            partition: i32,
+            max_parts: i32,
+        );
+        pub fn emu_paged_attention_prefill(
+            g: G,
+            smem: usize,
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            tables: *const u32,
+            row_table: *const i32,
+            row_pos: *const i32,
+            tiles: *const i32,
+            out: *mut f32,
+            n_heads: i32,
+            n_kv_heads: i32,
+            head_dim: i32,
+            block_size: i32,
+            scale: f32,
+        );
+        pub fn emu_attention_backward_stats(
+            g: G,
+            smem: usize,
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            da: *const f32,
+            row_start: *const i32,
+            stats: *mut f32,
+            n_heads: i32,
+            n_kv_heads: i32,
+            head_dim: i32,
+            scale: f32,
+        );
+        pub fn emu_attention_backward_dq(
+            g: G,
+            smem: usize,
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            da: *const f32,
+            row_start: *const i32,
+            stats: *const f32,
+            dq: *mut f32,
+            n_heads: i32,
+            n_kv_heads: i32,
+            head_dim: i32,
+            scale: f32,
+        );
+        pub fn emu_attention_backward_dkdv(
+            g: G,
+            smem: usize,
+            q: *const f32,
+            k: *const f32,
+            v: *const f32,
+            da: *const f32,
+            row_start: *const i32,
+            row_end: *const i32,
+            stats: *const f32,
+            dk: *mut f32,
+            dv: *mut f32,
+            n_heads: i32,
+            n_kv_heads: i32,
+            head_dim: i32,
+            scale: f32,
+        );
+        pub fn emu_sampler(
+            g: G,
+            smem: usize,
+            logits: *const f32,
+            m: i32,
+            vocab: i32,
+            params: *const SampleParams,
+            rep_offsets: *const i32,
+            rep_tokens: *const u32,
+            out_offsets: *const i32,
+            out_tokens: *const u32,
+            out_counts: *const i32,
+            bias_offsets: *const i32,
+            bias_tokens: *const u32,
+            bias_values: *const f64,
+            mask_offsets: *const i32,
+            mask_tokens: *const u32,
+            work: *mut f32,
+            keys: *mut u64,
+            cum: *mut f64,
+            sort_len: i32,
+            token: *mut i32,
+            logprob: *mut f32,
+        );
+    }
+}
+
+/// Launch geometry for the shims: grid then block, (x, y, z) each.
+fn geom(grid: [usize; 3], block: [usize; 3]) -> [u32; 6] {
+    let mut g = [0u32; 6];
+    for (o, v) in g.iter_mut().zip(grid.iter().chain(&block)) {
+        *o = u32::try_from(*v).unwrap();
+    }
+    g
+}
+
+/// A grid-stride kernel over `n` items: blocks of 64 threads, at most 4 blocks (the grid
+/// loop covers the rest, as on the GPU with a capped grid).
+fn stride(n: usize) -> [u32; 6] {
+    geom([n.div_ceil(64).clamp(1, 4), 1, 1], [64, 1, 1])
+}
+
+/// One block of `threads` per row.
+fn per_row(rows: usize, threads: usize) -> [u32; 6] {
+    geom([rows, 1, 1], [threads, 1, 1])
+}
+
+fn rnd(n: usize, seed: u64) -> Vec<f32> {
+    let mut r = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| r.gen_range(-1.0f32..1.0)).collect()
+}
+
+fn cpu(v: &[f32], shape: &[usize]) -> Tensor {
+    Tensor::from_vec(v.to_vec(), shape).unwrap()
+}
+
+fn host(t: &Tensor) -> Vec<f32> {
+    t.to_vec().unwrap()
+}
+
+fn i32s(v: impl IntoIterator<Item = usize>) -> Vec<i32> {
+    v.into_iter().map(|x| i32::try_from(x).unwrap()).collect()
+}
+
+/// Bitwise equality (NaN payloads included).
+fn bitwise(got: &[f32], want: &[f32], what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert_eq!(g.to_bits(), w.to_bits(), "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+/// `|got − want| ≤ tol · (1 + |want|)` everywhere.
+fn close(got: &[f32], want: &[f32], tol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        assert!((g - w).abs() <= tol * (1.0 + w.abs()), "{what}[{i}]: got {g}, want {w}");
+    }
+}
+
+#[test]
+fn elementwise_kernels_equal_the_cpu_bitwise() {
+    let (m, i) = (3, 37);
+    let n = m * 2 * i;
+    let (a0, b) = (rnd(n, 1), rnd(n, 2));
+    let mut a = a0.clone();
+    unsafe { ffi::emu_add_inplace(stride(n).as_ptr(), 0, a.as_mut_ptr(), b.as_ptr(), n as i64) };
+    let mut want = cpu(&a0, &[n]);
+    ops::add_inplace(&mut want, &cpu(&b, &[n])).unwrap();
+    bitwise(&a, &host(&want), "add_inplace");
+
+    let mut a = a0.clone();
+    unsafe { ffi::emu_scale_add_inplace(stride(n).as_ptr(), 0, a.as_mut_ptr(), 0.93, b.as_ptr(), n as i64) };
+    let mut want = cpu(&a0, &[n]);
+    ops::scale_add_inplace(&mut want, 0.93, &cpu(&b, &[n])).unwrap();
+    bitwise(&a, &host(&want), "scale_add_inplace");
+
+    let mut y = vec![0.0; n];
+    unsafe { ffi::emu_scale(stride(n).as_ptr(), 0, a0.as_ptr(), y.as_mut_ptr(), -1.7, n as i64) };
+    bitwise(&y, &host(&ops::scale(&cpu(&a0, &[n]), -1.7).unwrap()), "scale");
+
+    // Bias: against the CPU's linear with and without bias (same product, so the difference
+    // is the bias add alone).
+    let (x, w, bias) = (rnd(m * 5, 3), rnd(7 * 5, 4), rnd(7, 5));
+    let pw = ops::pack_weight(&cpu(&w, &[7, 5])).unwrap();
+    let mut y = host(&ops::linear(&cpu(&x, &[m, 5]), &pw, None).unwrap());
+    unsafe { ffi::emu_add_bias(stride(m * 7).as_ptr(), 0, y.as_mut_ptr(), bias.as_ptr(), m as i32, 7) };
+    bitwise(&y, &host(&ops::linear(&cpu(&x, &[m, 5]), &pw, Some(&cpu(&bias, &[7]))).unwrap()), "add_bias");
+
+    let gu: Vec<f32> = rnd(n, 6).iter().map(|v| v * 6.0).collect();
+    let mut out = vec![0.0; m * i];
+    unsafe { ffi::emu_silu_mul(stride(m * i).as_ptr(), 0, gu.as_ptr(), out.as_mut_ptr(), m as i32, i as i32) };
+    bitwise(&out, &host(&ops::silu_mul(&cpu(&gu, &[m, 2 * i])).unwrap()), "silu_mul");
+    let da = rnd(m * i, 7);
+    let mut d = vec![0.0; n];
+    unsafe {
+        ffi::emu_silu_mul_backward(
+            stride(m * i).as_ptr(),
+            0,
+            gu.as_ptr(),
+            da.as_ptr(),
+            d.as_mut_ptr(),
+            m as i32,
+            i as i32,
+        )
+    };
+    let want = ops::silu_mul_backward(&cpu(&gu, &[m, 2 * i]), &cpu(&da, &[m, i])).unwrap();
+    bitwise(&d, &host(&want), "silu_mul_backward");
+
+    // bf16 round-to-nearest-even against the `half` crate, ties and specials included.
+    let mut x = rnd(200, 8);
+    x.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, f32::INFINITY, -0.0, f32::NAN, 3.4e38, 1e-40]);
+    let mut y = vec![0u16; x.len()];
+    unsafe { ffi::emu_f32_to_bf16(stride(x.len()).as_ptr(), 0, x.as_ptr(), y.as_mut_ptr(), x.len() as i64) };
+    for (i, (&got, &v)) in y.iter().zip(&x).enumerate() {
+        let want = half::bf16::from_f32(v);
+        if v.is_nan() {
+            assert!(half::bf16::from_bits(got).is_nan(), "bf16[{i}] of NaN");
+        } else {
+            assert_eq!(got, want.to_bits(), "bf16[{i}] of {v}");
+        }
+    }
+}
+
+#[test]
+fn reductions_and_copies() {
+    let (m, n) = (13, 45);
+    let x = rnd(m * n, 10);
+    let mut s = vec![0.0; n];
+    unsafe { ffi::emu_sum_rows(stride(n).as_ptr(), 0, x.as_ptr(), s.as_mut_ptr(), m as i32, n as i32) };
+    bitwise(&s, &host(&ops::sum_rows(&cpu(&x, &[m, n])).unwrap()), "sum_rows");
+
+    // Sum of squares: three 65536-element chunks (the CPU's chunk) plus a tail; the chunk
+    // sums and the final sum are trees here, sequential on the CPU: 1e-12 relative.
+    let len = 3 * 65536 + 1234;
+    let big = rnd(len, 11);
+    let chunk = 65536usize;
+    let parts = len.div_ceil(chunk);
+    let (mut partial, mut total) = (vec![0.0f64; parts], 0.0f64);
+    unsafe {
+        ffi::emu_sum_squares_partial(
+            per_row(parts, 64).as_ptr(),
+            0,
+            big.as_ptr(),
+            len as i64,
+            chunk as i64,
+            partial.as_mut_ptr(),
+        );
+        ffi::emu_sum_f64(per_row(1, 64).as_ptr(), 0, partial.as_ptr(), parts as i32, &mut total);
+    }
+    let want = ops::sum_squares(&cpu(&big, &[len])).unwrap();
+    assert!((total - want).abs() <= 1e-12 * want, "sum_squares: {total} vs {want}");
+
+    // Transpose: 37 × 45 (partial 32-tiles on both axes).
+    let (r, c) = (37usize, 45usize);
+    let x2 = rnd(r * c, 12);
+    let mut t = vec![0.0; r * c];
+    unsafe {
+        ffi::emu_transpose(
+            geom([c.div_ceil(32), r.div_ceil(32), 1], [32, 8, 1]).as_ptr(),
+            0,
+            x2.as_ptr(),
+            t.as_mut_ptr(),
+            r as i32,
+            c as i32,
+        )
+    };
+    let want: Vec<f32> = (0..c * r).map(|i| x2[(i % r) * c + i / r]).collect();
+    bitwise(&t, &want, "transpose");
+
+    // split_cols / cat_cols through copy_cols.
+    let widths = [7usize, 30, 8];
+    let parts_cpu = ops::split_cols(&cpu(&x, &[m, n]), &widths).unwrap();
+    let mut off = 0;
+    let mut cat = vec![0.0; m * n];
+    for (w, want) in widths.iter().zip(&parts_cpu) {
+        let mut part = vec![0.0; m * w];
+        unsafe {
+            let g = stride(m * w);
+            ffi::emu_copy_cols(
+                g.as_ptr(),
+                0,
+                x.as_ptr(),
+                n as i32,
+                off,
+                part.as_mut_ptr(),
+                *w as i32,
+                0,
+                m as i32,
+                *w as i32,
+            );
+            ffi::emu_copy_cols(
+                g.as_ptr(),
+                0,
+                part.as_ptr(),
+                *w as i32,
+                0,
+                cat.as_mut_ptr(),
+                n as i32,
+                off,
+                m as i32,
+                *w as i32,
+            );
+        }
+        bitwise(&part, &host(want), "split_cols");
+        off += *w as i32;
+    }
+    let refs: Vec<&Tensor> = parts_cpu.iter().collect();
+    bitwise(&cat, &host(&ops::cat_cols(&refs).unwrap()), "cat_cols");
+}
+
+/// RMSNorm (plain, fused with the residual, backward) on `[m, d]` against the CPU. The f64
+/// sums of squares run as a tree here (sequentially on the CPU): outputs agree to 1e-6.
+fn check_rms_norm(m: usize, d: usize, threads: usize) {
+    let (x, w, dy, res) = (rnd(m * d, 20), rnd(d, 21), rnd(m * d, 22), rnd(m * d, 23));
+    let eps = 1e-5;
+    let g = per_row(m, threads);
+    let mut y = vec![0.0; m * d];
+    unsafe { ffi::emu_rms_norm(g.as_ptr(), 0, x.as_ptr(), w.as_ptr(), y.as_mut_ptr(), m as i32, d as i32, eps) };
+    close(&y, &host(&ops::rms_norm(&cpu(&x, &[m, d]), &cpu(&w, &[d]), eps).unwrap()), 1e-6, "rms_norm");
+
+    let mut h = res.clone();
+    unsafe {
+        ffi::emu_rms_norm_residual(
+            g.as_ptr(),
+            0,
+            x.as_ptr(),
+            h.as_mut_ptr(),
+            w.as_ptr(),
+            y.as_mut_ptr(),
+            m as i32,
+            d as i32,
+            eps,
+        )
+    };
+    let mut want_h = cpu(&res, &[m, d]);
+    ops::add_inplace(&mut want_h, &cpu(&x, &[m, d])).unwrap();
+    bitwise(&h, &host(&want_h), "rms_norm_residual: residual");
+    close(&y, &host(&ops::rms_norm(&want_h, &cpu(&w, &[d]), eps).unwrap()), 1e-6, "rms_norm_residual: y");
+
+    let (mut dx, mut dw, mut rstd) = (vec![0.0; m * d], vec![0.0; d], vec![0.0f64; m]);
+    unsafe {
+        ffi::emu_rms_norm_backward(
+            g.as_ptr(),
+            0,
+            x.as_ptr(),
+            w.as_ptr(),
+            dy.as_ptr(),
+            dx.as_mut_ptr(),
+            rstd.as_mut_ptr(),
+            m as i32,
+            d as i32,
+            eps,
+        );
+        ffi::emu_rms_norm_backward_dw(
+            stride(d).as_ptr(),
+            0,
+            x.as_ptr(),
+            dy.as_ptr(),
+            rstd.as_ptr(),
+            dw.as_mut_ptr(),
+            m as i32,
+            d as i32,
+        );
+    }
+    let (wdx, wdw) = ops::rms_norm_backward(&cpu(&x, &[m, d]), &cpu(&w, &[d]), &cpu(&dy, &[m, d]), eps).unwrap();
+    close(&dx, &host(&wdx), 1e-6, "rms_norm_backward: dx");
+    close(&dw, &host(&wdw), 1e-6, "rms_norm_backward: dw");
+}
+
+#[test]
+fn rms_norm_kernels() {
+    check_rms_norm(5, 100, 32);
+    check_rms_norm(3, 576, 64);
+}
+
+/// RoPE over `[m, heads·head_dim]` at scattered positions; the CPU's operations in its order.
+fn check_rope(m: usize, heads: usize, head_dim: usize) {
+    let (half, max_pos) = (head_dim / 2, 300);
+    let (cos, sin): (Vec<f32>, Vec<f32>) = (0..max_pos * half)
+        .map(|i| {
+            let a = (i / half) as f64 / 10000f64.powf(2.0 * (i % half) as f64 / head_dim as f64);
+            (a.cos() as f32, a.sin() as f32)
+        })
+        .unzip();
+    let positions: Vec<usize> = (0..m).map(|r| (r * 37 + 5) % max_pos).collect();
+    let c = heads * head_dim;
+    let x0 = rnd(m * c, 30);
+    let mut x = x0.clone();
+    let pos = i32s(positions.iter().copied());
+    unsafe {
+        ffi::emu_rope(
+            stride(m * c / 2).as_ptr(),
+            0,
+            x.as_mut_ptr(),
+            pos.as_ptr(),
+            cos.as_ptr(),
+            sin.as_ptr(),
+            m as i32,
+            c as i32,
+            head_dim as i32,
+        )
+    };
+    let mut want = cpu(&x0, &[m, c]);
+    ops::rope_inplace(&mut want, &positions, &cpu(&cos, &[max_pos, half]), &cpu(&sin, &[max_pos, half]), head_dim)
+        .unwrap();
+    bitwise(&x, &host(&want), "rope");
+}
+
+#[test]
+fn rope_kernel() {
+    check_rope(5, 3, 64);
+    check_rope(3, 2, 128);
+}
+
+#[test]
+fn row_gather_scatter_and_kv_cache_write() {
+    let (rows, c) = (11usize, 19usize);
+    let table = rnd(rows * c, 40);
+    let ids: Vec<u32> = vec![3, 0, 10, 3, 7, 3, 10];
+    let n = ids.len();
+    let src = rnd(n * c, 41);
+    let mut out = vec![0.0; n * c];
+    unsafe {
+        ffi::emu_gather_rows(
+            stride(n * c).as_ptr(),
+            0,
+            table.as_ptr(),
+            ids.as_ptr(),
+            out.as_mut_ptr(),
+            n as i32,
+            c as i32,
+        )
+    };
+    bitwise(&out, &host(&ops::embedding(&cpu(&table, &[rows, c]), &ids).unwrap()), "gather_rows");
+
+    let mut dst = table.clone();
+    unsafe {
+        ffi::emu_scatter_rows(
+            stride(n * c).as_ptr(),
+            0,
+            dst.as_mut_ptr(),
+            ids.as_ptr(),
+            src.as_ptr(),
+            n as i32,
+            c as i32,
+        )
+    };
+    let mut want = cpu(&table, &[rows, c]);
+    ops::scatter_rows(&mut want, &ids, &cpu(&src, &[n, c])).unwrap();
+    bitwise(&dst, &host(&want), "scatter_rows (repeats: the last wins)");
+
+    let mut dst = table.clone();
+    unsafe {
+        ffi::emu_scatter_add_rows(
+            stride(n * c).as_ptr(),
+            0,
+            dst.as_mut_ptr(),
+            ids.as_ptr(),
+            src.as_ptr(),
+            n as i32,
+            c as i32,
+        )
+    };
+    let mut want = cpu(&table, &[rows, c]);
+    ops::scatter_add_rows(&mut want, &ids, &cpu(&src, &[n, c])).unwrap();
+    bitwise(&dst, &host(&want), "scatter_add_rows (repeats add in row order)");
+
+    // KV write: distinct slots, K and V at once, as two scatter_rows.
+    let slots: Vec<u32> = vec![9, 2, 5, 0];
+    let (k, v) = (rnd(slots.len() * c, 42), rnd(slots.len() * c, 43));
+    let (mut kc, mut vc) = (rnd(rows * c, 44), rnd(rows * c, 45));
+    let (mut wk, mut wv) = (cpu(&kc, &[rows, c]), cpu(&vc, &[rows, c]));
+    unsafe {
+        ffi::emu_kv_cache_write(
+            stride(slots.len() * c).as_ptr(),
+            0,
+            k.as_ptr(),
+            v.as_ptr(),
+            kc.as_mut_ptr(),
+            vc.as_mut_ptr(),
+            slots.as_ptr(),
+            slots.len() as i32,
+            c as i32,
+        )
+    };
+    ops::scatter_rows(&mut wk, &slots, &cpu(&k, &[slots.len(), c])).unwrap();
+    ops::scatter_rows(&mut wv, &slots, &cpu(&v, &[slots.len(), c])).unwrap();
+    bitwise(&kc, &host(&wk), "kv_cache_write: k");
+    bitwise(&vc, &host(&wv), "kv_cache_write: v");
+}
+
+/// Softmax, log-softmax, token log-probs / entropies and their backward on `[m, v]` logits
+/// at temperature `t`. The f64 sums are trees here (sequential on the CPU): 1e-6.
+fn check_softmax_and_logprobs(m: usize, v: usize, t: f32, threads: usize) {
+    let z: Vec<f32> = rnd(m * v, 50).iter().map(|x| x * 8.0).collect();
+    let g = per_row(m, threads);
+    let mut y = vec![0.0; m * v];
+    unsafe { ffi::emu_softmax_rows(g.as_ptr(), 0, z.as_ptr(), y.as_mut_ptr(), m as i32, v as i32) };
+    close(&y, &host(&ops::softmax(&cpu(&z, &[m, v])).unwrap()), 1e-6, "softmax");
+    unsafe { ffi::emu_log_softmax_rows(g.as_ptr(), 0, z.as_ptr(), y.as_mut_ptr(), m as i32, v as i32) };
+    close(&y, &host(&ops::log_softmax(&cpu(&z, &[m, v])).unwrap()), 1e-6, "log_softmax");
+
+    let tokens: Vec<u32> = (0..m).map(|r| ((r * 131 + 7) % v) as u32).collect();
+    let (mut lp, mut ent) = (vec![0.0; m], vec![0.0; m]);
+    unsafe {
+        ffi::emu_token_logprobs(
+            g.as_ptr(),
+            0,
+            z.as_ptr(),
+            tokens.as_ptr(),
+            m as i32,
+            v as i32,
+            t,
+            lp.as_mut_ptr(),
+            ent.as_mut_ptr(),
+        )
+    };
+    let (wlp, went) = ops::token_logprobs(&cpu(&z, &[m, v]), &tokens, t).unwrap();
+    close(&lp, &wlp, 1e-6, "token_logprobs");
+    close(&ent, &went, 1e-6, "entropies");
+
+    let (dl, de) = (rnd(m, 51), rnd(m, 52));
+    for with_entropy in [false, true] {
+        let mut dz = vec![0.0; m * v];
+        let de_ptr = if with_entropy { de.as_ptr() } else { std::ptr::null() };
+        unsafe {
+            ffi::emu_token_logprobs_backward(
+                g.as_ptr(),
+                0,
+                z.as_ptr(),
+                tokens.as_ptr(),
+                m as i32,
+                v as i32,
+                t,
+                dl.as_ptr(),
+                de_ptr,
+                went.as_ptr(),
+                dz.as_mut_ptr(),
+            )
+        };
+        let want =
+            ops::token_logprobs_backward(&cpu(&z, &[m, v]), &tokens, t, &dl, with_entropy.then_some(&de[..]), &went)
+                .unwrap();
+        close(&dz, &host(&want), 1e-6, "token_logprobs_backward");
+    }
+}
+
+#[test]
+fn softmax_and_logprob_kernels() {
+    check_softmax_and_logprobs(3, 301, 1.0, 64);
+    check_softmax_and_logprobs(4, 97, 0.7, 32);
+}
+
+#[test]
+fn adamw_kernels_equal_the_cpu_bitwise() {
+    let n = 517;
+    let (g, m0, v0, p0) = (rnd(n, 60), rnd(n, 61), rnd(n, 62).iter().map(|x| x.abs()).collect::<Vec<_>>(), rnd(n, 63));
+    let s = AdamWStep {
+        lr: 3e-4,
+        beta1: 0.9,
+        beta2: 0.999,
+        eps: 1e-8,
+        bias_correction1: 1.0 - 0.9f64.powi(7),
+        bias_correction2: 1.0 - 0.999f64.powi(7),
+        clip: 0.37,
+    };
+    let (mut m, mut v, mut d) = (m0.clone(), v0.clone(), vec![0.0; n]);
+    unsafe {
+        ffi::emu_adamw_delta(
+            stride(n).as_ptr(),
+            0,
+            g.as_ptr(),
+            m.as_mut_ptr(),
+            v.as_mut_ptr(),
+            d.as_mut_ptr(),
+            n as i64,
+            s.lr,
+            s.beta1,
+            s.beta2,
+            s.eps,
+            s.bias_correction1,
+            s.bias_correction2,
+            s.clip,
+        )
+    };
+    let (mut wm, mut wv) = (cpu(&m0, &[n]), cpu(&v0, &[n]));
+    let wd = ops::adamw_delta(&cpu(&g, &[n]), &mut wm, &mut wv, &s).unwrap();
+    bitwise(&d, &host(&wd), "adamw delta");
+    bitwise(&m, &host(&wm), "adamw m");
+    bitwise(&v, &host(&wv), "adamw v");
+
+    // Fused: master ← master·decay + Δ, then the bf16 copy.
+    let decay = 1.0 - 3e-4 * 0.01;
+    let (mut m, mut v, mut p, mut copy) = (m0.clone(), v0.clone(), p0.clone(), vec![0u16; n]);
+    unsafe {
+        ffi::emu_adamw_apply(
+            stride(n).as_ptr(),
+            0,
+            g.as_ptr(),
+            m.as_mut_ptr(),
+            v.as_mut_ptr(),
+            p.as_mut_ptr(),
+            copy.as_mut_ptr(),
+            n as i64,
+            s.lr,
+            s.beta1,
+            s.beta2,
+            s.eps,
+            s.bias_correction1,
+            s.bias_correction2,
+            s.clip,
+            decay,
+        )
+    };
+    let mut wp = cpu(&p0, &[n]);
+    ops::scale_add_inplace(&mut wp, decay, &wd).unwrap();
+    bitwise(&p, &host(&wp), "adamw_apply master");
+    bitwise(&m, &host(&wm), "adamw_apply m");
+    let want_copy: Vec<u16> = host(&wp).iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
+    assert_eq!(copy, want_copy, "adamw_apply bf16 copy");
+}
+
+/// Positions per decode partition (the host's choice; small here so rows span several).
+const PARTITION: usize = 16;
+/// RLS_PREFILL_TQ / RLS_PREFILL_TK of paged_attention.cu.
+const TQ: usize = 8;
+const TK: usize = 32;
+
+/// The per-row metadata of the attention kernels: (block tables concatenated, row_table,
+/// row_pos) for sequences `(start_pos, rows, block table)`.
+fn attn_meta(seqs: &[(usize, Range<usize>, Vec<u32>)]) -> (Vec<u32>, Vec<i32>, Vec<i32>) {
+    let t = seqs.iter().map(|s| s.1.end).max().unwrap_or(0);
+    let (mut flat, mut row_table, mut row_pos) = (vec![], vec![0; t], vec![0; t]);
+    for (start_pos, rows, table) in seqs {
+        for r in rows.clone() {
+            row_table[r] = i32::try_from(flat.len()).unwrap();
+            row_pos[r] = i32::try_from(start_pos + r - rows.start).unwrap();
+        }
+        flat.extend(table);
+    }
+    (flat, row_table, row_pos)
+}
+
+/// Shapes of one attention call: heads, KV heads, head_dim, block size.
+#[derive(Clone, Copy, Debug)]
+struct AttnShape {
+    h: usize,
+    kvh: usize,
+    d: usize,
+    bs: usize,
+}
+
+/// paged_attention_split + paged_attention_reduce (decode path) on rows described by `meta`.
+fn attn_decode(q: &[f32], k: &[f32], v: &[f32], meta: &(Vec<u32>, Vec<i32>, Vec<i32>), s: AttnShape) -> Vec<f32> {
+    let (flat, row_table, row_pos) = meta;
+    let t = row_pos.len();
+    let max_parts = row_pos.iter().map(|&p| (p as usize + 1).div_ceil(PARTITION)).max().unwrap();
+    let (mut po, mut pml) = (vec![0.0; t * s.h * max_parts * s.d], vec![0.0; t * s.h * max_parts * 2]);
+    let mut out = vec![0.0; t * s.h * s.d];
+    let scale = 1.0 / (s.d as f32).sqrt();
+    unsafe {
+        ffi::emu_paged_attention_split(
+            geom([s.h, t, max_parts], [64, 1, 1]).as_ptr(),
+            PARTITION * 4,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            flat.as_ptr(),
+            row_table.as_ptr(),
+            row_pos.as_ptr(),
+            po.as_mut_ptr(),
+            pml.as_mut_ptr(),
+            s.h as i32,
+            s.kvh as i32,
+            s.d as i32,
+            s.bs as i32,
+            PARTITION as i32,
+            max_parts as i32,
+            scale,
+        );
+        ffi::emu_paged_attention_reduce(
+            geom([s.h, t, 1], [32, 1, 1]).as_ptr(),
+            0,
+            po.as_ptr(),
+            pml.as_ptr(),
+            row_pos.as_ptr(),
+            out.as_mut_ptr(),
+            s.h as i32,
+            s.d as i32,
+            PARTITION as i32,
+            max_parts as i32,
+        );
+    }
+    out
+}
+
+/// paged_attention_prefill on `tiles` (first row, row count) of one sequence each.
+fn attn_prefill(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    meta: &(Vec<u32>, Vec<i32>, Vec<i32>),
+    tiles: &[(usize, usize)],
+    s: AttnShape,
+) -> Vec<f32> {
+    let (flat, row_table, row_pos) = meta;
+    let t = row_pos.len();
+    let tiles = i32s(tiles.iter().flat_map(|&(a, n)| [a, n]));
+    let mut out = vec![0.0; t * s.h * s.d];
+    let smem = (2 * TQ * s.d + 2 * TK * s.d + TQ * TK + 3 * TQ) * 4;
+    unsafe {
+        ffi::emu_paged_attention_prefill(
+            geom([s.h, tiles.len() / 2, 1], [64, 1, 1]).as_ptr(),
+            smem,
+            q.as_ptr(),
+            k.as_ptr(),
+            v.as_ptr(),
+            flat.as_ptr(),
+            row_table.as_ptr(),
+            row_pos.as_ptr(),
+            tiles.as_ptr(),
+            out.as_mut_ptr(),
+            s.h as i32,
+            s.kvh as i32,
+            s.d as i32,
+            s.bs as i32,
+            1.0 / (s.d as f32).sqrt(),
+        );
+    }
+    out
+}
+
+/// Decode and prefill kernels against the CPU's paged attention on a mixed batch (a decode
+/// row, a prefill of 11 rows, a chunked prefill of 3 rows at position 20) over shuffled
+/// blocks; then each kernel's batch invariance: a row computed alone equals the same row
+/// in the batch, bitwise. Tolerance 2e-6: the kernels sum dot products, exponentials and
+/// the weighted values in other orders than the CPU (warp trees, partitions, tiles).
+fn check_attention(s: AttnShape) {
+    let specs = [(37usize, 1usize), (0, 11), (20, 3)];
+    let blocks_needed: usize = specs.iter().map(|(p, n)| (p + n).div_ceil(s.bs)).sum();
+    let mut pool: Vec<u32> = (0..blocks_needed as u32 + 2).collect();
+    pool.shuffle(&mut StdRng::seed_from_u64(70));
+    let (mut seqs, mut row) = (vec![], 0);
+    for (start, n) in specs {
+        let table: Vec<u32> = pool.drain(..(start + n).div_ceil(s.bs)).collect();
+        seqs.push((start, row..row + n, table));
+        row += n;
+    }
+    let t = row;
+    let slots = (blocks_needed + 2) * s.bs;
+    let (qc, kc) = (s.h * s.d, s.kvh * s.d);
+    let (q, k, v) = (rnd(t * qc, 71), rnd(slots * kc, 72), rnd(slots * kc, 73));
+    let attn: Vec<AttnSeq> =
+        seqs.iter().map(|(p, r, tb)| AttnSeq { rows: r.clone(), start_pos: *p, block_table: tb }).collect();
+    let want = ops::paged_attention(
+        &cpu(&q, &[t, qc]),
+        &cpu(&k, &[slots, kc]),
+        &cpu(&v, &[slots, kc]),
+        &attn,
+        s.bs,
+        s.h,
+        s.kvh,
+        s.d,
+    )
+    .unwrap();
+    let want = host(&want);
+    let meta = attn_meta(&seqs);
+    let decode = attn_decode(&q, &k, &v, &meta, s);
+    close(&decode, &want, 2e-6, &format!("decode attention {s:?}"));
+    let tiles: Vec<(usize, usize)> =
+        seqs.iter().flat_map(|(_, r, _)| r.clone().step_by(TQ).map(move |a| (a, TQ.min(r.end - a)))).collect();
+    let prefill = attn_prefill(&q, &k, &v, &meta, &tiles, s);
+    close(&prefill, &want, 2e-6, &format!("prefill attention {s:?}"));
+
+    for r in [0, 5, 11, t - 1] {
+        let alone_meta = (meta.0.clone(), vec![meta.1[r]], vec![meta.2[r]]);
+        let q1 = &q[r * qc..(r + 1) * qc];
+        let what = format!("row {r} alone vs batched {s:?}");
+        bitwise(&attn_decode(q1, &k, &v, &alone_meta, s), &decode[r * qc..(r + 1) * qc], &format!("decode {what}"));
+        bitwise(
+            &attn_prefill(q1, &k, &v, &alone_meta, &[(0, 1)], s),
+            &prefill[r * qc..(r + 1) * qc],
+            &format!("prefill {what}"),
+        );
+    }
+}
+
+#[test]
+fn paged_attention_kernels() {
+    check_attention(AttnShape { h: 2, kvh: 2, d: 64, bs: 16 });
+    check_attention(AttnShape { h: 3, kvh: 1, d: 128, bs: 32 });
+}
+
+/// The three attention-backward kernels on packed spans (with a row in no span) against
+/// the CPU. Tolerance 1e-5: sequential dot products here, SIMD ones on the CPU, and the
+/// softmax sums as a tree.
+fn check_attention_backward(h: usize, kvh: usize, d: usize) {
+    let spans = [0..7usize, 8..19];
+    let t = 19;
+    let (qc, kc) = (h * d, kvh * d);
+    let (q, k, v, da) = (rnd(t * qc, 80), rnd(t * kc, 81), rnd(t * kc, 82), rnd(t * qc, 83));
+    let (mut row_start, mut row_end) = (vec![-1i32; t], vec![-1i32; t]);
+    for sp in &spans {
+        for r in sp.clone() {
+            row_start[r] = sp.start as i32;
+            row_end[r] = sp.end as i32;
+        }
+    }
+    let (mut stats, mut dq, mut dk, mut dv) =
+        (vec![0.0; t * h * 3], vec![1.0; t * qc], vec![1.0; t * kc], vec![1.0; t * kc]);
+    let (th, scale) = (32usize, 1.0 / (d as f32).sqrt());
+    unsafe {
+        let g = geom([h, t, 1], [th, 1, 1]);
+        let args = (q.as_ptr(), k.as_ptr(), v.as_ptr(), da.as_ptr(), row_start.as_ptr());
+        ffi::emu_attention_backward_stats(
+            g.as_ptr(),
+            0,
+            args.0,
+            args.1,
+            args.2,
+            args.3,
+            args.4,
+            stats.as_mut_ptr(),
+            h as i32,
+            kvh as i32,
+            d as i32,
+            scale,
+        );
+        ffi::emu_attention_backward_dq(
+            g.as_ptr(),
+            (th + d) * 4,
+            args.0,
+            args.1,
+            args.2,
+            args.3,
+            args.4,
+            stats.as_ptr(),
+            dq.as_mut_ptr(),
+            h as i32,
+            kvh as i32,
+            d as i32,
+            scale,
+        );
+        ffi::emu_attention_backward_dkdv(
+            geom([kvh, t, 1], [th, 1, 1]).as_ptr(),
+            (2 * th + 2 * d) * 4,
+            args.0,
+            args.1,
+            args.2,
+            args.3,
+            args.4,
+            row_end.as_ptr(),
+            stats.as_ptr(),
+            dk.as_mut_ptr(),
+            dv.as_mut_ptr(),
+            h as i32,
+            kvh as i32,
+            d as i32,
+            scale,
+        );
+    }
+    let (wq, wk, wv) = ops::attention_backward(
+        &cpu(&q, &[t, qc]),
+        &cpu(&k, &[t, kc]),
+        &cpu(&v, &[t, kc]),
+        &cpu(&da, &[t, qc]),
+        &spans,
+        h,
+        kvh,
+        d,
+    )
+    .unwrap();
+    close(&dq, &host(&wq), 1e-5, "attention_backward dq");
+    close(&dk, &host(&wk), 1e-5, "attention_backward dk");
+    close(&dv, &host(&wv), 1e-5, "attention_backward dv");
+}
+
+#[test]
+fn attention_backward_kernels() {
+    check_attention_backward(2, 2, 64);
+    check_attention_backward(3, 1, 128);
+}
+
+/// One sampler row: parameters and the sequence's context.
+struct SampleRow {
+    params: SamplingParams,
+    prompt: Vec<u32>,
+    output: Vec<u32>,
+    eos: Vec<u32>,
+    seed: u64,
+}
+
+/// The sampler kernel on `rows` of `logits [rows, vocab]`: `(token, behaviour log-prob)` per
+/// row. The host part here (distinct token lists, counts, masks) is what the CUDA backend's
+/// host side will do.
+fn gpu_sample(logits: &[f32], vocab: usize, rows: &[SampleRow]) -> Vec<(u32, f32)> {
+    let m = rows.len();
+    let (mut params, mut offs) = (vec![], [vec![0i32], vec![0], vec![0], vec![0]]);
+    let (mut rep, mut outt, mut cnt, mut bias_t, mut bias_v, mut mask) =
+        (vec![], vec![], vec![], vec![], vec![], vec![]);
+    for r in rows {
+        let p = &r.params;
+        params.push(ffi::SampleParams {
+            temperature: p.temperature,
+            top_p: p.top_p,
+            min_p: p.min_p,
+            repetition_penalty: p.repetition_penalty,
+            presence_penalty: p.presence_penalty,
+            frequency_penalty: p.frequency_penalty,
+            top_k: p.top_k,
+            pad: 0,
+            seed: r.seed,
+            step: r.output.len() as u64,
+        });
+        let mut seen: Vec<u32> = r.prompt.iter().chain(&r.output).copied().collect();
+        seen.sort_unstable();
+        seen.dedup();
+        rep.extend(seen);
+        let mut counts = std::collections::BTreeMap::<u32, i32>::new();
+        for &t in &r.output {
+            *counts.entry(t).or_default() += 1;
+        }
+        outt.extend(counts.keys());
+        cnt.extend(counts.values());
+        for &(t, b) in &p.logit_bias {
+            bias_t.push(t);
+            bias_v.push(b);
+        }
+        if r.output.len() < p.min_tokens {
+            mask.extend(r.eos.iter().chain(&p.stop_token_ids));
+        }
+        for (o, len) in offs.iter_mut().zip([rep.len(), outt.len(), bias_t.len(), mask.len()]) {
+            o.push(len as i32);
+        }
+    }
+    let sort_len = vocab.next_power_of_two();
+    let (mut work, mut keys, mut cum) = (vec![0.0f32; m * vocab], vec![0u64; m * sort_len], vec![0.0f64; m * vocab]);
+    let (mut token, mut logprob) = (vec![0i32; m], vec![0.0f32; m]);
+    unsafe {
+        ffi::emu_sampler(
+            per_row(m, 64).as_ptr(),
+            0,
+            logits.as_ptr(),
+            m as i32,
+            vocab as i32,
+            params.as_ptr(),
+            offs[0].as_ptr(),
+            rep.as_ptr(),
+            offs[1].as_ptr(),
+            outt.as_ptr(),
+            cnt.as_ptr(),
+            offs[2].as_ptr(),
+            bias_t.as_ptr(),
+            bias_v.as_ptr(),
+            offs[3].as_ptr(),
+            mask.as_ptr(),
+            work.as_mut_ptr(),
+            keys.as_mut_ptr(),
+            cum.as_mut_ptr(),
+            sort_len as i32,
+            token.as_mut_ptr(),
+            logprob.as_mut_ptr(),
+        );
+    }
+    token.iter().zip(logprob).map(|(&t, l)| (t as u32, l)).collect()
+}
+
+/// The sampler kernel draws the CPU sampler's token from the same RNG stream, for every
+/// truncation and penalty, over many seeds and steps (vocab 300: rows of flat-ish logits, so
+/// different uniforms pick different tokens), and returns its behaviour log-prob (1e-6:
+/// the prefix sums are a blocked scan here, sequential on the CPU).
+#[test]
+fn sampler_kernel_draws_the_cpu_samplers_token() {
+    let vocab = 300;
+    let base = SamplingParams::default();
+    let cases = [
+        SamplingParams { temperature: 1.0, ..base.clone() },
+        SamplingParams { temperature: 0.7, top_k: 20, ..base.clone() },
+        SamplingParams { temperature: 1.3, top_p: 0.9, ..base.clone() },
+        SamplingParams { temperature: 0.8, min_p: 0.05, ..base.clone() },
+        SamplingParams { temperature: 1.1, top_k: 50, top_p: 0.8, min_p: 0.02, ..base.clone() },
+        SamplingParams {
+            temperature: 0.9,
+            repetition_penalty: 1.3,
+            presence_penalty: 0.5,
+            frequency_penalty: 0.3,
+            logit_bias: vec![(5, 3.0), (9, -100.0), (5, 1.5)],
+            min_tokens: 10,
+            stop_token_ids: vec![17],
+            ..base.clone()
+        },
+        SamplingParams::greedy(),
+    ];
+    let mut rng = StdRng::seed_from_u64(90);
+    let (mut rows, mut logits) = (vec![], vec![]);
+    for (ci, params) in cases.iter().enumerate() {
+        for s in 0..8u64 {
+            let output: Vec<u32> = (0..(s as usize * 3 % 13)).map(|_| rng.gen_range(0..40)).collect();
+            let prompt: Vec<u32> = (0..6).map(|_| rng.gen_range(0..vocab as u32)).collect();
+            rows.push(SampleRow {
+                params: params.clone(),
+                prompt,
+                output,
+                eos: vec![2],
+                seed: s * 1_000_003 + ci as u64,
+            });
+            logits.extend(rnd(vocab, 100 + s).iter().map(|x| x * 1.5 + if ci == 6 { 0.0 } else { 0.2 }));
+        }
+    }
+    let got = gpu_sample(&logits, vocab, &rows);
+    let mut distinct = std::collections::HashSet::new();
+    for (i, (r, (tok, lp))) in rows.iter().zip(got).enumerate() {
+        let ctx = SampleContext { prompt_ids: &r.prompt, output_ids: &r.output, eos_token_ids: &r.eos, seed: r.seed };
+        let want = sample(&logits[i * vocab..(i + 1) * vocab], &r.params, &ctx);
+        assert_eq!(tok, want.token, "row {i} ({:?}): token", r.params);
+        assert!(
+            (lp - want.behavior_logprob).abs() <= 1e-6 * (1.0 + want.behavior_logprob.abs()),
+            "row {i}: logprob {lp} vs {}",
+            want.behavior_logprob
+        );
+        distinct.insert(tok);
+    }
+    // The draws are not all the argmax: the RNG stream decides them.
+    assert!(distinct.len() > 20, "only {} distinct tokens", distinct.len());
+}
