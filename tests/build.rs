@@ -69,6 +69,7 @@ fn rust_type(c: &str) -> &'static str {
         "const int*" => "*const i32",
         "const unsigned*" => "*const u32",
         "unsigned long long*" => "*mut u64",
+        "unsigned short*" => "*mut u16",
         "__nv_bfloat16*" => "*mut u16",
         "const RlsSampleParams*" => "*const SampleParams",
         other => panic!("kernel parameter type `{other}` has no Rust mapping in tests/build.rs"),
@@ -93,8 +94,10 @@ fn main() {
     let out = PathBuf::from(std::env::var("OUT_DIR").unwrap());
     println!("cargo:rerun-if-changed={}", cuda.display());
     println!("cargo:rerun-if-changed={}", cuda.join("emu").display());
-    let mut sources: Vec<PathBuf> = std::fs::read_dir(&cuda)
-        .expect("kernels/cuda")
+    // The kernels, and the emulation's own self-test kernels.
+    let mut sources: Vec<PathBuf> = [cuda.clone(), cuda.join("emu")]
+        .iter()
+        .flat_map(|dir| std::fs::read_dir(dir).expect("kernels/cuda"))
         .map(|e| e.unwrap().path())
         .filter(|p| p.extension().is_some_and(|e| e == "cu"))
         .collect();

@@ -555,3 +555,47 @@ fn adamw_kernels_equal_the_cpu_bitwise() {
     let want_copy: Vec<u16> = host(&wp).iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
     assert_eq!(copy, want_copy, "adamw_apply bf16 copy");
 }
+
+/// The emulation's primitives that the kernels above do not use (kernels/cuda/emu/selftest.cu),
+/// against hand-derived values: shuffles, ballot, shared and global atomics, f16 rounding.
+#[test]
+fn simt_emulation_primitives() {
+    let (blocks, threads) = (3usize, 64usize);
+    let n = blocks * threads;
+    let (mut out, mut sum, mut mx, mut fsum) = (vec![0i32; 5 * n], 0i32, -1i32, 0.0f32);
+    unsafe {
+        ffi::emu_selftest_warp(per_row(blocks, threads).as_ptr(), 0, out.as_mut_ptr(), &mut sum, &mut mx, &mut fsum)
+    };
+    for g in 0..n {
+        let (t, l) = ((g % threads) as i32, (g % 32) as i32);
+        let want = [
+            if l + 3 < 32 { t + 3 } else { t },
+            if l >= 2 { t - 2 } else { t },
+            t - l + 5,
+            0x4924_9249,
+            (0..threads as i32).sum(),
+        ];
+        assert_eq!(out[5 * g..5 * g + 5], want, "thread {g}");
+    }
+    assert_eq!((sum, mx, fsum), ((0..n as i32).sum(), n as i32 - 1, 0.5 * n as f32));
+
+    // f16: ties to even, subnormals, overflow to inf, NaN.
+    let mut x = rnd(100, 95).iter().map(|v| v * 70000.0).collect::<Vec<_>>();
+    x.extend([1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 65519.0, 65520.0, 3e-8, 6e-8, 1e-5, -0.0, f32::NEG_INFINITY]);
+    let (mut bits, mut back) = (vec![0u16; x.len()], vec![0.0f32; x.len()]);
+    unsafe {
+        ffi::emu_selftest_half(
+            stride(x.len()).as_ptr(),
+            0,
+            x.as_ptr(),
+            bits.as_mut_ptr(),
+            back.as_mut_ptr(),
+            x.len() as i32,
+        )
+    };
+    for (i, &v) in x.iter().enumerate() {
+        let want = half::f16::from_f32(v);
+        assert_eq!(bits[i], want.to_bits(), "f16 bits of {v}");
+        assert_eq!(back[i].to_bits(), want.to_f32().to_bits(), "f16 value of {v}");
+    }
+}

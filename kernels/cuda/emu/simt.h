@@ -228,6 +228,8 @@ inline __half __float2half_rn(float f) {
     if (rest > 0x1000u || (rest == 0x1000u && (h & 1u))) ++h;
     return {(unsigned short)(sign | h)};
 }
+inline unsigned short __half_as_ushort(__half h) { return h.x; }
+inline unsigned short __bfloat16_as_ushort(__nv_bfloat16 b) { return b.x; }
 inline float __half2float(__half h) {
     unsigned sign = (unsigned)(h.x & 0x8000u) << 16, e = (h.x >> 10) & 0x1fu, m = h.x & 0x3ffu;
     if (e == 0) return std::bit_cast<float>(sign) + (sign ? -1.0f : 1.0f) * (float)m * 5.9604644775390625e-8f;
