@@ -7,8 +7,9 @@ options of kernels/cuda/nvrtc_options.txt. It prints one line per file and archi
 with the number of kernels (`.entry` in the PTX), the NVRTC log on failure, and exits 1 on
 any failure. No GPU is needed.
 
-NVRTC comes from the PyPI package nvidia-cuda-nvrtc-cu12 (libnvrtc.so.12) and the headers
-(cuda_bf16.h) from nvidia-cuda-runtime-cu12; run it with a Python that has both installed.
+NVRTC comes from the PyPI package nvidia-cuda-nvrtc-cu12 (libnvrtc.so.12); run it with a
+Python that has it installed. The kernels include no CUDA header (common.cuh), so the
+runtime package's headers are not needed.
 """
 import ctypes
 import glob
@@ -28,7 +29,7 @@ def nvidia_dir(sub):
         path = os.path.join(base, sub)
         if os.path.isdir(path):
             return path
-    sys.exit(f"{sub} not found under {list(nvidia.__path__)}: install nvidia-cuda-nvrtc-cu12 and nvidia-cuda-runtime-cu12")
+    sys.exit(f"{sub} not found under {list(nvidia.__path__)}: install nvidia-cuda-nvrtc-cu12")
 
 
 def load_nvrtc():
@@ -42,7 +43,7 @@ def load_nvrtc():
 
 
 def options():
-    subst = {"{KERNELS_DIR}": KERNELS, "{CUDA_INCLUDE}": nvidia_dir(os.path.join("cuda_runtime", "include"))}
+    subst = {"{KERNELS_DIR}": KERNELS}
     out = []
     with open(os.path.join(KERNELS, "nvrtc_options.txt")) as f:
         for line in f:

@@ -2,7 +2,9 @@
 //
 // Compiles under NVRTC (options in nvrtc_options.txt, this directory on the include path)
 // and under the SIMT emulation (emu/simt.h, which defines RLSERVE_EMU). The one guard of
-// the sources is below: the bf16 header and the dynamic shared memory declaration.
+// the sources is below: the dynamic shared memory declaration. No CUDA header is included,
+// so compiling at run time needs libnvrtc alone (bf16 values are stored as their 16 bits,
+// rounded by rls_bf16_rne).
 //
 // Reductions here run in a fixed order for a given blockDim (a shared-memory tree over the
 // threads' partials, or a warp xor-butterfly), so a result never depends on timing, and the
@@ -12,7 +14,6 @@
 #ifdef RLSERVE_EMU
 #define RLS_DYN_SMEM(T, name) T* name = reinterpret_cast<T*>(emu::dyn_smem())
 #else
-#include <cuda_bf16.h>
 #define RLS_DYN_SMEM(T, name)                                   \
     extern __shared__ __align__(16) unsigned char rls_smem_[]; \
     T* name = reinterpret_cast<T*>(rls_smem_)
@@ -82,4 +83,13 @@ __device__ __forceinline__ float rls_warp_sum(float v) {
 __device__ __forceinline__ float rls_warp_max(float v) {
     for (int m = 16; m > 0; m >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, m));
     return v;
+}
+
+/// The bf16 bits of `f`, rounded to nearest even (NaN stays a quiet NaN): the layout cuBLAS
+/// reads as CUDA_R_16BF.
+__device__ __forceinline__ unsigned short rls_bf16_rne(float f) {
+    unsigned u = __float_as_uint(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x40u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
 }

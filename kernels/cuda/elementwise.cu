@@ -51,7 +51,8 @@ extern "C" __global__ void silu_mul_backward(const float* gate_up, const float* 
     }
 }
 
-// f32_to_bf16(x [n], y [n], n): y = bf16(x), round to nearest even (the serving copy).
-extern "C" __global__ void f32_to_bf16(const float* x, __nv_bfloat16* y, long long n) {
-    RLS_GRID_STRIDE(i, n) y[i] = __float2bfloat16_rn(x[i]);
+// f32_to_bf16(x [n], y [n] (bf16 bits), n): y = bf16(x), round to nearest even (the serving
+// copy).
+extern "C" __global__ void f32_to_bf16(const float* x, unsigned short* y, long long n) {
+    RLS_GRID_STRIDE(i, n) y[i] = rls_bf16_rne(x[i]);
 }

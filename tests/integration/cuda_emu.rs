@@ -579,23 +579,29 @@ fn simt_emulation_primitives() {
     }
     assert_eq!((sum, mx, fsum), ((0..n as i32).sum(), n as i32 - 1, 0.5 * n as f32));
 
-    // f16: ties to even, subnormals, overflow to inf, NaN.
+    // f16 and bf16: ties to even, subnormals, overflow to inf, NaN.
     let mut x = rnd(100, 95).iter().map(|v| v * 70000.0).collect::<Vec<_>>();
     x.extend([1.0 + 1.0 / 2048.0, 1.0 + 3.0 / 2048.0, 65519.0, 65520.0, 3e-8, 6e-8, 1e-5, -0.0, f32::NEG_INFINITY]);
-    let (mut bits, mut back) = (vec![0u16; x.len()], vec![0.0f32; x.len()]);
+    x.extend([1.0 + 1.0 / 256.0, 1.0 + 3.0 / 256.0, 3.4e38, 1e-40]);
+    let k = x.len();
+    let (mut bits, mut back, mut bbits, mut bback) = (vec![0u16; k], vec![0.0f32; k], vec![0u16; k], vec![0.0f32; k]);
     unsafe {
         ffi::emu_selftest_half(
-            stride(x.len()).as_ptr(),
+            stride(k).as_ptr(),
             0,
             x.as_ptr(),
             bits.as_mut_ptr(),
             back.as_mut_ptr(),
-            x.len() as i32,
+            bbits.as_mut_ptr(),
+            bback.as_mut_ptr(),
+            k as i32,
         )
     };
     for (i, &v) in x.iter().enumerate() {
-        let want = half::f16::from_f32(v);
-        assert_eq!(bits[i], want.to_bits(), "f16 bits of {v}");
-        assert_eq!(back[i].to_bits(), want.to_f32().to_bits(), "f16 value of {v}");
+        let (h, b) = (half::f16::from_f32(v), half::bf16::from_f32(v));
+        assert_eq!(bits[i], h.to_bits(), "f16 bits of {v}");
+        assert_eq!(back[i].to_bits(), h.to_f32().to_bits(), "f16 value of {v}");
+        assert_eq!(bbits[i], b.to_bits(), "bf16 bits of {v}");
+        assert_eq!(bback[i].to_bits(), b.to_f32().to_bits(), "bf16 value of {v}");
     }
 }

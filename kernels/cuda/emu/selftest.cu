@@ -29,12 +29,17 @@ extern "C" __global__ void selftest_warp(int* out, int* sum, int* mx, float* fsu
     atomicAdd(fsum, 0.5f);
 }
 
-// selftest_half(x [n], bits [n], back [n], n): bits = f16 bits of x rounded to nearest
-// even, back = that f16 as f32. Launch: grid-stride.
-extern "C" __global__ void selftest_half(const float* x, unsigned short* bits, float* back, int n) {
+// selftest_half(x [n], bits [n], back [n], bf16 [n], bf16_back [n], n): bits = f16 bits of x
+// rounded to nearest even, back = that f16 as f32; the same for the emulated __nv_bfloat16.
+// Launch: grid-stride.
+extern "C" __global__ void selftest_half(const float* x, unsigned short* bits, float* back, unsigned short* bf16,
+                                         float* bf16_back, int n) {
     RLS_GRID_STRIDE(i, n) {
         __half h = __float2half_rn(x[i]);
         bits[i] = __half_as_ushort(h);
         back[i] = __half2float(h);
+        __nv_bfloat16 b = __float2bfloat16_rn(x[i]);
+        bf16[i] = __bfloat16_as_ushort(b);
+        bf16_back[i] = __bfloat162float(b);
     }
 }
