@@ -1,7 +1,9 @@
 // Rotary position embedding, HF rotate-half layout (Su et al. 2021, eq. 34; HF
 // `apply_rotary_pos_emb`), in place: within each head, dims i and i + head_dim/2 rotate by
 // the angle of the row's position: a' = a·cos − b·sin, b' = b·cos + a·sin (the CPU's
-// kernels/src/cpu/elementwise.rs `rope`; bitwise equal with --fmad=false).
+// kernels/src/cpu/elementwise.rs `rope`; bitwise equal with --fmad=false). The frequencies
+// live in the host-built cos/sin tables, so a scaled RoPE (llama3's, YaRN) is a different
+// table, not a different kernel.
 #include "common.cuh"
 
 // rope(x [m, c], positions [m] (int32), cos [max_pos, head_dim/2], sin [max_pos, head_dim/2],

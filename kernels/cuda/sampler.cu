@@ -31,7 +31,8 @@
 //   keys [m, sort_len] (u64 scratch, sort_len = next power of two ≥ vocab), cum [m, vocab]
 //   (f64 scratch), sort_len, token [m] (int32 out), logprob [m] (f32 out)):
 // row r's sparse lists are entries offsets[r] .. offsets[r+1] of their arrays; rep_tokens and
-// out_tokens hold distinct ids (out_counts their counts in the output).
+// out_tokens hold distinct ids (out_counts their counts in the output); every id < vocab
+// (the host drops others, as the CPU sampler ignores them).
 // Launch: grid m, block a power of two ≤ 1024 (host: 1024; tests: 64), no dynamic shared
 // memory. One block per row: batch-invariant.
 #include "common.cuh"

@@ -3,9 +3,11 @@
 //! The seam: a [`Tensor`] owns its storage on one [`Device`]; every op in [`ops`] takes
 //! tensors, checks shapes, and calls one method of the backend contract
 //! ([`backend::BackendStorage`]) on the tensors' storage: the CPU backend ([`cpu`], rayon +
-//! AVX2/FMA) or the CUDA backend. Without the `cuda` feature, [`cuda`] is a stub whose
-//! types are uninhabited but implement the whole contract, so CPU-only builds compile
-//! every match arm and [`Device::cuda`] returns [`KernelError::CudaUnavailable`].
+//! AVX2/FMA) or the CUDA backend ([`cuda`] with the `cuda` feature: the kernels of
+//! `kernels/cuda/*.cu` through cudarc and NVRTC, cuBLAS for the GEMMs). Without the `cuda`
+//! feature, [`cuda`] is a stub whose types are uninhabited but implement the whole contract,
+//! so CPU-only builds compile every match arm and [`Device::cuda`] returns
+//! [`KernelError::CudaUnavailable`].
 //!
 //! All tensors are row-major f32 ([`DType`]). Shapes are written `[rows, cols]`.
 

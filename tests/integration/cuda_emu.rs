@@ -348,6 +348,20 @@ fn rope_kernel() {
     check_rope(3, 2, 128);
 }
 
+/// The launch shim of a scatter kernel (`dst, rows, src, n, c`) and the CPU op it mirrors.
+type ScatterKernel = unsafe extern "C" fn(*const u32, usize, *mut f32, *const u32, *const f32, i32, i32);
+type ScatterOp = fn(&mut Tensor, &[u32], &Tensor) -> kernels::Result<()>;
+
+/// A scatter kernel on `table [_, c]` against its CPU op, bitwise (same adds in the same order).
+fn check_scatter(kernel: ScatterKernel, op: ScatterOp, table: &[f32], ids: &[u32], src: &[f32], c: usize, what: &str) {
+    let (rows, n) = (table.len() / c, ids.len());
+    let mut dst = table.to_vec();
+    unsafe { kernel(stride(n * c).as_ptr(), 0, dst.as_mut_ptr(), ids.as_ptr(), src.as_ptr(), n as i32, c as i32) };
+    let mut want = cpu(table, &[rows, c]);
+    op(&mut want, ids, &cpu(src, &[n, c])).unwrap();
+    bitwise(&dst, &host(&want), what);
+}
+
 #[test]
 fn row_gather_scatter_and_kv_cache_write() {
     let (rows, c) = (11usize, 19usize);
@@ -369,37 +383,17 @@ fn row_gather_scatter_and_kv_cache_write() {
     };
     bitwise(&out, &host(&ops::embedding(&cpu(&table, &[rows, c]), &ids).unwrap()), "gather_rows");
 
-    let mut dst = table.clone();
-    unsafe {
-        ffi::emu_scatter_rows(
-            stride(n * c).as_ptr(),
-            0,
-            dst.as_mut_ptr(),
-            ids.as_ptr(),
-            src.as_ptr(),
-            n as i32,
-            c as i32,
-        )
-    };
-    let mut want = cpu(&table, &[rows, c]);
-    ops::scatter_rows(&mut want, &ids, &cpu(&src, &[n, c])).unwrap();
-    bitwise(&dst, &host(&want), "scatter_rows (repeats: the last wins)");
-
-    let mut dst = table.clone();
-    unsafe {
-        ffi::emu_scatter_add_rows(
-            stride(n * c).as_ptr(),
-            0,
-            dst.as_mut_ptr(),
-            ids.as_ptr(),
-            src.as_ptr(),
-            n as i32,
-            c as i32,
-        )
-    };
-    let mut want = cpu(&table, &[rows, c]);
-    ops::scatter_add_rows(&mut want, &ids, &cpu(&src, &[n, c])).unwrap();
-    bitwise(&dst, &host(&want), "scatter_add_rows (repeats add in row order)");
+    check_scatter(
+        ffi::emu_scatter_rows,
+        ops::scatter_rows,
+        &table,
+        &ids,
+        &src,
+        c,
+        "scatter_rows (repeats: the last wins)",
+    );
+    let what = "scatter_add_rows (repeats add in row order)";
+    check_scatter(ffi::emu_scatter_add_rows, ops::scatter_add_rows, &table, &ids, &src, c, what);
 
     // KV write: distinct slots, K and V at once, as two scatter_rows.
     let slots: Vec<u32> = vec![9, 2, 5, 0];
