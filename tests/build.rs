@@ -69,6 +69,7 @@ fn rust_type(c: &str) -> &'static str {
         "const int*" => "*const i32",
         "const unsigned*" => "*const u32",
         "unsigned long long*" => "*mut u64",
+        "const unsigned long long*" => "*const u64",
         "unsigned short*" => "*mut u16",
         "__nv_bfloat16*" => "*mut u16",
         "const RlsSampleParams*" => "*const SampleParams",

@@ -14,7 +14,8 @@
 //   7. one draw u = U · Σ w_kept with U the first f64 of the CPU's stream: rand 0.8
 //      `StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(step)))` (ChaCha12, Bernstein
 //      2008, 12 rounds, key from rand_core's PCG32 seed expansion, block 0, nonce 0;
-//      U = (first u64 >> 11) · 2⁻⁵³), reproduced bit for bit here; the token is the first
+//      U = (first u64 >> 11) · 2⁻⁵³), reproduced bit for bit here (sampler_uniforms below;
+//      tested bitwise against rand); the token is the first
 //      kept candidate with w > 0 and u < (prefix sum of w through it), its behaviour
 //      log-prob ln(w / Σ w_kept).
 // Exact equality with the CPU draw: the uniform U is bitwise the CPU's, but (a) the device
@@ -227,4 +228,13 @@ extern "C" __global__ void sampler(const float* logits, int m, int vocab, const 
         token[row] = cand(chosen);
         logprob[row] = (float)log(wt(chosen) / total);
     }
+}
+
+// sampler_uniforms(seeds [n], steps [n], out [n] (f64), n): the uniform U ∈ [0, 1) that
+// `sampler` draws for (seed, step): rand 0.8's first `gen::<f64>()` of
+// `StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(step)))`, bit for bit. For logging a
+// draw and for testing the stream. Launch: grid-stride over n; any grid and block.
+extern "C" __global__ void sampler_uniforms(const unsigned long long* seeds, const unsigned long long* steps,
+                                            double* out, int n) {
+    RLS_GRID_STRIDE(i, n) out[i] = rls_std_rng_first_f64(rls_splitmix64(seeds[i] ^ rls_splitmix64(steps[i])));
 }

@@ -1,7 +1,7 @@
 //! The sampler kernel against the engine's CPU sampler.
 
-use super::{ffi, per_row, rnd};
-use engine::sampling::{sample, SampleContext, SamplingParams};
+use super::{ffi, per_row, rnd, stride};
+use engine::sampling::{sample, splitmix64, SampleContext, SamplingParams};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
@@ -146,4 +146,30 @@ fn sampler_kernel_draws_the_cpu_samplers_token() {
     }
     // The draws are not all the argmax: the RNG stream decides them.
     assert!(distinct.len() > 20, "only {} distinct tokens", distinct.len());
+}
+
+/// The kernel's uniform is the CPU sampler's, bitwise: rand 0.8 `StdRng` (ChaCha12 seeded by
+/// PCG32) from `splitmix64(seed ^ splitmix64(step))`, over seeds and steps with every bit
+/// pattern class (0, small, large, all ones).
+#[test]
+fn sampler_rng_stream_equals_rand_stdrng() {
+    let mut seeds: Vec<u64> = vec![0, 1, 42, u64::MAX, 0x8000_0000_0000_0000];
+    let mut r = StdRng::seed_from_u64(7);
+    seeds.extend((0..60).map(|_| r.gen::<u64>()));
+    let steps: Vec<u64> = (0..seeds.len() as u64).map(|i| i * i * 31).collect();
+    let mut out = vec![0.0f64; seeds.len()];
+    unsafe {
+        ffi::emu_sampler_uniforms(
+            stride(seeds.len()).as_ptr(),
+            0,
+            seeds.as_ptr(),
+            steps.as_ptr(),
+            out.as_mut_ptr(),
+            seeds.len() as i32,
+        )
+    };
+    for ((&seed, &step), got) in seeds.iter().zip(&steps).zip(out) {
+        let want = StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(step))).gen::<f64>();
+        assert_eq!(got.to_bits(), want.to_bits(), "seed {seed}, step {step}");
+    }
 }
