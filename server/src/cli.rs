@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use engine::generate::generate as run_generation;
 use engine::{ChatMessage, Model, SamplingParams, Tokenizer};
 use kernels::Device;
+use server::device::DeviceSpec;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -36,15 +37,42 @@ pub enum Command {
     Bench(crate::bench::BenchCommand),
 }
 
-/// Where the model comes from (shared by the commands that load one).
+/// `--device`: where the model's weights, its KV cache and all of its math live (shared by
+/// every command that loads a model; `ModelArgs` holds it, `train` takes it directly).
+#[derive(Args, Clone, Debug)]
+pub struct DeviceArg {
+    /// Device for the model: cpu, cuda (= cuda:0) or cuda:N. CUDA needs a build with
+    /// `--features cuda` and the NVIDIA driver, libnvrtc and libcublas at run time.
+    #[arg(long, default_value = "cpu", value_parser = DeviceSpec::parse)]
+    pub device: DeviceSpec,
+}
+
+impl DeviceArg {
+    /// Opens the device (see [`DeviceSpec::open`]): commands call it before loading anything,
+    /// so a bad `cuda` fails at start with the kernels crate's error.
+    pub fn open(&self) -> Result<Device> {
+        self.device.open()
+    }
+}
+
+/// Where the model comes from and where it runs (shared by the commands that load one).
 #[derive(Args, Clone)]
 pub struct ModelArgs {
     /// HF model folder (config.json, *.safetensors, tokenizer.json). Default: the default model, fetched if missing.
     #[arg(long)]
     pub model: Option<PathBuf>,
+    #[command(flatten)]
+    pub device: DeviceArg,
 }
 
 impl ModelArgs {
+    /// The opened `--device` and the model folder (the device first: a CUDA error comes
+    /// before any download).
+    pub fn open(&self) -> Result<(Device, PathBuf)> {
+        let device = self.device.open()?;
+        Ok((device, self.resolve()?))
+    }
+
     /// The model folder, fetching the default model when `--model` is absent.
     pub fn resolve(&self) -> Result<PathBuf> {
         match &self.model {
@@ -94,10 +122,10 @@ pub struct GenerateArgs {
     pub seed: Option<u64>,
 }
 
-/// Loads tokenizer and model from `dir` onto the CPU.
-pub fn load(dir: &Path) -> Result<(Tokenizer, Model)> {
+/// Loads tokenizer and model from `dir`, the model onto `device`.
+pub fn load(dir: &Path, device: &Device) -> Result<(Tokenizer, Model)> {
     let tok = Tokenizer::from_dir(dir)?;
-    let model = Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
+    let model = Model::load(dir, device).with_context(|| format!("loading {}", dir.display()))?;
     Ok((tok, model))
 }
 
@@ -125,8 +153,8 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
         ..Default::default()
     };
     params.validate().map_err(|e| anyhow::anyhow!("{}", e.to_string().replacen('`', "`--", 1).replace('_', "-")))?;
-    let dir = a.model.resolve()?;
-    let (tok, model) = load(&dir)?;
+    let (device, dir) = a.model.open()?;
+    let (tok, model) = load(&dir, &device)?;
     let prompt = encode_prompt(&tok, &a.prompt, a.chat)?;
     let ctx = model.config.max_position_embeddings;
     if prompt.len() + a.max_tokens > ctx {

@@ -3,5 +3,6 @@
 //! `rlserve` binary (`main.rs`) adds the other commands.
 
 pub mod api;
+pub mod device;
 pub mod metrics;
 pub mod serve;

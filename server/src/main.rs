@@ -41,9 +41,10 @@ fn run(args: cli::Cli) -> Result<()> {
             println!("{}", dir.display());
             Ok(())
         }
-        cli::Command::Serve(s) => {
+        cli::Command::Serve(mut s) => {
             init_tracing();
-            let dir = s.model.resolve()?;
+            let (device, dir) = s.model.open()?;
+            s.serve.device = Some(device);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
             rt.block_on(server::serve::run(&dir, s.serve))
         }

@@ -90,6 +90,10 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
 
 #[derive(Args, Clone, Debug)]
 pub struct ServeArgs {
+    /// The device the model is loaded on; `None` is the CPU. The binary sets it from
+    /// `--device` (`crate::device::DeviceSpec::open`), which it opens before anything else.
+    #[arg(skip)]
+    pub device: Option<Device>,
     #[arg(long, default_value = "127.0.0.1")]
     pub host: String,
     #[arg(long, default_value_t = 8000)]
@@ -208,7 +212,8 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
             args.host
         );
     }
-    let mut model = Model::load(dir, &Device::Cpu).with_context(|| format!("loading {}", dir.display()))?;
+    let device = args.device.clone().unwrap_or(Device::Cpu);
+    let mut model = Model::load(dir, &device).with_context(|| format!("loading {}", dir.display()))?;
     // A checkpoint folder is served at the policy version it was saved at.
     if let Ok(state) = learner::checkpoint::load_state(dir) {
         model.version = state["version"].as_u64().unwrap_or(0);

@@ -18,10 +18,13 @@ pub struct TrainArgs {
     #[arg(long)]
     pub no_serve: bool,
     #[command(flatten)]
+    pub device: crate::cli::DeviceArg,
+    #[command(flatten)]
     pub serve: ServeArgs,
 }
 
-pub fn run(a: TrainArgs) -> Result<()> {
+pub fn run(mut a: TrainArgs) -> Result<()> {
+    a.serve.device = Some(a.device.open()?);
     let text =
         std::fs::read_to_string(&a.config).with_context(|| format!("reading --config {}", a.config.display()))?;
     let cfg = JobConfig::from_toml(&text).with_context(|| format!("--config {}", a.config.display()))?;

@@ -4,7 +4,6 @@ use crate::cli::ModelArgs;
 use anyhow::{bail, Context, Result};
 use clap::Args;
 use engine::{Model, SharedModel};
-use kernels::Device;
 use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
 use std::path::PathBuf;
 
@@ -86,8 +85,8 @@ fn config(a: &TrainStepArgs) -> Result<TrainConfig> {
 
 pub fn run(a: TrainStepArgs) -> Result<()> {
     let cfg = config(&a)?;
-    let dir = a.model.resolve()?;
-    let model = Model::load(&dir, &Device::Cpu)?;
+    let (device, dir) = a.model.open()?;
+    let model = Model::load(&dir, &device)?;
     let batch = read_batch(&a.batch, model.config.vocab_size)?;
     let mut trainer = Trainer::new(&model, cfg)?;
     if let Some(p) = &a.dump_grads {

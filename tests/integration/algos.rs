@@ -426,26 +426,10 @@ fn toml_like(json: &str) -> TrainConfig {
     serde_json::from_str(json).unwrap()
 }
 
-/// The `rlserve` binary next to this test binary, built (or brought up to date) first.
-fn rlserve_binary() -> std::path::PathBuf {
-    let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
-    let target = profile_dir.parent().unwrap();
-    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
-    let status = std::process::Command::new(cargo)
-        .args(["build", "--quiet", "--bin", "rlserve", "--target-dir"])
-        .arg(target)
-        .current_dir(tests::workspace_root())
-        .status()
-        .expect("running cargo to build rlserve");
-    assert!(status.success(), "building rlserve failed");
-    profile_dir.join("rlserve")
-}
-
 #[test]
 fn train_step_runs_ppo_and_dpo_from_a_config_file() {
     let (dir, batch) = tiny_batch("algos-train-step", 4);
-    let bin = rlserve_binary();
+    let bin = tests::rlserve_binary();
     let work = tests::temp_dir("algos-train-step-work");
     let lines = |b: &[TrainSample]| b.iter().map(|s| serde_json::to_string(s).unwrap() + "\n").collect::<String>();
     std::fs::write(work.join("ppo.jsonl"), lines(&batch)).unwrap();

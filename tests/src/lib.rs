@@ -44,3 +44,19 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
 }
+
+/// The `rlserve` binary next to this test binary, built (or brought up to date) first.
+pub fn rlserve_binary() -> PathBuf {
+    let exe = std::env::current_exe().unwrap();
+    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let target = profile_dir.parent().unwrap();
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let status = std::process::Command::new(cargo)
+        .args(["build", "--quiet", "--bin", "rlserve", "--target-dir"])
+        .arg(target)
+        .current_dir(workspace_root())
+        .status()
+        .expect("running cargo to build rlserve");
+    assert!(status.success(), "building rlserve failed");
+    profile_dir.join("rlserve")
+}

@@ -31,8 +31,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.prompt_tokens >= 1 && a.gen_tokens >= 2 && a.repetitions >= 1,
         "--prompt-tokens >= 1, --gen-tokens >= 2 and --repetitions >= 1 are required"
     );
-    let dir = a.model.resolve()?;
-    let (_, model) = load(&dir)?;
+    let (device, dir) = a.model.open()?;
+    let (_, model) = load(&dir, &device)?;
     let vocab = model.config.vocab_size as u32;
     // Deterministic pseudo-random prompt (token ids in the ordinary-text range).
     let prompt: Vec<u32> =
@@ -44,7 +44,8 @@ pub fn run(a: BenchArgs) -> Result<()> {
     for _ in 0..a.repetitions {
         let mut cache = model.new_cache(a.prompt_tokens)?;
         let t = Instant::now();
-        model.forward(&prompt, &mut cache, false)?;
+        // The last row's logits copied to the host: on a GPU this waits for the forward.
+        model.forward(&prompt, &mut cache, false)?.to_vec()?;
         pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
         let (_, stats) = generate(&model, &prompt[..1], &params, a.gen_tokens, &[], |_| {})?;
         tg.push(stats.decode_tokens_per_s());

@@ -7,7 +7,6 @@ use crate::cli::ModelArgs;
 use anyhow::Result;
 use clap::Args;
 use engine::{EngineConfig, EngineHandle, LLMEngine, Model, SharedModel, Tokenizer};
-use kernels::Device;
 use rl::{Job, JobConfig, LearnerSlot, RlContext, RlMetrics};
 use std::sync::Arc;
 use std::time::Instant;
@@ -33,7 +32,7 @@ pub struct RlBenchArgs {
 
 /// Runs `bench rl`.
 pub fn run(a: RlBenchArgs) -> Result<()> {
-    let dir = a.model.resolve()?;
+    let (device, dir) = a.model.open()?;
     let tok = Arc::new(Tokenizer::from_dir(&dir)?);
     let rt = tokio::runtime::Runtime::new()?;
     println!(
@@ -50,7 +49,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
     println!("|---|---|---|---|---|---|---|---|---|");
     let mut splits = Vec::new();
     for &k in &a.max_staleness {
-        let model = SharedModel::new(Model::load(&dir, &Device::Cpu)?);
+        let model = SharedModel::new(Model::load(&dir, &device)?);
         let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default())?;
         let max_model_len = engine.max_model_len();
         let out = tempdir(k)?;

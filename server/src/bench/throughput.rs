@@ -84,8 +84,8 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         a.workload.num_prompts >= 1 && a.workload.input_len >= 1 && a.workload.output_len >= 1 && a.n >= 1,
         "--num-prompts, --input-len, --output-len and --n must be >= 1"
     );
-    let dir = a.model.resolve()?;
-    let (tok, model) = load(&dir)?;
+    let (device, dir) = a.model.open()?;
+    let (tok, model) = load(&dir, &device)?;
     let vocab = model.config.vocab_size as u64;
     let (model, tok) = (engine::SharedModel::new(model), Arc::new(tok));
     let prompt = |i: u64| -> Vec<u32> {

@@ -7,7 +7,6 @@ use crate::cli::ModelArgs;
 use anyhow::Result;
 use clap::Args;
 use engine::Model;
-use kernels::Device;
 use learner::{forward, TrainConfig, TrainSample, Trainer};
 
 /// Flags of `bench train`.
@@ -39,8 +38,8 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1 && a.num_generations >= 1,
         "all sizes must be >= 1"
     );
-    let dir = a.model.resolve()?;
-    let model = Model::load(&dir, &Device::Cpu)?;
+    let (device, dir) = a.model.open()?;
+    let model = Model::load(&dir, &device)?;
     let vocab = model.config.vocab_size as u64;
     let tok = |i: u64| (100 + engine::sampling::splitmix64(i) % (vocab - 100)) as u32;
     let mut batch = Vec::new();

@@ -1,0 +1,89 @@
+//! `--device cpu|cuda|cuda:N`: the one parser (`server::device::DeviceSpec`), opening a device
+//! this machine does not have, and the `rlserve` binary's exit status and message on every
+//! command that loads a model.
+
+use server::device::DeviceSpec;
+use std::process::Command;
+
+#[test]
+fn parses_cpu_cuda_and_ordinals() {
+    assert_eq!(DeviceSpec::parse("cpu"), Ok(DeviceSpec::Cpu));
+    assert_eq!(DeviceSpec::parse("cuda"), Ok(DeviceSpec::Cuda(0)));
+    assert_eq!(DeviceSpec::parse("cuda:0"), Ok(DeviceSpec::Cuda(0)));
+    assert_eq!(DeviceSpec::parse("cuda:7"), Ok(DeviceSpec::Cuda(7)));
+    assert_eq!(DeviceSpec::parse("cuda:12"), Ok(DeviceSpec::Cuda(12)));
+    assert_eq!(DeviceSpec::Cuda(3).to_string(), "cuda:3");
+    assert_eq!(DeviceSpec::default(), DeviceSpec::Cpu);
+}
+
+#[test]
+fn rejects_anything_else_naming_the_value() {
+    for bad in ["gpu", "", "CPU", "cuda:", "cuda:x", "cuda:+1", "cuda:-1", "cuda:1:2", " cuda", "cuda0", "cuda:99999999999999999999"] {
+        let e = DeviceSpec::parse(bad).unwrap_err();
+        assert_eq!(e, format!("--device must be cpu, cuda or cuda:N, got {bad:?}"));
+    }
+}
+
+#[test]
+fn opening_cpu_gives_the_cpu_and_cuda_without_a_gpu_is_a_clear_error() {
+    assert!(matches!(DeviceSpec::Cpu.open().unwrap(), kernels::Device::Cpu));
+    match DeviceSpec::Cuda(0).open() {
+        // A GPU machine with a `cuda` build: nothing to check here.
+        Ok(_) => eprintln!("skipped: this machine has a GPU"),
+        Err(e) => {
+            let e = e.to_string();
+            #[cfg(not(feature = "cuda"))]
+            assert_eq!(e, "--device cuda:0: CUDA requested but rlserve was built without the `cuda` feature");
+            // With the feature: the kernels crate's missing-library error (or the driver's
+            // when the libraries load but no GPU answers).
+            #[cfg(feature = "cuda")]
+            assert!(e.starts_with("--device cuda:0: CUDA"), "{e}");
+        }
+    }
+}
+
+/// Runs `rlserve <args>`; returns (exit code, stderr).
+fn rlserve(args: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(tests::rlserve_binary()).args(args).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
+}
+
+/// Every command that loads a model takes `--device`: a bad value is clap's usage error
+/// (exit 2) with the parser's message, not "unexpected argument".
+#[test]
+fn every_model_command_takes_the_flag() {
+    let dir = tests::temp_dir("cuda-e2e-flag");
+    std::fs::write(dir.join("job.toml"), "max_steps = 1\n").unwrap();
+    let (job, batch) = (dir.join("job.toml"), dir.join("batch.jsonl"));
+    let (job, batch) = (job.to_str().unwrap(), batch.to_str().unwrap());
+    let commands: [&[&str]; 8] = [
+        &["serve"],
+        &["train", "--config", job],
+        &["train-step", "--batch", batch],
+        &["generate", "--prompt", "hi"],
+        &["bench", "latency"],
+        &["bench", "throughput"],
+        &["bench", "train"],
+        &["bench", "rl"],
+    ];
+    for cmd in commands {
+        let (code, err) = rlserve(&[cmd, &["--device", "gpu"]].concat());
+        assert_eq!(code, Some(2), "{cmd:?}: {err}");
+        assert!(err.contains(r#"--device must be cpu, cuda or cuda:N, got "gpu""#), "{cmd:?}: {err}");
+    }
+}
+
+/// `--device cuda` in a CPU-only build (what `tests::rlserve_binary` builds) fails at start with the kernels crate's error, before the model is
+/// read (the folder here does not exist): exit status 1, no panic.
+#[test]
+fn cuda_without_a_gpu_fails_at_start_without_a_panic() {
+    let missing = tests::temp_dir("cuda-e2e-missing").join("no-such-model");
+    let missing = missing.to_str().unwrap();
+    for cmd in [&["generate", "--prompt", "hi"][..], &["bench", "latency"], &["serve"]] {
+        let (code, err) = rlserve(&[cmd, &["--device", "cuda", "--model", missing]].concat());
+        assert_eq!(code, Some(1), "{cmd:?}: {err}");
+        assert!(err.contains("error: --device cuda:0: CUDA requested but"), "{cmd:?}: {err}");
+        assert!(!err.contains("panicked"), "{cmd:?}: {err}");
+        assert!(!err.contains("no-such-model"), "{cmd:?}: the device is opened before the model: {err}");
+    }
+}

@@ -1,0 +1,224 @@
+//! The CUDA backend end to end against the CPU backend (already verified against f64
+//! references and JAX), on the same random weights: a tiny Llama (tied), a tiny Qwen2 (q/k/v
+//! biases, untied head), and SmolLM2-135M's architecture (30 layers, GQA 9/3, head_dim 64,
+//! vocab 49152). Needs a GPU; without one every test prints why and passes.
+//!
+//! Tolerances. Logits: max |gpu − cpu| over a row ≤ 1e-4 · max |cpu| over that row (f32;
+//! cuBLAS SGEMM sums in another order than the CPU's FMA chains). Gradients: relative L2
+//! ≤ 1e-4 per tensor. ℓ vs μ on the GPU: the engine's μ comes from decode-step GEMMs and the
+//! learner's ℓ from packed-batch GEMMs; cuBLAS is not batch-invariant, so they differ by
+//! rounding: the test prints max |ℓ − μ| and asserts ≤ 1e-3 (bitwise needs the
+//! `--batch-invariant` GEMM, not written).
+
+use engine::{EngineConfig, LLMEngine, Model, ModelConfig, SamplingParams, SharedModel, Tokenizer};
+use kernels::{Device, Tensor};
+use learner::{Grads, OutputGrads};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::path::Path;
+use std::sync::Arc;
+use tests::tiny::TinySpec;
+
+/// `Device::cuda(0)`, or `None` after printing why the test is skipped.
+fn gpu() -> Option<Device> {
+    match Device::cuda(0) {
+        Ok(d) => Some(d),
+        Err(e) => {
+            eprintln!("skipped: no CUDA device: {e}");
+            None
+        }
+    }
+}
+
+/// SmolLM2-135M-Instruct's `config.json` (the default model), weights random.
+fn smollm2_135m() -> serde_json::Value {
+    serde_json::json!({
+        "architectures": ["LlamaForCausalLM"], "hidden_size": 576, "intermediate_size": 1536,
+        "num_hidden_layers": 30, "num_attention_heads": 9, "num_key_value_heads": 3, "head_dim": 64,
+        "rms_norm_eps": 1e-5, "rope_theta": 100000.0, "max_position_embeddings": 8192,
+        "vocab_size": 49152, "tie_word_embeddings": true, "bos_token_id": 1, "eos_token_id": 2,
+    })
+}
+
+/// The model configs under test: (name, config.json).
+fn cases() -> Vec<(&'static str, serde_json::Value)> {
+    let qwen = TinySpec { architecture: "Qwen2ForCausalLM", tied: false, ..TinySpec::default() };
+    vec![("tiny-llama", TinySpec::default().config()), ("tiny-qwen2", qwen.config()), ("smollm2-135m", smollm2_135m())]
+}
+
+/// Deterministic random weights by HF name (seeded by the name, so every call and device
+/// gets the same values): norms `1 ± 0.1`, biases `± 0.1`, the embedding `± 0.1`, linear
+/// weights uniform in `± 1/√fan_in` (PyTorch's `nn.Linear` default range).
+fn random_weight(name: &str, shape: &[usize]) -> engine::Result<Tensor> {
+    let seed = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (center, half) = if name.ends_with("norm.weight") {
+        (1.0, 0.1)
+    } else if name.ends_with(".bias") || name.contains("embed_tokens") {
+        (0.0, 0.1)
+    } else {
+        (0.0, 1.0 / (shape[shape.len() - 1] as f32).sqrt())
+    };
+    let n: usize = shape.iter().product();
+    let v = (0..n).map(|_| center + half * (rng.gen::<f32>() * 2.0 - 1.0)).collect();
+    Ok(Tensor::from_vec(v, shape)?)
+}
+
+/// The model of `config` with [`random_weight`]s on `device`.
+fn model(config: &serde_json::Value, device: &Device) -> Model {
+    let c = ModelConfig::from_json(&config.to_string(), Path::new("<random>")).unwrap();
+    Model::from_source(c, &random_weight, device).unwrap()
+}
+
+/// `n` token ids in `[3, vocab)`, pseudo-random from `seed`.
+fn tokens(vocab: usize, n: usize, seed: u64) -> Vec<u32> {
+    let mut rng = StdRng::seed_from_u64(seed);
+    (0..n).map(|_| rng.gen_range(3..vocab as u32)).collect()
+}
+
+/// Largest `max_row |gpu − cpu| / max_row |cpu|` over the rows of `[rows, vocab]` logits.
+fn max_row_rel_err(cpu: &[f32], gpu: &[f32], vocab: usize) -> f32 {
+    assert_eq!(cpu.len(), gpu.len());
+    cpu.chunks(vocab)
+        .zip(gpu.chunks(vocab))
+        .map(|(c, g)| tests::max_abs_diff(c, g) / c.iter().fold(0.0f32, |m, x| m.max(x.abs())))
+        .fold(0.0, f32::max)
+}
+
+fn argmax(row: &[f32]) -> u32 {
+    (0..row.len()).fold(0, |b, i| if row[i] > row[b] { i } else { b }) as u32
+}
+
+/// Prefill of 9 tokens (every row's logits) then 4 decode steps on the contiguous cache.
+#[test]
+fn prefill_and_decode_logits_match_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    for (name, config) in cases() {
+        let (cpu, gpu) = (model(&config, &Device::Cpu), model(&config, &dev));
+        let vocab = cpu.config.vocab_size;
+        let (mut cc, mut gc) = (cpu.new_cache(16).unwrap(), gpu.new_cache(16).unwrap());
+        let mut input = tokens(vocab, 9, 1);
+        for step in 0..5 {
+            let all = step == 0;
+            let c = cpu.forward(&input, &mut cc, all).unwrap().to_vec().unwrap();
+            let g = gpu.forward(&input, &mut gc, all).unwrap().to_vec().unwrap();
+            let err = max_row_rel_err(&c, &g, vocab);
+            eprintln!("{name}: step {step} ({} rows): max relative error {err:.2e}", c.len() / vocab);
+            assert!(err <= 1e-4, "{name}: step {step}: relative error {err:.2e}");
+            input = vec![argmax(&c[c.len() - vocab..])];
+        }
+    }
+}
+
+/// The engine (paged KV blocks of 16, three requests batched) on both devices.
+fn engine_outputs(model: &SharedModel, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<engine::TokenOutput>> {
+    let dir = tests::temp_dir("cuda-e2e-tokenizer");
+    tests::tiny::write_tokenizer(&dir);
+    let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+    let cfg = EngineConfig { num_blocks: Some(64), ..EngineConfig::default() };
+    let mut e = LLMEngine::new(model.clone(), tok, cfg).unwrap();
+    for (i, p) in prompts.iter().enumerate() {
+        e.add_request(&i.to_string(), p.clone(), params.clone()).unwrap();
+    }
+    let mut out = vec![Vec::new(); prompts.len()];
+    while e.has_unfinished() {
+        for o in e.step().unwrap() {
+            out[o.request_id.parse::<usize>().unwrap()].extend(o.tokens);
+        }
+    }
+    out
+}
+
+fn prompts(vocab: usize) -> Vec<Vec<u32>> {
+    [5, 17, 33].iter().enumerate().map(|(i, n)| tokens(vocab, *n, 10 + i as u64)).collect()
+}
+
+/// Greedy decoding: the GPU engine's tokens equal the CPU engine's for 16 steps. A
+/// divergence is accepted only at an exact tie within rounding: the CPU's own logits of the
+/// two tokens at that step differ by ≤ 1e-4 of the row's largest logit (printed).
+#[test]
+fn greedy_tokens_match_the_cpu_for_16_steps() {
+    let Some(dev) = gpu() else { return };
+    let params = SamplingParams { temperature: 0.0, max_tokens: Some(16), ignore_eos: true, ..Default::default() };
+    for (name, config) in cases() {
+        let cpu = model(&config, &Device::Cpu);
+        let vocab = cpu.config.vocab_size;
+        let ps = prompts(vocab);
+        let want = engine_outputs(&SharedModel::new(model(&config, &Device::Cpu)), &ps, &params);
+        let got = engine_outputs(&SharedModel::new(model(&config, &dev)), &ps, &params);
+        for (r, (w, g)) in want.iter().zip(&got).enumerate() {
+            let (w, g): (Vec<u32>, Vec<u32>) =
+                (w.iter().map(|t| t.token_id).collect(), g.iter().map(|t| t.token_id).collect());
+            assert_eq!((w.len(), g.len()), (16, 16), "{name}: request {r}");
+            let Some(j) = (0..16).find(|&j| w[j] != g[j]) else { continue };
+            let mut cache = cpu.new_cache(ps[r].len() + 16).unwrap();
+            let prefix = [&ps[r][..], &w[..j]].concat();
+            let l = cpu.forward(&prefix, &mut cache, false).unwrap().to_vec().unwrap();
+            let gap = l[w[j] as usize] - l[g[j] as usize];
+            let scale = l.iter().fold(0.0f32, |m, x| m.max(x.abs()));
+            eprintln!("{name}: request {r} diverges at step {j} ({} vs {}): CPU logit gap {gap:.2e}", w[j], g[j]);
+            assert!(gap <= 1e-4 * scale, "{name}: request {r}: GPU tokens {g:?} vs CPU {w:?}");
+        }
+    }
+}
+
+/// One learner forward + backward of a packed batch (two sequences, T = 0.8, a policy and an
+/// entropy term): ℓ and every gradient tensor, GPU vs CPU.
+#[test]
+fn learner_gradients_match_the_cpu() {
+    let Some(dev) = gpu() else { return };
+    for (name, config) in cases() {
+        let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+        let (p1, c1, p2, c2) = (tokens(vocab, 7, 20), tokens(vocab, 5, 21), tokens(vocab, 4, 22), tokens(vocab, 6, 23));
+        let seqs: Vec<(&[u32], &[u32])> = vec![(&p1, &c1), (&p2, &c2)];
+        let w: Vec<f32> = (0..11).map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.3).collect();
+        let u: Vec<f32> = (0..11).map(|i| ((i * 3 % 4) as f32 - 1.5) * 0.1).collect();
+        let run = |device: &Device| {
+            let m = model(&config, device);
+            let f = learner::forward_batch(&m, &seqs, 0.8).unwrap();
+            let mut grads = Grads::default();
+            let g = OutputGrads { dl_dentropy: Some(&u), ..OutputGrads::logprobs(&w) };
+            f.backward(&m, &g, &mut grads).unwrap();
+            let host: Vec<(String, Vec<f32>)> =
+                grads.tensors.iter().map(|(n, t)| (n.clone(), t.to_vec().unwrap())).collect();
+            (f.logprobs, host)
+        };
+        let ((lc, gc), (lg, gg)) = (run(&Device::Cpu), run(&dev));
+        let l_err = lc.iter().zip(&lg).map(|(a, b)| (a - b).abs() / a.abs().max(1.0)).fold(0.0f32, f32::max);
+        assert!(l_err <= 1e-4, "{name}: ℓ relative error {l_err:.2e}");
+        assert_eq!(gc.iter().map(|t| &t.0).collect::<Vec<_>>(), gg.iter().map(|t| &t.0).collect::<Vec<_>>());
+        let mut worst = (0.0f64, String::new());
+        for ((tname, c), (_, g)) in gc.iter().zip(&gg) {
+            let err = c.iter().zip(g).map(|(a, b)| ((a - b) as f64).powi(2)).sum::<f64>().sqrt();
+            let norm = c.iter().map(|a| (*a as f64).powi(2)).sum::<f64>().sqrt();
+            let rel = err / norm.max(1e-30);
+            assert!(rel <= 1e-4, "{name}: {tname}: relative L2 {rel:.2e}");
+            if rel > worst.0 {
+                worst = (rel, tname.clone());
+            }
+        }
+        eprintln!("{name}: max ℓ error {l_err:.2e}; worst gradient {} relative L2 {:.2e}", worst.1, worst.0);
+    }
+}
+
+/// Sampling at T = 1 with no truncation on the GPU engine, then the GPU learner's ℓ of the
+/// same tokens: prints max |ℓ − μ| and asserts it is within rounding (≤ 1e-3).
+#[test]
+fn learner_logprobs_vs_behavior_logprobs_on_the_gpu() {
+    let Some(dev) = gpu() else { return };
+    let params = SamplingParams { seed: Some(3), max_tokens: Some(12), ignore_eos: true, ..Default::default() };
+    for (name, config) in cases() {
+        let m = SharedModel::new(model(&config, &dev));
+        let ps = prompts(m.read().config.vocab_size);
+        let out = engine_outputs(&m, &ps, &params);
+        let ids: Vec<Vec<u32>> = out.iter().map(|o| o.iter().map(|t| t.token_id).collect()).collect();
+        let seqs: Vec<(&[u32], &[u32])> = ps.iter().zip(&ids).map(|(p, c)| (p.as_slice(), c.as_slice())).collect();
+        let l = learner::forward_batch(&m.read(), &seqs, 1.0).unwrap().logprobs;
+        let mu: Vec<f32> = out.iter().flatten().map(|t| t.behavior_logprob).collect();
+        let raw: Vec<f32> = out.iter().flatten().map(|t| t.raw_logprob).collect();
+        let diff = |a: &[f32]| l.iter().zip(a).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max);
+        let (d_mu, d_raw) = (diff(&mu), diff(&raw));
+        eprintln!("{name}: max |ℓ − μ| = {d_mu:.3e}, max |ℓ − raw| = {d_raw:.3e} over {} tokens", l.len());
+        assert!(d_mu <= 1e-3 && d_raw <= 1e-3, "{name}: |ℓ − μ| {d_mu:e}, |ℓ − raw| {d_raw:e}");
+    }
+}
