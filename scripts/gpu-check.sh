@@ -1,0 +1,185 @@
+#!/usr/bin/env bash
+# The one prepared check for a lent GPU machine (H200: NVIDIA driver, nvcc, PyTorch and
+# transformers; no Rust toolchain, no network). Run from the repository root:
+#     bash scripts/gpu-check.sh
+# with gpu-bin/ carried from the build machine (bash scripts/gpu-build.sh builds it there).
+# Under 8 minutes; prints one summary table; exits non-zero if any check fails.
+#
+#  1. nvidia-smi; finds libcuda, libnvrtc and libcublas (the usual paths, then the Python
+#     packages of the PyTorch install) and exports LD_LIBRARY_PATH. rlserve's CUDA binding
+#     (cudarc) opens `lib<name>.so` first, so each found library is linked under that name
+#     into $WORK/lib (a CUDA 13 install ships `libcublas.so.13`, a name cudarc 0.19 does
+#     not try).
+#  2. Random-weight model folders of real shapes (scripts/make_random_model.py):
+#     SmolLM2-135M's config and Qwen2-0.5B's.
+#  3. The integration binary: `conformance` (every op, CUDA vs f64 references) and
+#     `cuda_e2e::gpu_vs_cpu` (GPU engine and learner vs the CPU's). A test that prints
+#     "no CUDA device" counts as a failure here.
+#  4. rlserve bench latency / throughput (batch 64) / train with --device cuda on both
+#     models, and derived figures: % of the HBM roof at batch 1 (bytes of weights read per
+#     token × decode tokens/s ÷ HBM bandwidth) and % of the FP32 peak of the whole step's
+#     GEMM FLOPs (a lower bound on the GEMMs' own efficiency: the step's other kernels
+#     count as GEMM time).
+#
+# Peaks assumed (NVIDIA H200 Tensor Core GPU datasheet, H200 SXM): HBM3e 4.8 TB/s; FP32
+# 67 TFLOPS (rlserve's cuBLAS SGEMMs run in the default math mode: FP32, no TF32; TF32
+# tensor cores would be 494.7 TFLOPS dense). Override with GPU_HBM_TBPS and
+# GPU_FP32_TFLOPS.
+#
+# Environment: GPU_BIN (default gpu-bin), GPU_WORK (default $OUT/gpu-check when $OUT is set,
+# else /tmp/gpu-check: logs, models, PTX cache), PYTHON (default python3).
+set -uo pipefail
+cd "$(dirname "$0")/.." || exit 2
+
+BIN=${GPU_BIN:-gpu-bin}
+if [[ -n "${OUT:-}" ]]; then
+    WORK=${GPU_WORK:-$OUT/gpu-check}
+else
+    WORK=${GPU_WORK:-/tmp/gpu-check}
+fi
+PYTHON=${PYTHON:-python3}
+HBM_TBPS=${GPU_HBM_TBPS:-4.8}
+FP32_TFLOPS=${GPU_FP32_TFLOPS:-67}
+START=$SECONDS
+
+if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "gpu-check: nvidia-smi not found: this machine has no NVIDIA driver. Run this script on a GPU" >&2
+    echo "machine, with gpu-bin/ built here by scripts/gpu-build.sh and carried there." >&2
+    exit 2
+fi
+for b in rlserve integration; do
+    if [[ ! -x "$BIN/$b" ]]; then
+        echo "gpu-check: $BIN/$b missing: build it with scripts/gpu-build.sh and carry $BIN/" >&2
+        exit 2
+    fi
+done
+mkdir -p "$WORK/lib" "$WORK/logs" "$WORK/models"
+export RLSERVE_CUDA_CACHE="$WORK/ptx"
+
+ROWS=()
+FAILED=0
+# record NAME ok|FAIL DETAIL
+record() {
+    ROWS+=("| $1 | $2 | $3 |")
+    [[ "$2" == ok ]] || FAILED=1
+    echo "== $1: $2 $3"
+}
+elapsed() { echo "$((SECONDS - START)) s"; }
+
+# ---- 1. driver and libraries ----
+smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)
+record "nvidia-smi" ok "$smi"
+
+site=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
+dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/local/cuda/lib64
+    /usr/local/cuda/targets/x86_64-linux/lib)
+for d in /usr/local/cuda-*/lib64; do [[ -d "$d" ]] && dirs+=("$d"); done
+if [[ -n "$site" && -d "$site/nvidia" ]]; then
+    while IFS= read -r d; do dirs+=("$d"); done < <(find "$site/nvidia" -maxdepth 3 -type d -name lib | sort)
+fi
+# The newest lib<name>.so[.N...] in the first directory that has one.
+find_lib() {
+    local d f
+    for d in "${dirs[@]}"; do
+        f=$(find "$d" -maxdepth 1 -regex ".*/lib$1\.so\(\.[0-9]+\)*" 2>/dev/null | sort -V | tail -n 1)
+        if [[ -n "$f" ]]; then
+            echo "$f"
+            return 0
+        fi
+    done
+    ldconfig -p 2>/dev/null | awk -v n="lib$1.so" '$1 ~ "^" n {print $NF; exit}'
+}
+libpath=""
+for name in cuda nvrtc cublas; do
+    f=$(find_lib "$name")
+    if [[ -z "$f" ]]; then
+        record "lib$name" FAIL "not found in ${dirs[*]} or ldconfig"
+        continue
+    fi
+    ln -sf "$(readlink -f "$f")" "$WORK/lib/lib$name.so"
+    libpath="$libpath:$(dirname "$f")"
+    record "lib$name" ok "$f"
+done
+export LD_LIBRARY_PATH="$WORK/lib$libpath${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
+echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
+
+# ---- 2. random-weight models ----
+MODELS=(smollm2-135m qwen2-0.5b)
+for m in "${MODELS[@]}"; do
+    if timeout 150 "$PYTHON" scripts/make_random_model.py "$WORK/models/$m" --config "$m" >"$WORK/logs/make-$m.log" 2>&1; then
+        record "model $m" ok "$(tail -n 1 "$WORK/logs/make-$m.log") ($(elapsed))"
+    else
+        record "model $m" FAIL "see $WORK/logs/make-$m.log: $(tail -n 1 "$WORK/logs/make-$m.log")"
+    fi
+done
+
+# ---- 3. integration tests on the GPU ----
+for filter in conformance cuda_e2e::gpu_vs_cpu; do
+    log="$WORK/logs/test-${filter//:/_}.log"
+    timeout 240 "$BIN/integration" "$filter" --nocapture >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E '^test result:' "$log" | tail -n 1)
+    if ((rc != 0)); then
+        record "tests $filter" FAIL "exit $rc: ${summary:-no result line}; failures: $(grep -E '^test .* FAILED$' "$log" | tr '\n' ' ')"
+    elif grep -q "no CUDA device" "$log"; then
+        record "tests $filter" FAIL "skipped on the GPU: $(grep -m 1 'no CUDA device' "$log")"
+    else
+        record "tests $filter" ok "$summary ($(elapsed))"
+    fi
+done
+# The printed measurements (max errors, |ℓ − μ|) for the report.
+grep -hE 'max relative error|relative L2|max \|ℓ − μ\||diverges' "$WORK"/logs/test-cuda_e2e*.log 2>/dev/null | sort | uniq | head -n 40
+
+# ---- 4. benchmarks on the GPU ----
+# json KEY MODEL: a value of the model folder's roof.json.
+json() { "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$WORK/models/$2/roof.json" "$1"; }
+# pct RATE PER_ITEM PEAK: 100 · RATE · PER_ITEM / PEAK.
+pct() { "$PYTHON" -c 'import sys; r, p, k = map(float, sys.argv[1:]); print(f"{100 * r * p / k:.1f}")' "$1" "$2" "$3"; }
+# bench NAME MODEL ARGS...: runs `rlserve bench` with a time limit; the log is $WORK/logs/NAME-MODEL.log.
+bench() {
+    local name=$1 m=$2
+    shift 2
+    local log="$WORK/logs/$name-$m.log"
+    timeout 150 "$BIN/rlserve" bench "$name" --device cuda --model "$WORK/models/$m" "$@" >"$log" 2>&1
+    local rc=$?
+    if ((rc != 0)); then
+        record "bench $name $m" FAIL "exit $rc: $(tail -n 1 "$log")"
+    fi
+    return "$rc"
+}
+for m in "${MODELS[@]}"; do
+    [[ -f "$WORK/models/$m/roof.json" ]] || continue
+    bytes=$(json bytes_per_token "$m")
+    fwd=$(json flops_per_token_forward "$m")
+    train=$(json flops_per_token_train "$m")
+    if bench latency "$m" --prompt-tokens 512 --gen-tokens 128 --repetitions 3; then
+        log="$WORK/logs/latency-$m.log"
+        pp=$(awk -F'|' '$4 ~ /pp512/ {gsub(/ /, "", $5); print $5}' "$log")
+        tg=$(awk -F'|' '$4 ~ /tg128/ {gsub(/ /, "", $5); print $5}' "$log")
+        record "bench latency $m" ok "pp512 $pp tok/s, tg128 $tg tok/s = $(pct "$tg" "$bytes" "${HBM_TBPS}e12")% of the HBM roof ($((bytes / 1000000)) MB of f32 weights per token)"
+    fi
+    if bench throughput "$m" --num-prompts 64 --input-len 128 --output-len 64 --max-num-seqs 64 --no-curve; then
+        line=$(grep -m 1 '^Throughput:' "$WORK/logs/throughput-$m.log")
+        total=$(sed -E 's/.* ([0-9.]+) total tokens\/s.*/\1/' <<<"$line")
+        out=$(sed -E 's/.* ([0-9.]+) output tokens\/s.*/\1/' <<<"$line")
+        record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${FP32_TFLOPS}e12")% of FP32 peak (2N FLOPs/token)"
+    fi
+    if bench train "$m" --num-seqs 8 --prompt-len 128 --completion-len 128 --steps 2; then
+        line=$(grep -m 1 '^fwd+bwd+AdamW:' "$WORK/logs/train-$m.log")
+        tps=$(sed -E 's/.*, ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
+        record "bench train $m" ok "8 × 256 tokens: ${line#fwd+bwd+AdamW: } = $(pct "$tps" "$train" "${FP32_TFLOPS}e12")% of FP32 peak (6N FLOPs/token); $(grep -m 1 '^split' "$WORK/logs/train-$m.log")"
+    fi
+done
+
+# ---- summary ----
+echo
+echo "gpu-check on: $smi ($(elapsed)); logs in $WORK/logs"
+echo "peaks assumed: HBM ${HBM_TBPS} TB/s, FP32 ${FP32_TFLOPS} TFLOPS (H200 SXM datasheet)"
+echo "| check | result | detail |"
+echo "| --- | --- | --- |"
+printf '%s\n' "${ROWS[@]}"
+if ((FAILED)); then
+    echo "gpu-check: FAILED"
+    exit 1
+fi
+echo "gpu-check: all checks passed"
