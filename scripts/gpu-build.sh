@@ -13,9 +13,11 @@ cd "$(dirname "$0")/.."
 limit_mib=64
 out=gpu-bin
 
-cargo build --quiet -p server --bin rlserve --features cuda
+# One feature set for both (the workspace's default members), so they share every artifact.
+features=tests/cuda,server/cuda
+cargo build --quiet --bins --tests --features "$features"
 # The integration binary's path is in cargo's JSON messages (its name carries a hash).
-test_bin=$(cargo test --quiet -p tests --test integration --features cuda --no-run --message-format=json |
+test_bin=$(cargo test --quiet --features "$features" --no-run --message-format=json |
     jq -r 'select(.reason == "compiler-artifact" and .target.name == "integration" and .executable != null) | .executable' |
     tail -n 1)
 target=${CARGO_TARGET_DIR:-target}
