@@ -73,8 +73,12 @@ budget() {
 }
 
 # ---- 1. driver and libraries ----
-smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1 | head -n 1)
-record "nvidia-smi" ok "$smi"
+if smi=$(nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>&1); then
+    record "nvidia-smi" ok "$(head -n 1 <<<"$smi")"
+else
+    record "nvidia-smi" FAIL "$smi"
+fi
+smi=$(head -n 1 <<<"$smi")
 
 site=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
 dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/local/cuda/lib64
