@@ -26,17 +26,16 @@
 # tensor cores would be 494.7 TFLOPS dense). Override with GPU_HBM_TBPS and
 # GPU_FP32_TFLOPS.
 #
-# Environment: GPU_BIN (default gpu-bin), GPU_WORK (default $OUT/gpu-check when $OUT is set,
-# else /tmp/gpu-check: logs, models, PTX cache), PYTHON (default python3).
+# Environment: GPU_BIN (default gpu-bin), GPU_WORK (default /tmp/gpu-check: models, PTX
+# cache, library links; logs too unless $OUT is set: then $OUT/gpu-check-logs), PYTHON
+# (default python3).
 set -uo pipefail
 cd "$(dirname "$0")/.." || exit 2
 
 BIN=${GPU_BIN:-gpu-bin}
-if [[ -n "${OUT:-}" ]]; then
-    WORK=${GPU_WORK:-$OUT/gpu-check}
-else
-    WORK=${GPU_WORK:-/tmp/gpu-check}
-fi
+WORK=${GPU_WORK:-/tmp/gpu-check}
+# Logs go to $OUT (what a device run brings back) when it is set; the models stay out of it.
+if [[ -n "${OUT:-}" ]]; then LOGS=$OUT/gpu-check-logs; else LOGS=$WORK/logs; fi
 PYTHON=${PYTHON:-python3}
 HBM_TBPS=${GPU_HBM_TBPS:-4.8}
 FP32_TFLOPS=${GPU_FP32_TFLOPS:-67}
@@ -53,7 +52,7 @@ for b in rlserve integration; do
         exit 2
     fi
 done
-mkdir -p "$WORK/lib" "$WORK/logs" "$WORK/models"
+mkdir -p "$WORK/lib" "$LOGS" "$WORK/models"
 export RLSERVE_CUDA_CACHE="$WORK/ptx"
 
 ROWS=()
@@ -116,16 +115,16 @@ echo "LD_LIBRARY_PATH=$LD_LIBRARY_PATH"
 # ---- 2. random-weight models ----
 MODELS=(smollm2-135m qwen2-0.5b)
 for m in "${MODELS[@]}"; do
-    if timeout "$(budget 120)" "$PYTHON" scripts/make_random_model.py "$WORK/models/$m" --config "$m" >"$WORK/logs/make-$m.log" 2>&1; then
-        record "model $m" ok "$(tail -n 1 "$WORK/logs/make-$m.log") ($(elapsed))"
+    if timeout "$(budget 120)" "$PYTHON" scripts/make_random_model.py "$WORK/models/$m" --config "$m" >"$LOGS/make-$m.log" 2>&1; then
+        record "model $m" ok "$(tail -n 1 "$LOGS/make-$m.log") ($(elapsed))"
     else
-        record "model $m" FAIL "see $WORK/logs/make-$m.log: $(tail -n 1 "$WORK/logs/make-$m.log")"
+        record "model $m" FAIL "see $LOGS/make-$m.log: $(tail -n 1 "$LOGS/make-$m.log")"
     fi
 done
 
 # ---- 3. integration tests on the GPU ----
 for filter in conformance cuda_e2e::gpu_vs_cpu; do
-    log="$WORK/logs/test-${filter//:/_}.log"
+    log="$LOGS/test-${filter//:/_}.log"
     timeout "$(budget 150)" "$BIN/integration" "$filter" --nocapture >"$log" 2>&1
     rc=$?
     summary=$(grep -E '^test result:' "$log" | tail -n 1)
@@ -139,15 +138,15 @@ for filter in conformance cuda_e2e::gpu_vs_cpu; do
 done
 # The measurements the GPU-vs-CPU tests print, one row per model: the worst logits error
 # over the prefill and decode steps, ℓ and gradient errors, |ℓ − μ|, greedy divergences.
-e2e="$WORK/logs/test-cuda_e2e__gpu_vs_cpu.log"
+e2e="$LOGS/test-cuda_e2e__gpu_vs_cpu.log"
 if [[ -f "$e2e" ]]; then
     # --nocapture puts a test's first printed line after its `test NAME ... `.
-    sed -E 's/^test [^ ]+ \.\.\. //' "$e2e" >"$WORK/logs/e2e-lines.txt"
+    sed -E 's/^test [^ ]+ \.\.\. //' "$e2e" >"$LOGS/e2e-lines.txt"
     awk '/: step [0-9]+ .*max relative error/ { e = $NF + 0; if (!($1 in w) || e > w[$1]) w[$1] = e }
-        END { for (m in w) printf "%s logits (prefill + 4 decode steps): max relative error %.2e\n", m, w[m] }' "$WORK/logs/e2e-lines.txt" |
-        sort >"$WORK/logs/measured.txt"
-    grep -hE 'worst gradient|max \|ℓ − μ\||diverges' "$WORK/logs/e2e-lines.txt" | sort -u >>"$WORK/logs/measured.txt"
-    while IFS= read -r line; do record "measured" ok "$line"; done <"$WORK/logs/measured.txt"
+        END { for (m in w) printf "%s logits (prefill + 4 decode steps): max relative error %.2e\n", m, w[m] }' "$LOGS/e2e-lines.txt" |
+        sort >"$LOGS/measured.txt"
+    grep -hE 'worst gradient|max \|ℓ − μ\||diverges' "$LOGS/e2e-lines.txt" | sort -u >>"$LOGS/measured.txt"
+    while IFS= read -r line; do record "measured" ok "$line"; done <"$LOGS/measured.txt"
 fi
 
 # ---- 4. benchmarks on the GPU ----
@@ -155,11 +154,11 @@ fi
 json() { "$PYTHON" -c 'import json, sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$WORK/models/$2/roof.json" "$1"; }
 # pct RATE PER_ITEM PEAK: 100 · RATE · PER_ITEM / PEAK.
 pct() { "$PYTHON" -c 'import sys; r, p, k = map(float, sys.argv[1:]); print(f"{100 * r * p / k:.1f}")' "$1" "$2" "$3"; }
-# bench NAME MODEL ARGS...: runs `rlserve bench` with a time limit; the log is $WORK/logs/NAME-MODEL.log.
+# bench NAME MODEL ARGS...: runs `rlserve bench` with a time limit; the log is $LOGS/NAME-MODEL.log.
 bench() {
     local name=$1 m=$2
     shift 2
-    local log="$WORK/logs/$name-$m.log"
+    local log="$LOGS/$name-$m.log"
     timeout "$(budget 75)" "$BIN/rlserve" bench "$name" --device cuda --model "$WORK/models/$m" "$@" >"$log" 2>&1
     local rc=$?
     if ((rc != 0)); then
@@ -173,27 +172,27 @@ for m in "${MODELS[@]}"; do
     fwd=$(json flops_per_token_forward "$m")
     train=$(json flops_per_token_train "$m")
     if bench latency "$m" --prompt-tokens 512 --gen-tokens 128 --repetitions 3; then
-        log="$WORK/logs/latency-$m.log"
+        log="$LOGS/latency-$m.log"
         pp=$(awk -F'|' '$4 ~ /pp512/ {gsub(/ /, "", $5); print $5}' "$log")
         tg=$(awk -F'|' '$4 ~ /tg128/ {gsub(/ /, "", $5); print $5}' "$log")
         record "bench latency $m" ok "pp512 $pp tok/s, tg128 $tg tok/s = $(pct "$tg" "$bytes" "${HBM_TBPS}e12")% of the HBM roof ($((bytes / 1000000)) MB of f32 weights per token)"
     fi
     if bench throughput "$m" --num-prompts 64 --input-len 128 --output-len 64 --max-num-seqs 64 --no-curve; then
-        line=$(grep -m 1 '^Throughput:' "$WORK/logs/throughput-$m.log")
+        line=$(grep -m 1 '^Throughput:' "$LOGS/throughput-$m.log")
         total=$(sed -E 's/.* ([0-9.]+) total tokens\/s.*/\1/' <<<"$line")
         out=$(sed -E 's/.* ([0-9.]+) output tokens\/s.*/\1/' <<<"$line")
         record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${FP32_TFLOPS}e12")% of FP32 peak (2N FLOPs/token)"
     fi
     if bench train "$m" --num-seqs 8 --prompt-len 128 --completion-len 128 --steps 2; then
-        line=$(grep -m 1 '^fwd+bwd+AdamW:' "$WORK/logs/train-$m.log")
+        line=$(grep -m 1 '^fwd+bwd+AdamW:' "$LOGS/train-$m.log")
         tps=$(sed -E 's/.*, ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
-        record "bench train $m" ok "8 × 256 tokens: ${line#fwd+bwd+AdamW: } = $(pct "$tps" "$train" "${FP32_TFLOPS}e12")% of FP32 peak (6N FLOPs/token); $(grep -m 1 '^split' "$WORK/logs/train-$m.log")"
+        record "bench train $m" ok "8 × 256 tokens: ${line#fwd+bwd+AdamW: } = $(pct "$tps" "$train" "${FP32_TFLOPS}e12")% of FP32 peak (6N FLOPs/token); $(grep -m 1 '^split' "$LOGS/train-$m.log")"
     fi
 done
 
 # ---- summary ----
 echo
-echo "gpu-check on: $smi ($(elapsed)); logs in $WORK/logs"
+echo "gpu-check on: $smi ($(elapsed)); logs in $LOGS"
 echo "peaks assumed: HBM ${HBM_TBPS} TB/s, FP32 ${FP32_TFLOPS} TFLOPS (H200 SXM datasheet)"
 echo "| check | result | detail |"
 echo "| --- | --- | --- |"
