@@ -69,16 +69,43 @@ impl Transposed {
 /// [`Transposed::padded_len`] values, those past `n` are meaningless.
 #[inline(always)]
 pub fn scores(q: &[f32], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
+    scores_rows::<1>([q], t, n, scale, [s]);
+}
+
+/// [`scores`] of `R` queries at once (each key vector loaded once for all of them; every
+/// score is the same chain as alone): `s[r][j]` for `j < n`.
+#[inline(always)]
+pub fn scores_rows<const R: usize>(q: [&[f32]; R], t: &Transposed, n: usize, scale: f32, s: [&mut [f32]; R]) {
+    let (d, blocks) = (t.d, n.div_ceil(KB));
+    assert!(
+        t.data.len() >= blocks * d * KB && q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= blocks * KB)
+    );
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() == Isa::Avx512 {
+        // SAFETY: AVX-512 detected; lengths asserted above.
+        return unsafe { super::attention_avx512::scores_rows(q, &t.data, d, blocks, scale, s) };
+    }
+    scores_rows_portable(q, t, blocks, scale, s);
+}
+
+/// The portable [`scores_rows`] (the definition the AVX-512 variant matches bitwise).
+#[inline(always)]
+fn scores_rows_portable<const R: usize>(q: [&[f32]; R], t: &Transposed, blocks: usize, scale: f32, s: [&mut [f32]; R]) {
     let d = t.d;
-    for (blk, out) in t.data.chunks_exact(d * KB).zip(s.chunks_exact_mut(KB)).take(n.div_ceil(KB)) {
-        let mut acc = [0.0f32; KB];
-        for (&qe, col) in q[..d].iter().zip(blk.chunks_exact(KB)) {
-            for (a, &c) in acc.iter_mut().zip(col) {
-                *a = qe.mul_add(c, *a);
+    for (b, blk) in t.data.chunks_exact(d * KB).take(blocks).enumerate() {
+        let mut acc = [[0.0f32; KB]; R];
+        for (e, col) in blk.chunks_exact(KB).enumerate() {
+            for r in 0..R {
+                let qe = q[r][e];
+                for (a, &c) in acc[r].iter_mut().zip(col) {
+                    *a = qe.mul_add(c, *a);
+                }
             }
         }
-        for (o, a) in out.iter_mut().zip(acc) {
-            *o = a * scale;
+        for r in 0..R {
+            for (o, a) in s[r][b * KB..(b + 1) * KB].iter_mut().zip(acc[r]) {
+                *o = a * scale;
+            }
         }
     }
 }
@@ -110,41 +137,61 @@ pub fn softmax(s: &mut [f32], n: usize) {
     }
 }
 
-/// The attention probabilities of query `q` over the first `n` rows of `keys`: [`scores`]
-/// then [`softmax`]; the one computation of the forward and of the backward's recomputation.
+/// Rows of queries scored together by [`scores_block`].
+pub const QB: usize = 4;
+
+/// [`scores`] of up to [`QB`] queries `q` over the first `n` rows of `t`: query `r`'s scores
+/// in `s[r·P .. (r+1)·P]`, `P` = [`Transposed::padded_len`].
 #[inline(always)]
-pub fn probs(q: &[f32], keys: &Transposed, n: usize, scale: f32, p: &mut [f32]) {
-    scores(q, keys, n, scale, p);
-    softmax(p, n);
+pub fn scores_block(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
+    let mut bufs = s.chunks_exact_mut(t.padded_len());
+    if q.len() == QB {
+        let s: [&mut [f32]; QB] = std::array::from_fn(|_| bufs.next().expect("QB buffers"));
+        scores_rows::<QB>(std::array::from_fn(|r| q[r]), t, n, scale, s);
+    } else {
+        for (&q, s) in q.iter().zip(bufs) {
+            scores(q, t, n, scale, s);
+        }
+    }
 }
 
-/// `out[e] = Σ_{j<w.len()} w[j] · row(j)[e]` for `e < out.len()`, one FMA chain over `j` per
-/// element (module doc).
+/// The attention probabilities of up to [`QB`] queries `q`, query `r` over the first `n[r]`
+/// rows of `keys` (laid out as in [`scores_block`]): scores then [`softmax`]. The one
+/// computation of the forward and of the backward's recomputation; a query's probabilities
+/// do not depend on the other queries of the block.
+#[inline(always)]
+pub fn probs(q: &[&[f32]], keys: &Transposed, n: &[usize], scale: f32, p: &mut [f32]) {
+    scores_block(q, keys, n.iter().copied().max().unwrap_or(0), scale, p);
+    for (p, &n) in p.chunks_exact_mut(keys.padded_len()).zip(n) {
+        softmax(p, n);
+    }
+}
+
+/// `out[e] += Σ_{j<w.len()} w[j] · row(j)[e]` for `e < out.len()`: continues each element's
+/// FMA chain from its current value over `j` in order (module doc; from zero it is attention's
+/// `P·V`). The chains of 64 elements at a time are held in registers.
 #[inline(always)]
 pub fn weighted_sum<'a>(w: &[f32], row: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
     let d = out.len();
     let mut e0 = 0;
     while e0 + KB <= d {
-        let mut acc = [0.0f32; KB];
+        let chunk: &mut [f32; KB] = (&mut out[e0..e0 + KB]).try_into().expect("KB values");
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx512 {
+            // SAFETY: AVX-512 detected; every row holds d ≥ e0 + KB values (indexing checks).
+            unsafe { super::attention_avx512::weighted_sum64(w, &row, e0, chunk) };
+            e0 += KB;
+            continue;
+        }
         for (j, &wj) in w.iter().enumerate() {
-            let r: &[f32; KB] = row(j)[e0..e0 + KB].try_into().expect("a row holds d values");
-            for (a, &x) in acc.iter_mut().zip(r) {
+            for (a, &x) in chunk.iter_mut().zip(&row(j)[e0..e0 + KB]) {
                 *a = wj.mul_add(x, *a);
             }
         }
-        out[e0..e0 + KB].copy_from_slice(&acc);
         e0 += KB;
     }
     for (e, o) in out.iter_mut().enumerate().skip(e0) {
-        *o = w.iter().enumerate().fold(0.0f32, |acc, (j, &wj)| wj.mul_add(row(j)[e], acc));
-    }
-}
-
-/// `y[e] = fma(a, x[e], y[e])` (one more step of `y`'s chains).
-#[inline(always)]
-pub fn axpy(a: f32, x: &[f32], y: &mut [f32]) {
-    for (y, &x) in y.iter_mut().zip(x) {
-        *y = a.mul_add(x, *y);
+        *o = w.iter().enumerate().fold(*o, |acc, (j, &wj)| wj.mul_add(row(j)[e], acc));
     }
 }
 
@@ -165,6 +212,39 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
+    /// The dispatched (AVX-512 where available) scores and weighted sums give the bits of the
+    /// portable definitions: 4-query blocks and single queries, a partial last key block,
+    /// `d` with a tail past a multiple of 64, a weighted sum continuing a nonzero start.
+    #[test]
+    fn vector_variants_are_bitwise_equal() {
+        let (n, d) = (150usize, 80usize);
+        let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0;
+        let keys: Vec<f32> = (0..n * d).map(val).collect();
+        let qs: Vec<Vec<f32>> = (0..4).map(|r| (0..d).map(|e| val(9000 + 100 * r + e)).collect()).collect();
+        let t = Transposed::new(n, d, |j| &keys[j * d..(j + 1) * d]);
+        let padded = t.padded_len();
+        let q4: [&[f32]; 4] = std::array::from_fn(|r| qs[r].as_slice());
+        let (mut got, mut want) = (vec![0.0f32; 4 * padded], vec![0.0f32; 4 * padded]);
+        scores_block(&q4, &t, n, 0.3, &mut got);
+        let mut bufs = want.chunks_exact_mut(padded);
+        scores_rows_portable::<4>(q4, &t, n.div_ceil(KB), 0.3, std::array::from_fn(|_| bufs.next().unwrap()));
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "4-query scores");
+        let mut one = vec![0.0f32; padded];
+        scores(q4[2], &t, n, 0.3, &mut one);
+        assert!(
+            one.iter().zip(&want[2 * padded..3 * padded]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "1 vs 4 queries"
+        );
+        let w: Vec<f32> = (0..n).map(|j| val(j + 3)).collect();
+        let start: Vec<f32> = (0..d).map(|e| val(e + 77)).collect();
+        let mut out = start.clone();
+        weighted_sum(&w, |j| &keys[j * d..(j + 1) * d], &mut out);
+        for e in 0..d {
+            let want = w.iter().enumerate().fold(start[e], |acc, (j, &wj)| wj.mul_add(keys[j * d + e], acc));
+            assert_eq!(out[e].to_bits(), want.to_bits(), "weighted sum {e}");
+        }
+    }
+
     /// Scores, probabilities and weighted sums against f64 sums, for a row count that is not
     /// a multiple of a block and a head dimension that is not a multiple of 64.
     #[test]
@@ -183,7 +263,7 @@ mod tests {
         for j in 0..n {
             assert!((p[j] as f64 - s64[j]).abs() < 1e-6, "score {j}: {} vs {}", p[j], s64[j]);
         }
-        probs(&q, &t, n, scale, &mut p);
+        probs(&[&q], &t, &[n], scale, &mut p);
         let z: f64 = s64.iter().map(|s| s.exp()).sum();
         for j in 0..n {
             assert!((p[j] as f64 - s64[j].exp() / z).abs() < 1e-7, "prob {j}");

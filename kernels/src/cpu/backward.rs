@@ -1,7 +1,7 @@
 //! Backward passes of the forward ops (hand-derived; checked against JAX autodiff in the
 //! learner tests).
 
-use super::attention_rows::{axpy, dot, probs, scores, weighted_sum, Transposed};
+use super::attention_rows::{dot, probs, scores_block, weighted_sum, Transposed, QB};
 use super::simd::SharedMut;
 use crate::multiversion;
 use rayon::prelude::*;
@@ -45,8 +45,8 @@ pub fn silu_mul_backward(gate_up: &[f32], da: &[f32], dgu: &mut [f32], i: usize)
 /// `dK_j = Σ_i dS_ij Q_i/√D`, `dV_j = Σ_i P_ij dA_i` (summed over the query heads of a KV head).
 ///
 /// One task per (sequence, KV head); it owns that part of `dk`/`dv` and `dq` of its query
-/// heads. `dK_j`, `dV_j` accumulate over (query head, row) in order, `dQ_i` is one chain over
-/// `j` ([`weighted_sum`]).
+/// heads. `dK_j`, `dV_j` are one FMA chain each over (query head, row) in order, `dQ_i` one
+/// chain over `j` ([`weighted_sum`]).
 pub fn attention_backward(
     q: &[f32],
     k: &[f32],
@@ -68,6 +68,10 @@ pub fn attention_backward(
         attention_backward_task(q, k, v, da, [dq, dk, dv], span.clone(), *g, &heads);
     });
 }
+
+/// Query rows whose `dK`/`dV` contributions are added in one pass over the keys (one load
+/// and store of `dK_j`, `dV_j` per block instead of per row).
+const ROW_BLOCK: usize = QB;
 
 /// Query heads, query heads per KV head, K/V row width, head dimension.
 struct Heads {
@@ -99,22 +103,35 @@ multiversion! {
         let keys = Transposed::new(t, d, key);
         let values = Transposed::new(t, d, |j| &v[kv(j)..kv(j) + d]);
         let (mut dkg, mut dvg) = (vec![0.0f32; t * d], vec![0.0f32; t * d]);
-        let (mut p, mut ds) = (vec![0.0f32; keys.padded_len()], vec![0.0f32; keys.padded_len()]);
+        let padded = keys.padded_len();
+        let (mut p, mut ds) = (vec![0.0f32; ROW_BLOCK * padded], vec![0.0f32; ROW_BLOCK * padded]);
         for h in g * group..(g + 1) * group {
-            for i in 0..t {
-                let at = (s0 + i) * qc + h * d;
-                let (qi, dai) = (&q[at..at + d], &da[at..at + d]);
-                probs(qi, &keys, i + 1, scale, &mut p);
-                scores(dai, &values, i + 1, 1.0, &mut ds);
-                let pdp = dot(&p[..=i], &ds[..=i]);
-                for (s, &pj) in ds[..=i].iter_mut().zip(&p[..=i]) {
-                    *s = pj * (*s - pdp) * scale;
+            let at = |i: usize| (s0 + i) * qc + h * d;
+            let (q_row, da_row) = (|i: usize| &q[at(i)..at(i) + d], |i: usize| &da[at(i)..at(i) + d]);
+            for i0 in (0..t).step_by(ROW_BLOCK) {
+                let rows = ROW_BLOCK.min(t - i0);
+                let (qs, das): (Vec<&[f32]>, Vec<&[f32]>) = (i0..i0 + rows).map(|i| (q_row(i), da_row(i))).unzip();
+                let n: Vec<usize> = (i0 + 1..=i0 + rows).collect();
+                probs(&qs, &keys, &n, scale, &mut p);
+                scores_block(&das, &values, i0 + rows, 1.0, &mut ds);
+                for r in 0..rows {
+                    let (i, p, ds) = (i0 + r, &p[r * padded..(r + 1) * padded], &mut ds[r * padded..(r + 1) * padded]);
+                    let pdp = dot(&p[..=i], &ds[..=i]);
+                    for (s, &pj) in ds[..=i].iter_mut().zip(&p[..=i]) {
+                        *s = pj * (*s - pdp) * scale;
+                    }
+                    // SAFETY: (row s0 + i, head h) belongs to this task only.
+                    let dqi = unsafe { dq.slice(at(i), d) };
+                    dqi.fill(0.0);
+                    weighted_sum(&ds[..=i], key, dqi);
                 }
-                // SAFETY: (row s0 + i, head h) belongs to this task only.
-                weighted_sum(&ds[..=i], key, unsafe { dq.slice(at, d) });
-                for j in 0..=i {
-                    axpy(ds[j], qi, &mut dkg[j * d..(j + 1) * d]);
-                    axpy(p[j], dai, &mut dvg[j * d..(j + 1) * d]);
+                // dK_j, dV_j continue their chains over the block's rows i ≥ j, in order.
+                for j in 0..i0 + rows {
+                    let r0 = j.saturating_sub(i0);
+                    let w = |b: &[f32]| -> [f32; ROW_BLOCK] { std::array::from_fn(|r| if r0 + r < rows { b[(r0 + r) * padded + j] } else { 0.0 }) };
+                    let (wk, wv) = (w(&ds), w(&p));
+                    weighted_sum(&wk[..rows - r0], |r| q_row(i0 + r0 + r), &mut dkg[j * d..(j + 1) * d]);
+                    weighted_sum(&wv[..rows - r0], |r| da_row(i0 + r0 + r), &mut dvg[j * d..(j + 1) * d]);
                 }
             }
         }

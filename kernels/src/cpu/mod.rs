@@ -2,6 +2,8 @@
 //! runtime-detected AVX-512 / AVX2+FMA kernels (GEMM tiles, attention rows). [`storage`] implements the contract.
 
 pub mod attention;
+#[cfg(target_arch = "x86_64")]
+mod attention_avx512;
 pub mod attention_rows;
 pub mod backward;
 pub mod elementwise;
