@@ -4,11 +4,14 @@
 Forward: y [m, n] = x [m, k] @ W[n, k].T; weight gradient: dW [n, k] = dy[m, n].T @ x [m, k]
 (both are one sgemm call with a transpose flag, no copies). Prints one line per
 (pass, m, shape) with the median of `--reps` timings and GFLOP/s (2·m·n·k FLOP per call), and
-with `--json PATH` writes them as {"fwd_m64/q_proj": gflops, ...} for `gemm_vs_numpy.sh`.
+with `--criterion DIR` (criterion's output folder, `$CARGO_TARGET_DIR/criterion`) also prints
+the median GFLOP/s of the last `cargo bench -p benches --bench gemm` run on each shape and the
+ratio rlserve / numpy (`benches/gemm_vs_numpy.sh` runs both back to back).
 Threads: OpenBLAS's default (all cores); set OPENBLAS_NUM_THREADS to change it.
 """
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -40,10 +43,9 @@ def median_seconds(f, reps, budget_s=2.0):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
-    ap.add_argument("--json")
+    ap.add_argument("--criterion", help="criterion output folder to compare against")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    results = {}
     for m in ROWS:
         for pass_ in ("fwd", "dw"):
             for name, n, k in SHAPES:
@@ -58,11 +60,21 @@ def main():
                     f = lambda: np.matmul(dy.T, x, out=out)  # noqa: E731
                 s = median_seconds(f, args.reps)
                 gflops = 2 * m * n * k / s / 1e9
-                results[f"{pass_}_m{m}/{name}"] = gflops
-                print(f"{pass_:3} m={m:<5} {name:9} {n:>5}x{k:<5} {s * 1e3:10.3f} ms {gflops:8.1f} GFLOP/s", flush=True)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(results, fh, indent=1)
+                line = f"{pass_:3} m={m:<5} {name:9} {n:>5}x{k:<5} numpy {s * 1e3:10.3f} ms {gflops:7.1f} GFLOP/s"
+                if args.criterion:
+                    ours = criterion_seconds(args.criterion, pass_, m, name, n, k)
+                    if ours:
+                        line += f" | rlserve {ours * 1e3:10.3f} ms {2 * m * n * k / ours / 1e9:7.1f} GFLOP/s | ratio {s / ours:5.2f}"
+                print(line, flush=True)
+
+
+def criterion_seconds(folder, pass_, m, name, n, k):
+    """Median seconds of benches/benches/gemm.rs's benchmark of this shape, or None."""
+    path = os.path.join(folder, f"gemm_{pass_}_m{m}", name, f"{n}x{k}", "new", "estimates.json")
+    if not os.path.exists(path):
+        return None
+    with open(path) as fh:
+        return json.load(fh)["median"]["point_estimate"] / 1e9
 
 
 if __name__ == "__main__":

@@ -47,9 +47,20 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
     };
     let masks = [lanes(0), lanes(1)];
     // SAFETY: reads a[r·a_rs + l·a_ls] (r < R, l < k) and the live columns of b[l·ldb ..],
-    // writes the live columns of c[r·ldc ..]: all in bounds per the caller.
+    // reads (if accumulating) and writes the live columns of c[r·ldc ..]: all in bounds per the caller.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        if t.accumulate {
+            for r in 0..R {
+                for v in 0..2 {
+                    acc[r][v] = if FULL {
+                        _mm256_loadu_ps(t.c.add(r * t.ldc + 8 * v))
+                    } else {
+                        _mm256_maskload_ps(t.c.wrapping_add(r * t.ldc + 8 * v), masks[v])
+                    };
+                }
+            }
+        }
         let (mut a, mut b) = (t.a, t.b);
         for _ in 0..t.k {
             let mut bv = [_mm256_setzero_ps(); 2];

@@ -45,9 +45,20 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
     };
     let masks = [mask(0), mask(1), mask(2), mask(3)];
     // SAFETY: reads a[r·a_rs + l·a_ls] (r < R, l < k) and the live columns of b[l·ldb ..],
-    // writes the live columns of c[r·ldc ..]: all in bounds per the caller.
+    // reads (if accumulating) and writes the live columns of c[r·ldc ..]: all in bounds per the caller.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); V]; R];
+        if t.accumulate {
+            for r in 0..R {
+                for v in 0..V {
+                    acc[r][v] = if FULL {
+                        _mm512_loadu_ps(t.c.add(r * t.ldc + 16 * v))
+                    } else {
+                        _mm512_maskz_loadu_ps(masks[v], t.c.wrapping_add(r * t.ldc + 16 * v))
+                    };
+                }
+            }
+        }
         let (mut a, mut b) = (t.a, t.b);
         for _ in 0..t.k {
             let mut bv = [_mm512_setzero_ps(); V];

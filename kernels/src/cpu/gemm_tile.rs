@@ -32,6 +32,9 @@ pub struct Tile {
     pub ldc: usize,
     pub rows: usize,
     pub cols: usize,
+    /// Continue the chains from the values in `c` instead of from zero (the next block of
+    /// the reduction: bitwise the same chain as one pass).
+    pub accumulate: bool,
 }
 
 /// An instruction-set variant of the tile kernel.
@@ -96,9 +99,9 @@ pub unsafe fn run(isa: Isa, t: &Tile) {
 unsafe fn portable(t: &Tile) {
     for r in 0..t.rows {
         for j in 0..t.cols {
-            let mut acc = 0.0f32;
             // SAFETY: the elements of the formula, readable/writable per the caller.
             unsafe {
+                let mut acc = if t.accumulate { *t.c.add(r * t.ldc + j) } else { 0.0 };
                 for l in 0..t.k {
                     acc = (*t.a.add(r * t.a_rs + l * t.a_ls)).mul_add(*t.b.add(l * t.ldb + j), acc);
                 }
@@ -153,6 +156,7 @@ mod tests {
                     ldc,
                     rows,
                     cols,
+                    accumulate: false,
                 };
                 let mut want = vec![f32::NAN; MR * ldc];
                 // SAFETY: a, b, c hold every element the strides name.
@@ -163,10 +167,22 @@ mod tests {
                         assert!((want[r * ldc + j] as f64 - exact).abs() < 1e-5 * k as f64, "k {k} r {r} j {j}");
                     }
                 }
-                for isa in [Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
+                for isa in [Isa::Portable, Isa::Avx2, Isa::Avx512].into_iter().filter(|i| i.available()) {
                     let mut got = vec![f32::NAN; MR * ldc];
                     // SAFETY: as above; the variant is available.
                     unsafe { run(isa, &tile(&mut got)) };
+                    // The chains split at l = k/2 and continued (`accumulate`) give the same bits.
+                    let mut split = vec![f32::NAN; MR * ldc];
+                    let first = Tile { k: k / 2, ..tile(&mut split) };
+                    let a_rest = a[(k / 2) * a_ls..].as_ptr();
+                    let second =
+                        Tile { a: a_rest, b: b[(k / 2) * ldb..].as_ptr(), k: k - k / 2, accumulate: true, ..first };
+                    // SAFETY: as above; both halves lie inside a and b.
+                    unsafe {
+                        run(isa, &first);
+                        run(isa, &second)
+                    };
+                    assert!(got.iter().zip(&split).all(|(g, s)| g.to_bits() == s.to_bits()), "{isa:?} split k {k}");
                     for r in 0..MR {
                         for j in 0..ldc {
                             let (g, w) = (got[r * ldc + j], want[r * ldc + j]);

@@ -17,8 +17,9 @@
 //! Thinking Machines' "Defeating Nondeterminism in LLM Inference", 2025).
 //!
 //! Both GEMMs are one driver over the register tile of [`super::gemm_tile`] (6 rows × 64
-//! columns): rayon tasks own (row block, column panel) pairs, panel-major, so a task's panel
-//! stays in L2 while its row tiles sweep it.
+//! columns): rayon tasks own (row block, column panel) pairs, panel-major, and sweep their
+//! tiles over the reduction in blocks of `KC` steps (each output's chain continued from
+//! memory, bitwise the same chain), so the operands of a block stay in L2.
 
 use super::gemm_tile::{self, Isa, Tile, MR, NR};
 use rayon::prelude::*;
@@ -27,6 +28,12 @@ use rayon::prelude::*;
 pub const NP: usize = NR;
 /// Rows of the output per rayon task (8 register tiles).
 const MB: usize = 8 * MR;
+/// Steps of the reduction per pass over a task's tiles: the `B` rows of a pass (64 KiB) stay
+/// in L2 while the tiles sweep them; the next pass continues the chains from the stored
+/// outputs, so each output is still one FMA chain in order.
+const KC: usize = 256;
+/// Multiply-adds below which a GEMM runs on the calling thread.
+const INLINE_WORK: usize = 1 << 18;
 
 /// Packs `w [n, k]` (row-major) into column panels; length `n.div_ceil(NP) · k · NP`.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
@@ -128,27 +135,55 @@ impl Gemm {
         }
         let (panels, blocks) = (cols.div_ceil(NP), rows.div_ceil(MB));
         let isa = Isa::detect();
-        (0..panels * blocks).into_par_iter().for_each(|task| {
+        let task = |task: usize| {
             let (p, rb) = (task / blocks, task % blocks);
-            let (mut i, end) = (rb * MB, (rb * MB + MB).min(rows));
-            while i < end {
-                let tile = Tile {
-                    a: self.a.wrapping_add(i * self.a_rs),
-                    a_rs: self.a_rs,
-                    a_ls: self.a_ls,
-                    b: self.b.wrapping_add(p * self.b_ps),
-                    ldb: self.ldb,
-                    k: self.k,
-                    c: self.c.0.wrapping_add(i * cols + p * NP),
-                    ldc: cols,
-                    rows: (end - i).min(MR),
-                    cols: NP.min(cols - p * NP),
+            let (r0, r1) = (rb * MB, (rb * MB + MB).min(rows));
+            // A read across rows (the weight gradient's dy columns: one float per row of dy
+            // per step) is first copied into a contiguous [kc][r1 − r0] block.
+            let transposed = self.a_rs == 1 && self.a_ls != 1;
+            let mut block = Vec::new();
+            for k0 in (0..self.k.div_ceil(KC).max(1)).map(|c| c * KC) {
+                let kc = KC.min(self.k - k0);
+                let (a, a_rs, a_ls) = if transposed {
+                    block.clear();
+                    for l in k0..k0 + kc {
+                        // SAFETY: row l of the A operand, its columns r0..r1 (caller's bounds).
+                        block.extend_from_slice(unsafe {
+                            std::slice::from_raw_parts(self.a.add(l * self.a_ls + r0), r1 - r0)
+                        });
+                    }
+                    (block.as_ptr(), 1, r1 - r0)
+                } else {
+                    (self.a.wrapping_add(r0 * self.a_rs + k0 * self.a_ls), self.a_rs, self.a_ls)
                 };
-                // SAFETY: the tile lies inside the operands (caller), `isa` was detected,
-                // and no other task writes its outputs.
-                unsafe { gemm_tile::run(isa, &tile) };
-                i += tile.rows;
+                let mut i = r0;
+                while i < r1 {
+                    let tile = Tile {
+                        a: a.wrapping_add((i - r0) * a_rs),
+                        a_rs,
+                        a_ls,
+                        b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
+                        ldb: self.ldb,
+                        k: kc,
+                        c: self.c.0.wrapping_add(i * cols + p * NP),
+                        ldc: cols,
+                        rows: (r1 - i).min(MR),
+                        cols: NP.min(cols - p * NP),
+                        accumulate: k0 > 0,
+                    };
+                    // SAFETY: the tile lies inside the operands (caller) or `block`, `isa`
+                    // was detected, and no other task writes its outputs.
+                    unsafe { gemm_tile::run(isa, &tile) };
+                    i += tile.rows;
+                }
             }
-        });
+        };
+        // Small products (a decode step's projections) run on the calling thread: waking the
+        // pool costs more than the work.
+        if rows * cols * self.k < INLINE_WORK {
+            (0..panels * blocks).for_each(task);
+        } else {
+            (0..panels * blocks).into_par_iter().for_each(task);
+        }
     }
 }

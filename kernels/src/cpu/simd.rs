@@ -62,25 +62,19 @@ impl SharedMut {
 
 /// `eˣ` to within 2 ulp for `x ≤ 88` (Cephes `expf`, S. Moshier: `x = n·ln 2 + r` with
 /// `n = round(x·log₂e)` and `ln 2` split in two for an exact reduction, then a degree-5
-/// minimax polynomial for `eʳ` on `|r| ≤ ln 2 / 2`). Inputs below −87 give `e⁻⁸⁷` (≈ 1.6e−38)
+/// minimax polynomial for `eʳ` (its last coefficient, 5.0000001201e−1, is 0.5 in f32) on `|r| ≤ ln 2 / 2`). Inputs below −87 give `e⁻⁸⁷` (≈ 1.6e−38)
 /// instead of a subnormal or zero; NaN stays NaN. Vectorises (unlike `f32::exp`, a libm call).
 #[inline(always)]
 pub fn exp(x: f32) -> f32 {
     const LOG2E: f32 = std::f32::consts::LOG2_E;
     const LN2_HI: f32 = 0.693_359_4;
     const LN2_LO: f32 = -2.121_944_4e-4;
-    // Comparisons, not min/max, so that NaN passes through.
-    let x = if x < -87.0 {
-        -87.0
-    } else if x > 88.0 {
-        88.0
-    } else {
-        x
-    };
+    // (`clamp` keeps NaN, unlike min/max.)
+    let x = x.clamp(-87.0, 88.0);
     let n = (x * LOG2E).round_ties_even();
     let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
     let mut p = 1.987_569_1e-4f32;
-    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1] {
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
         p = p.mul_add(r, c);
     }
     let y = p.mul_add(r * r, r) + 1.0;
