@@ -32,6 +32,8 @@ const MB: usize = 8 * MR;
 /// in L2 while the tiles sweep them; the next pass continues the chains from the stored
 /// outputs, so each output is still one FMA chain in order.
 const KC: usize = 256;
+/// Row stride (floats) of a transposed `A` above which its blocks are packed (a 4 KiB page).
+const PACK_STRIDE: usize = 1024;
 /// Multiply-adds below which a GEMM runs on the calling thread.
 const INLINE_WORK: usize = 1 << 18;
 
@@ -138,9 +140,10 @@ impl Gemm {
         let task = |task: usize| {
             let (p, rb) = (task / blocks, task % blocks);
             let (r0, r1) = (rb * MB, (rb * MB + MB).min(rows));
-            // A read across rows (the weight gradient's dy columns: one float per row of dy
-            // per step) is first copied into a contiguous [kc][r1 − r0] block.
-            let transposed = self.a_rs == 1 && self.a_ls != 1;
+            // A read across rows with a stride past a page (the weight gradient's dy columns
+            // when dy is wide: a TLB miss per step) is first copied into a contiguous
+            // [kc][r1 − r0] block.
+            let transposed = self.a_rs == 1 && self.a_ls > PACK_STRIDE;
             let mut block = Vec::new();
             for k0 in (0..self.k.div_ceil(KC).max(1)).map(|c| c * KC) {
                 let kc = KC.min(self.k - k0);
