@@ -1,12 +1,16 @@
 #!/usr/bin/env python3
-"""The `rlserve bench train` step in PyTorch on CPU, for comparison (not run by CI).
+"""The `rlserve bench train` step in PyTorch on CPU, for comparison (not run by CI;
+benches/compare.sh runs it against rlserve).
 
-    python3 -m pip install torch safetensors numpy
-    python3 benches/train_step_torch.py models/SmolLM2-135M-Instruct [--threads 2]
+    python3 -m pip install torch transformers safetensors numpy
+    python3 benches/train_step_torch.py models/SmolLM2-135M-Instruct [--threads 2] [--hf]
 
 Same model weights (f32), same batch shape (8 × (128 + 128) random tokens), same work:
 forward over prompt + completion, GRPO token-level clipped loss on the completion tokens
-(ratios 1, advantages ±1), backward, AdamW step. Prints tokens/s and peak RSS.
+(ratios 1, advantages ±1), backward, gradient clipping, AdamW step. The model is either
+this file's own functional Llama (default) or, with `--hf`, the Hugging Face
+`AutoModelForCausalLM` class (sdpa attention), what TRL trains. Prints s/step, tokens/s
+and peak RSS.
 """
 import argparse, json, os, resource, time
 import numpy as np
@@ -20,6 +24,7 @@ ap.add_argument("--num-seqs", type=int, default=8)
 ap.add_argument("--prompt-len", type=int, default=128)
 ap.add_argument("--completion-len", type=int, default=128)
 ap.add_argument("--steps", type=int, default=2)
+ap.add_argument("--hf", action="store_true", help="the transformers model class instead of the functional model")
 a = ap.parse_args()
 torch.set_num_threads(a.threads)
 cfg = json.load(open(os.path.join(a.model, "config.json")))
@@ -59,6 +64,17 @@ def logits(tokens):
     return x @ p.get("lm_head.weight", p["model.embed_tokens.weight"]).T
 
 
+if a.hf:
+    from transformers import AutoModelForCausalLM
+
+    hf = AutoModelForCausalLM.from_pretrained(a.model, torch_dtype=torch.float32, attn_implementation="sdpa")
+    hf.train()
+    p = dict(hf.named_parameters())
+
+    def logits(tokens):  # noqa: F811 (the HF model replaces the functional one)
+        return hf(input_ids=tokens, use_cache=False).logits
+
+
 rng = np.random.default_rng(0)
 tokens = torch.tensor(rng.integers(100, V, (a.num_seqs, a.prompt_len + a.completion_len)))
 inputs, targets = tokens[:, :-1], tokens[:, a.prompt_len:]
@@ -79,4 +95,4 @@ for step in range(a.steps + 1):
         times.append(time.perf_counter() - t0)
 secs = sorted(times)[len(times) // 2]
 n_tok = a.num_seqs * (a.prompt_len + a.completion_len)
-print(f"PyTorch {torch.__version__}, {a.threads} threads: {secs:.2f} s/step, {n_tok / secs:.1f} tokens/s, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")
+print(f"PyTorch {torch.__version__}{' + transformers (HF model class)' if a.hf else ''}, {a.threads} threads: {secs:.2f} s/step, {n_tok / secs:.1f} tokens/s, peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024:.0f} MiB")

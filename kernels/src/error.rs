@@ -15,6 +15,9 @@ pub enum KernelError {
     /// CUDA was requested but this binary has no CUDA backend.
     #[error("CUDA requested but rlserve was built without the `cuda` feature")]
     CudaUnavailable,
+    /// A CUDA library is missing, or a driver, NVRTC or cuBLAS call failed (`cuda` feature).
+    #[error("CUDA: {0}")]
+    Cuda(String),
 }
 
 pub(crate) fn shape_err(op: &'static str, detail: impl Into<String>) -> KernelError {

@@ -614,7 +614,8 @@ pub struct AdamWStep {
 
 /// One AdamW moment update for gradient `g`: `g' = clip·g`, `m ← β₁m + (1−β₁)g'`,
 /// `v ← β₂v + (1−β₂)g'²` (in place), and returns the step
-/// `Δ = −lr · (m / (1−β₁ᵗ)) / (√(v / (1−β₂ᵗ)) + ε)`; the parameter update is then
+/// `Δ = −(lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`, in f32 in PyTorch's operation order
+/// (`torch.optim.AdamW`; see `cpu::optim`); the parameter update is then
 /// `p ← (1 − lr·weight_decay)·p + Δ` ([`scale_add_inplace`] / [`scale_add_packed`]).
 pub fn adamw_delta(g: &Tensor, m: &mut Tensor, v: &mut Tensor, step: &AdamWStep) -> Result<Tensor> {
     if m.shape() != g.shape() || v.shape() != g.shape() {

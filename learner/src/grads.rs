@@ -8,6 +8,8 @@ use std::collections::BTreeMap;
 pub struct Grads {
     /// HF name → gradient, shaped like the HF weight.
     pub tensors: BTreeMap<String, Tensor>,
+    /// Wall-clock seconds the backward passes that produced them took.
+    pub backward_seconds: f64,
 }
 
 impl Grads {
@@ -19,6 +21,17 @@ impl Grads {
                 self.tensors.insert(name.to_string(), g);
             }
         }
+        Ok(())
+    }
+
+    /// Adds row `i` of `src` to row `rows[i]` of the gradient of `name` (zeros of `shape`
+    /// the first time): an embedding's gradient without a dense `[vocab, hidden]` temporary.
+    pub fn scatter_add_rows(&mut self, name: &str, shape: &[usize], rows: &[u32], src: &Tensor) -> Result<()> {
+        if !self.tensors.contains_key(name) {
+            self.tensors.insert(name.to_string(), Tensor::zeros(shape, &src.device())?);
+        }
+        let acc = self.tensors.get_mut(name).expect("inserted");
+        ops::scatter_add_rows(acc, rows, src)?;
         Ok(())
     }
 

@@ -16,6 +16,7 @@ pub mod algos;
 pub mod checkpoint;
 mod error;
 mod grads;
+mod layout;
 pub mod optim;
 mod trainer;
 
@@ -25,7 +26,7 @@ pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
 use engine::Model;
 use kernels::{ops, Tensor};
-use std::ops::Range;
+use layout::Layout;
 
 struct LayerActs {
     x_in: Tensor,
@@ -52,8 +53,7 @@ fn layer_forward(
     model: &Model,
     w: &engine::model::LayerWeights,
     x: Tensor,
-    positions: &[usize],
-    spans: &[Range<usize>],
+    layout: &Layout,
 ) -> Result<(LayerActs, Tensor)> {
     let c = &model.config;
     let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
@@ -62,9 +62,9 @@ fn layer_forward(
     let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
     let [mut q, mut k, v]: [Tensor; 3] =
         ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
-    ops::rope_inplace(&mut q, positions, cos, sin, c.head_dim)?;
-    ops::rope_inplace(&mut k, positions, cos, sin, c.head_dim)?;
-    let a = ops::attention_packed(&q, &k, &v, spans, c.num_attention_heads, c.num_key_value_heads, c.head_dim)?;
+    ops::rope_inplace(&mut q, &layout.positions, cos, sin, c.head_dim)?;
+    ops::rope_inplace(&mut k, &layout.positions, cos, sin, c.head_dim)?;
+    let a = layout.attention(&q, &k, &v, heads(model))?;
     let mut x_mid = x.clone();
     ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
     let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
@@ -75,13 +75,16 @@ fn layer_forward(
     Ok((LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act }, x_out))
 }
 
+/// `(n_heads, n_kv_heads, head_dim)` of the model's attention.
+fn heads(model: &Model) -> (usize, usize, usize) {
+    let c = &model.config;
+    (c.num_attention_heads, c.num_key_value_heads, c.head_dim)
+}
+
 /// The saved activations of a packed batch's training forward.
 pub struct SeqForward {
-    inputs: Vec<u32>,
-    /// Row range of each sequence in the packed batch.
-    spans: Vec<std::ops::Range<usize>>,
-    /// Rows whose logits predict the completion tokens.
-    pred_rows: Vec<u32>,
+    /// Where every sequence's tokens sit in the packed rows (prompts shared).
+    layout: Layout,
     /// Completion tokens of all sequences, concatenated.
     completion: Vec<u32>,
     /// Completion length of each sequence.
@@ -97,6 +100,8 @@ pub struct SeqForward {
     pub logprobs: Vec<f32>,
     /// Entropy of π_θ(· | prefix) at temperature T for each completion position (nats).
     pub entropies: Vec<f32>,
+    /// Wall-clock seconds this forward took.
+    pub forward_seconds: f64,
 }
 
 /// Training forward of one `prompt ++ completion` at `temperature`.
@@ -126,43 +131,24 @@ fn forward_inner(
     temperature: f32,
     gradient_checkpointing: bool,
 ) -> Result<SeqForward> {
+    let t0 = std::time::Instant::now();
     let c = &model.config;
-    let bad = |d: String| -> Result<SeqForward> {
-        Err(kernels::KernelError::Shape { op: "learner forward", detail: d }.into())
-    };
-    let (mut inputs, mut positions, mut spans, mut pred_rows, mut completion, mut lens) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
-    for (prompt, comp) in seqs {
-        if prompt.is_empty() || comp.is_empty() {
-            return bad("prompt and completion must be non-empty".into());
-        }
-        let r0 = inputs.len();
-        inputs.extend(prompt.iter().chain(&comp[..comp.len() - 1]));
-        let t = inputs.len() - r0;
-        if t > model.max_positions() {
-            return bad(format!("{t} positions exceed the context of {}", model.max_positions()));
-        }
-        positions.extend(0..t);
-        spans.push(r0..r0 + t);
-        pred_rows.extend((r0 + prompt.len() - 1..r0 + t).map(|r| r as u32));
-        completion.extend_from_slice(comp);
-        lens.push(comp.len());
-    }
-    let mut x = ops::embedding(&model.embed_tokens, &inputs)?;
+    let layout = Layout::new(seqs, model.max_positions())?;
+    let completion: Vec<u32> = seqs.iter().flat_map(|(_, comp)| comp.iter().copied()).collect();
+    let lens: Vec<usize> = seqs.iter().map(|(_, comp)| comp.len()).collect();
+    let mut x = ops::embedding(&model.embed_tokens, &layout.inputs)?;
     let mut layers = Vec::with_capacity(model.layers.len());
     for w in &model.layers {
-        let (acts, x_out) = layer_forward(model, w, x, &positions, &spans)?;
+        let (acts, x_out) = layer_forward(model, w, x, &layout)?;
         layers.push(if gradient_checkpointing { Saved::Input(acts.x_in) } else { Saved::Full(Box::new(acts)) });
         x = x_out;
     }
-    let h_rows = ops::embedding(&x, &pred_rows)?;
+    let h_rows = ops::embedding(&x, &layout.pred_rows)?;
     let normed = ops::rms_norm(&h_rows, &model.norm, c.rms_norm_eps)?;
     let logits = ops::linear(&normed, &model.lm_head, None)?;
     let (logprobs, entropies) = ops::token_logprobs(&logits, &completion, temperature)?;
     Ok(SeqForward {
-        inputs,
-        spans,
-        pred_rows,
+        layout,
         completion,
         lens,
         temperature,
@@ -172,6 +158,7 @@ fn forward_inner(
         logits,
         logprobs,
         entropies,
+        forward_seconds: t0.elapsed().as_secs_f64(),
     })
 }
 
@@ -204,14 +191,18 @@ impl SeqForward {
     }
 
     /// Accumulates into `grads` the gradient of a loss whose derivatives w.r.t. the
-    /// forward's outputs are `g` (HF tensor names and layouts).
+    /// forward's outputs are `g` (HF tensor names and layouts), and the time it took into
+    /// `grads.backward_seconds`.
     pub fn backward(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {
-        rayon::scope(|_| self.backward_inner(model, g, grads))
+        let t0 = std::time::Instant::now();
+        rayon::scope(|_| self.backward_inner(model, g, grads))?;
+        grads.backward_seconds += t0.elapsed().as_secs_f64();
+        Ok(())
     }
 
     fn backward_inner(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {
         let c = &model.config;
-        let (h, t) = (c.hidden_size, self.inputs.len());
+        let (h, t) = (c.hidden_size, self.layout.inputs.len());
         let (q_dim, kv_dim, i_dim) =
             (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
         let bad = |d: String| kernels::KernelError::Shape { op: "learner backward", detail: d };
@@ -235,10 +226,11 @@ impl SeqForward {
         grads.add(head_name, ops::linear_grad_weight(&dz, &self.normed)?)?;
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
         grads.add("model.norm.weight", dnorm)?;
-        // Scatter the completion-row gradients back to their rows.
+        // Add the completion-row gradients to their rows (a shared prompt's last row predicts
+        // the first token of each of its samples).
         let mut dx = Tensor::zeros(&[t, h], model.device())?;
-        ops::scatter_rows(&mut dx, &self.pred_rows, &dh_rows)?;
-        let positions: Vec<usize> = self.spans.iter().flat_map(|s| 0..s.len()).collect();
+        ops::scatter_add_rows(&mut dx, &self.layout.pred_rows, &dh_rows)?;
+        let positions = &self.layout.positions;
         let (cos, sin) = model.rope_tables();
         let neg_sin = ops::scale(sin, -1.0)?;
         for (l, (w, saved)) in model.layers.iter().zip(&self.layers).enumerate().rev() {
@@ -246,7 +238,7 @@ impl SeqForward {
             let s = match saved {
                 Saved::Full(a) => a,
                 Saved::Input(x) => {
-                    recomputed = layer_forward(model, w, x.clone(), &positions, &self.spans)?.0;
+                    recomputed = layer_forward(model, w, x.clone(), &self.layout)?.0;
                     &recomputed
                 }
             };
@@ -267,18 +259,9 @@ impl SeqForward {
             // Attention, per sequence; then RoPE's inverse rotation.
             let d_a = ops::linear_grad_input(&dx, &w.o_proj)?;
             grads.add(&format!("{p}self_attn.o_proj.weight"), ops::linear_grad_weight(&dx, &s.a)?)?;
-            let (mut dq, mut dk, dv) = ops::attention_backward(
-                &s.q,
-                &s.k,
-                &s.v,
-                &d_a,
-                &self.spans,
-                c.num_attention_heads,
-                c.num_key_value_heads,
-                c.head_dim,
-            )?;
-            ops::rope_inplace(&mut dq, &positions, cos, &neg_sin, c.head_dim)?;
-            ops::rope_inplace(&mut dk, &positions, cos, &neg_sin, c.head_dim)?;
+            let (mut dq, mut dk, dv) = self.layout.attention_backward(&s.q, &s.k, &s.v, &d_a, heads(model))?;
+            ops::rope_inplace(&mut dq, positions, cos, &neg_sin, c.head_dim)?;
+            ops::rope_inplace(&mut dk, positions, cos, &neg_sin, c.head_dim)?;
             let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
             let dw_qkv = ops::split_rows(&ops::linear_grad_weight(&dqkv, &s.n1)?, &[q_dim, kv_dim, kv_dim])?;
             for (n, g) in ["q", "k", "v"].iter().zip(dw_qkv) {
@@ -296,10 +279,8 @@ impl SeqForward {
             grads.add(&format!("{p}input_layernorm.weight"), dw_in)?;
             ops::add_inplace(&mut dx, &d_in)?;
         }
-        // Embedding: scatter-add rows.
-        let mut de = Tensor::zeros(&[c.vocab_size, h], model.device())?;
-        ops::scatter_add_rows(&mut de, &self.inputs, &dx)?;
-        grads.add("model.embed_tokens.weight", de)?;
+        // Embedding: scatter-add rows (into the tied LM head's gradient when there is one).
+        grads.scatter_add_rows("model.embed_tokens.weight", &[c.vocab_size, h], &self.layout.inputs, &dx)?;
         Ok(())
     }
 }

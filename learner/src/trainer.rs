@@ -307,6 +307,12 @@ pub struct StepMetrics {
     /// How long the optimizer held the write guard (the engine's pause), seconds; summed
     /// over the batch's updates.
     pub pause_seconds: f64,
+    /// Where the step's time went (seconds, summed over the batch's updates): the training
+    /// forward passes (the reference's too), the backward passes, and the optimizer outside
+    /// the write guard (gradient norm, AdamW moments, laying the step out like the weights).
+    pub forward_seconds: f64,
+    pub backward_seconds: f64,
+    pub optimizer_seconds: f64,
     /// PPO's value-head and advantage metrics.
     #[serde(flatten)]
     pub ppo: Option<crate::algos::ppo::PpoStats>,
@@ -331,6 +337,8 @@ pub(crate) struct Update {
     pub lr: f64,
     pub version: u64,
     pub pause_seconds: f64,
+    /// Seconds before the write guard (norm, moments, layout).
+    pub optimizer_seconds: f64,
 }
 
 /// The learner: AdamW state; when `beta > 0`, `log_kl_to_initial`, PPO's `kl_coef > 0` or
@@ -508,10 +516,11 @@ impl Trainer {
         let seqs: Vec<(&[u32], &[u32])> =
             sel.kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
         let fwd = forward_batch_with(model, &seqs, c.temperature, c.gradient_checkpointing)?;
-        let ref_lp = match &self.reference {
-            Some(r) => Some(forward_batch(r, &seqs, c.temperature)?.logprobs),
+        let ref_fwd = match &self.reference {
+            Some(r) => Some(forward_batch(r, &seqs, c.temperature)?),
             None => None,
         };
+        let ref_lp = ref_fwd.as_ref().map(|f| &f.logprobs);
         let offsets = offsets(&fwd.lens);
         let span = |i: usize| offsets[i]..offsets[i + 1];
         let samples: Vec<SampleLogprobs> = sel
@@ -538,6 +547,7 @@ impl Trainer {
             reward_mean: adv.reward_mean,
             reward_std: adv.reward_std,
             frac_reward_zero_std: adv.frac_reward_zero_std,
+            forward_seconds: fwd.forward_seconds + ref_fwd.map_or(0.0, |f| f.forward_seconds),
             ..self.base_metrics(batch, &sel, &fwd, t0)
         };
         Ok((m, grads))
@@ -547,6 +557,7 @@ impl Trainer {
     /// computed and laid out like the served weights while the engine keeps serving; the
     /// write guard covers one elementwise pass `w ← decay·w + Δ` and the version bump.
     pub(crate) fn update(&mut self, model: &SharedModel, grads: &Grads) -> Result<Update> {
+        let t0 = Instant::now();
         let cfg = &self.config;
         let scale = self.optimizer.begin_step(grads, cfg)?;
         let mut deltas = BTreeMap::new();
@@ -559,6 +570,7 @@ impl Trainer {
             head.apply(decay, &mut |n| deltas.remove(n))?;
         }
         drop(deltas);
+        let optimizer_seconds = t0.elapsed().as_secs_f64();
         let t_write = Instant::now();
         let version = {
             let mut w = model.write();
@@ -566,7 +578,8 @@ impl Trainer {
             w.version += 1;
             w.version
         };
-        Ok(Update { grad_norm: scale.grad_norm, lr: scale.lr, version, pause_seconds: t_write.elapsed().as_secs_f64() })
+        let pause_seconds = t_write.elapsed().as_secs_f64();
+        Ok(Update { grad_norm: scale.grad_norm, lr: scale.lr, version, pause_seconds, optimizer_seconds })
     }
 
     /// One learner step: gradients under a read guard (the engine keeps stepping), then
@@ -580,8 +593,9 @@ impl Trainer {
         } else {
             let (mut m, grads) = self.gradients(&model.read(), batch)?;
             let u = self.update(model, &grads)?;
-            (m.grad_norm, m.learning_rate, m.version, m.pause_seconds) =
-                (u.grad_norm, u.lr, u.version, u.pause_seconds);
+            (m.grad_norm, m.learning_rate, m.version, m.pause_seconds, m.optimizer_seconds) =
+                (u.grad_norm, u.lr, u.version, u.pause_seconds, u.optimizer_seconds);
+            m.backward_seconds = grads.backward_seconds;
             m.num_updates = 1;
             (m, grads)
         };

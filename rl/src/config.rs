@@ -67,6 +67,9 @@ pub struct JobConfig {
     pub resume_from_checkpoint: Option<String>,
     /// Entropy-collapse alarm: mean entropy below this fraction of its first-steps value.
     pub entropy_collapse_fraction: f64,
+    /// Append every rollout (step, prompt, completion, reward, finish_reason, tokens) to
+    /// `output_dir/completions.jsonl` (TRL's `log_completions`).
+    pub log_completions: bool,
     /// The learner's settings (the `[learner]` table), over [`job_learner_defaults`].
     #[serde(deserialize_with = "over_job_learner_defaults")]
     pub learner: TrainConfig,
@@ -132,6 +135,7 @@ impl Default for JobConfig {
             output_dir: PathBuf::from("runs/job"),
             resume_from_checkpoint: None,
             entropy_collapse_fraction: 0.3,
+            log_completions: false,
             learner: job_learner_defaults(),
         }
     }

@@ -141,14 +141,35 @@ impl JobRun<'_> {
         let generation_seconds = t0.elapsed().as_secs_f64();
         let mut samples = Vec::with_capacity(rollouts.len());
         let mut reward_errors = 0;
+        let mut log = String::new();
         for r in &rollouts {
-            match self.rewards.score(&scored(examples[r.prompt_index], r)) {
+            let score = self.rewards.score(&scored(examples[r.prompt_index], r));
+            if cfg.log_completions {
+                let line = serde_json::json!({
+                    "step": s + 1,
+                    "prompt": examples[r.prompt_index].prompt_text,
+                    "completion": r.text,
+                    "reward": score.as_ref().ok(),
+                    "finish_reason": r.finish_reason_str(),
+                    "completion_tokens": r.completion_ids.len(),
+                });
+                log += &format!("{line}\n");
+            }
+            match score {
                 Ok(x) if !r.completion_ids.is_empty() => samples.push(r.to_sample(x, s << 20 | r.prompt_index as u64)),
                 Ok(_) => {}
                 Err(x) => {
                     tracing::warn!("reward skipped a sample: {x}");
                     reward_errors += 1;
                 }
+            }
+        }
+        if !log.is_empty() {
+            use std::io::Write;
+            let path = cfg.output_dir.join("completions.jsonl");
+            let appended = std::fs::OpenOptions::new().create(true).append(true).open(&path);
+            if let Err(e) = appended.and_then(|mut f| f.write_all(log.as_bytes())) {
+                tracing::warn!("log_completions: writing {}: {e}", path.display());
             }
         }
         let rollout_tokens = rollouts.iter().map(|r| r.completion_ids.len()).sum();

@@ -99,6 +99,54 @@ fn gradients_match_jax_autodiff() {
     }
 }
 
+/// Prefix sharing: samples with the same prompt share its rows in the packed batch (a GRPO
+/// group). ℓ and the entropies equal the per-sample forward bitwise (each row's reductions
+/// are unchanged), and the gradients equal the sum of per-sample gradients (the path checked
+/// against JAX above) up to summation order, with and without gradient checkpointing.
+#[test]
+fn shared_prompts_give_the_per_sample_logprobs_and_gradients() {
+    let model = Model::load(&tests::fixture("learner/llama_tied"), &Device::Cpu).unwrap();
+    let (p1, p2): (Vec<u32>, Vec<u32>) = (vec![54, 40, 32, 7, 9], vec![34, 35]);
+    let batch: Vec<(&[u32], Vec<u32>)> =
+        vec![(&p1, vec![3, 4, 5]), (&p2, vec![8, 1]), (&p1, vec![6, 6, 2, 11]), (&p1, vec![5]), (&p2, vec![9])];
+    let seqs: Vec<(&[u32], &[u32])> = batch.iter().map(|(p, c)| (*p, c.as_slice())).collect();
+    let n: usize = batch.iter().map(|(_, c)| c.len()).sum();
+    let w: Vec<f32> = (0..n).map(|i| ((i * 7 % 5) as f32 - 2.0) * 0.3).collect();
+    let u: Vec<f32> = (0..n).map(|i| ((i * 3 % 4) as f32 - 1.5) * 0.1).collect();
+    let temp = 0.7;
+    // Reference: one sample at a time, gradients summed.
+    let (mut want_g, mut want_lp, mut want_h, mut off) = (Grads::default(), vec![], vec![], 0);
+    for (p, c) in &seqs {
+        let f = learner::forward(&model, p, c, temp).unwrap();
+        let g = learner::OutputGrads {
+            dl_dentropy: Some(&u[off..off + c.len()]),
+            ..learner::OutputGrads::logprobs(&w[off..off + c.len()])
+        };
+        f.backward(&model, &g, &mut want_g).unwrap();
+        want_lp.extend(f.logprobs.clone());
+        want_h.extend(f.entropies.clone());
+        off += c.len();
+    }
+    for checkpointing in [false, true] {
+        let f = learner::forward_batch_with(&model, &seqs, temp, checkpointing).unwrap();
+        assert_eq!((&f.logprobs, &f.entropies), (&want_lp, &want_h), "shared prompts change no logprob");
+        let mut got = Grads::default();
+        let g = learner::OutputGrads { dl_dentropy: Some(&u), ..learner::OutputGrads::logprobs(&w) };
+        f.backward(&model, &g, &mut got).unwrap();
+        assert_eq!(got.tensors.keys().collect::<Vec<_>>(), want_g.tensors.keys().collect::<Vec<_>>());
+        for (name, t) in &got.tensors {
+            let (a, b) = (t.to_vec().unwrap(), want_g.tensors[name].to_vec().unwrap());
+            let err = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+            let norm = b.iter().map(|y| (*y as f64).powi(2)).sum::<f64>().sqrt();
+            assert!(
+                err <= 1e-5 * norm.max(1e-12),
+                "{name} (checkpointing {checkpointing}): relative L2 {:.2e}",
+                err / norm
+            );
+        }
+    }
+}
+
 #[test]
 fn learner_logprobs_equal_engine_logprobs_bitwise() {
     let dir = tests::default_model();

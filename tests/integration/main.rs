@@ -6,6 +6,7 @@ mod chat_tokens;
 mod checkpoints;
 mod conformance;
 mod crash;
+mod cuda_emu;
 mod engine;
 mod fuzz;
 mod gguf;

@@ -123,6 +123,105 @@ fn a_synchronous_job_learns_and_its_logprobs_equal_the_samplers() {
     }
 }
 
+/// The TRL parity issue's failure mode in miniature: the reward needs a short exact answer
+/// (one digit, then EOS: `^[0-9]$` on the text, plus a `length` reward with target 2 that
+/// scores −1 at the `max_completion_length` limit of 4, since special tokens are invisible
+/// in the text: "7" + three `<|im_start|>` would otherwise match). The tiny model gets a prior in which a correct
+/// sample is rare but not hopeless (P ≈ 0.06–0.10 at the start, computed below): its
+/// embeddings carry a constant feature (column 0 = 5) that the untied LM head reads only
+/// for the digits (weight 1) and EOS (1.5). With the parity settings (dapo, β = 0, 8
+/// generations of one prompt, `max_staleness` 0 and 1), each of three models must reach a
+/// 5-step mean reward ≥ 0.9 within 40 steps and end with 2-token completions (digit + EOS).
+#[test]
+fn jobs_learn_a_short_exact_answer_under_a_length_limit() {
+    // max_staleness 0 is deterministic; at 1 the versions that sampled each step depend on
+    // timing (model 2 there needs 13–31 steps over repeated runs, so it is left out).
+    for (seed, k) in [(1, 0), (2, 0), (7, 0), (1, 1), (7, 1)] {
+        let rewards = short_answer_job(seed, k);
+        let window = rewards.windows(5).position(|w| w.iter().sum::<f64>() / 5.0 >= 0.9);
+        eprintln!("seed {seed}, max_staleness {k}: 5-step mean ≥ 0.9 from step {window:?} + 5; rewards {rewards:?}");
+        assert!(
+            window.is_some(),
+            "seed {seed}, max_staleness {k}: no 5-step mean reward ≥ 0.9 in 40 steps: {rewards:?}"
+        );
+    }
+}
+
+/// Runs the short-answer job on the tiny model of `seed`; returns the reward of every step.
+fn short_answer_job(seed: u64, max_staleness: u64) -> Vec<f64> {
+    let dir = temp_dir(&format!("rl-short-answer-{seed}"));
+    let spec = TinySpec { tied: false, seed, ..Default::default() };
+    tests::tiny::write_tokenizer(&dir);
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let digits = tok.encode("0123456789", false).unwrap();
+    assert_eq!(digits.len(), 10);
+    const EOS: usize = 258;
+    let mut w = spec.weights();
+    for (name, (_, v)) in w.iter_mut() {
+        for (t, row) in v.chunks_mut(spec.hidden).enumerate() {
+            match name.as_str() {
+                "model.embed_tokens.weight" => row[0] = 5.0,
+                "lm_head.weight" if t == EOS => row[0] = 1.5,
+                "lm_head.weight" => row[0] = if digits.contains(&(t as u32)) { 1.0 } else { 0.0 },
+                _ => break,
+            }
+        }
+    }
+    spec.write_weights(&dir, w);
+    // P(one digit, then EOS) at the start, from the model's logits.
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    let prompt = tok.encode("abc", false).unwrap();
+    let probs = |ids: &[u32]| -> Vec<f32> {
+        let z = model.forward(ids, &mut model.new_cache(16).unwrap(), false).unwrap();
+        kernels::ops::log_softmax(&z).unwrap().to_vec().unwrap().iter().map(|x| x.exp()).collect()
+    };
+    let first = probs(&prompt);
+    let p0: f32 = digits.iter().map(|&d| first[d as usize] * probs(&[prompt.clone(), vec![d]].concat())[EOS]).sum();
+    assert!((0.03..0.15).contains(&p0), "seed {seed}: P(correct sample) = {p0} at the start");
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let (ctx, _rt) = context(&dir);
+    let cfg = JobConfig::from_toml(&format!(
+        r#"
+        dataset = "{}"
+        apply_chat_template = false
+        num_generations = 8
+        prompts_per_step = 1
+        max_steps = 40
+        output_dir = "{}"
+        rewards = [{{ type = "regex", pattern = '^[0-9]$' }}, {{ type = "length", target = 2 }}]
+        log_completions = true
+        [learner]
+        max_completion_length = 4
+        loss_type = "dapo"
+        beta = 0.0
+        learning_rate = 1e-2
+        max_staleness = {max_staleness}
+        "#,
+        data.display(),
+        dir.join("run").display(),
+    ))
+    .unwrap();
+    let job = Job::start("job".into(), cfg, ctx, false).unwrap();
+    job.wait();
+    let st = job.status();
+    assert_eq!((st.status, st.error.as_deref()), (JobState::Completed, None));
+    let last = st.history.last().unwrap();
+    assert!(last.learner.completion_length_mean <= 2.25, "seed {seed}: completions end long: {last:?}");
+    // `log_completions`: every rollout, and the step means of its rewards are the history's.
+    let log = std::fs::read_to_string(dir.join("run/completions.jsonl")).unwrap();
+    let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 40 * 8);
+    for r in &st.history {
+        let step: Vec<&Value> = lines.iter().filter(|l| l["step"] == r.step).collect();
+        let mean = step.iter().map(|l| l["reward"].as_f64().unwrap()).sum::<f64>() / step.len() as f64;
+        assert!((mean - r.reward).abs() < 1e-9, "step {}: logged rewards {mean} vs {}", r.step, r.reward);
+        let short = |l: &&Value| l["finish_reason"] == "stop" && l["completion"].as_str().unwrap().len() == 1;
+        assert!(step.iter().filter(|l| l["reward"] == 1.0).all(short), "a reward-1 sample is a digit + EOS");
+    }
+    st.history.iter().map(|r| r.reward).collect()
+}
+
 #[test]
 fn a_job_resumed_from_a_checkpoint_ends_where_an_uninterrupted_one_does() {
     // Uninterrupted: 6 steps. Interrupted: 3 steps (checkpoint-3), then a new process-like

@@ -110,9 +110,17 @@ impl TinySpec {
 
     /// Writes the whole folder and returns the weights (as stored: rounded to `dtype`).
     pub fn write(&self, dir: &Path) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
+        self.write_weights(dir, self.weights())
+    }
+
+    /// [`Self::write`] with the given weights (e.g. [`Self::weights`] edited by a test).
+    pub fn write_weights(
+        &self,
+        dir: &Path,
+        mut w: BTreeMap<String, (Vec<usize>, Vec<f32>)>,
+    ) -> BTreeMap<String, (Vec<usize>, Vec<f32>)> {
         std::fs::create_dir_all(dir).unwrap();
         std::fs::write(dir.join("config.json"), serde_json::to_string_pretty(&self.config()).unwrap()).unwrap();
-        let mut w = self.weights();
         for (_, v) in w.values_mut() {
             for x in v.iter_mut() {
                 *x = match self.dtype {

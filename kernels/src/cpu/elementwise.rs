@@ -13,6 +13,20 @@ pub fn add_bias(y: &mut [f32], b: &[f32]) {
     }
 }
 
+/// `Σ x²` in f64 over 8 interleaved accumulators (lane `l` sums `x[8j + l]`), then the
+/// lanes and the tail in order: a fixed order for a given length, and vectorisable.
+pub fn sum_squares(x: &[f32]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let chunks = x.chunks_exact(8);
+    let tail = chunks.remainder();
+    for c in chunks {
+        for l in 0..8 {
+            acc[l] += (c[l] as f64) * (c[l] as f64);
+        }
+    }
+    acc.iter().sum::<f64>() + tail.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>()
+}
+
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;

@@ -14,6 +14,7 @@ mod gemm_avx512;
 pub mod gemm_tile;
 pub mod logprob;
 pub mod matmul;
+pub mod optim;
 pub mod simd;
 mod storage;
 

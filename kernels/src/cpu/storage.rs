@@ -1,6 +1,6 @@
 //! The CPU backend's implementation of the contract ([`crate::backend`]).
 
-use super::{attention, backward, elementwise, logprob, matmul};
+use super::{attention, backward, elementwise, logprob, matmul, optim};
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::ops::{AdamWStep, AttnSeq};
 use crate::Result;
@@ -98,7 +98,10 @@ impl BackendStorage for CpuStorage {
         Ok(Self(self.0.par_iter().map(|v| v * s).collect()))
     }
     fn sum_squares(&self) -> Result<f64> {
-        Ok(self.0.par_chunks(CHUNK).map(|c| c.iter().map(|&x| (x as f64) * (x as f64)).sum::<f64>()).sum())
+        // Per-chunk partials collected in order, then summed in order: the same bits
+        // whatever the thread count or work stealing.
+        let partials: Vec<f64> = self.0.par_chunks(CHUNK).map(elementwise::sum_squares).collect();
+        Ok(partials.iter().sum())
     }
     fn sum_rows(&self, _m: usize, n: usize) -> Result<Self> {
         let mut s = vec![0.0f32; n];
@@ -217,20 +220,7 @@ impl BackendStorage for CpuStorage {
 
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, s: &AdamWStep) -> Result<Self> {
         let mut d = vec![0.0f32; self.0.len()];
-        d.par_chunks_mut(CHUNK)
-            .zip(m.0.par_chunks_mut(CHUNK))
-            .zip(v.0.par_chunks_mut(CHUNK))
-            .zip(self.0.par_chunks(CHUNK))
-            .for_each(|(((d, m), v), g)| {
-                for i in 0..d.len() {
-                    let gi = g[i] as f64 * s.clip;
-                    let mi = s.beta1 * m[i] as f64 + (1.0 - s.beta1) * gi;
-                    let vi = s.beta2 * v[i] as f64 + (1.0 - s.beta2) * gi * gi;
-                    m[i] = mi as f32;
-                    v[i] = vi as f32;
-                    d[i] = (-s.lr * (mi / s.bias_correction1) / ((vi / s.bias_correction2).sqrt() + s.eps)) as f32;
-                }
-            });
+        optim::adamw_delta(&self.0, &mut m.0, &mut v.0, &mut d, s);
         Ok(Self(d))
     }
 }

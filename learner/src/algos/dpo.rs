@@ -232,6 +232,7 @@ impl Trainer {
         m.samples = samples.len();
         m.loss = LossStats { loss, kl, tokens: fwd.logprobs.len(), ..Default::default() };
         m.dpo = Some(dpo);
+        m.forward_seconds = fwd.forward_seconds;
         Ok((m, grads))
     }
 

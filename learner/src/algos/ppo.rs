@@ -281,6 +281,8 @@ impl Trainer {
         let (r, fwd0) = self.ppo_rollout(&model.read(), batch)?;
         // Entropy, lengths and staleness: the batch at π_old.
         let mut metrics = self.ppo_metrics(batch, &r, &fwd0, t0, LossStats::default(), PpoStats::default());
+        // The rollout: the policy's (and the reference's) forward and the value head.
+        metrics.forward_seconds = t0.elapsed().as_secs_f64();
         let c = self.config.clone();
         let n = r.sel.kept.len();
         let m = c.num_mini_batches.min(n);
@@ -299,12 +301,16 @@ impl Trainer {
                             .iter()
                             .map(|&i| (kept(i).prompt_ids.as_slice(), kept(i).completion_ids.as_slice()))
                             .collect();
-                        forward_batch_with(&model.read(), &seqs, c.temperature, c.gradient_checkpointing)?
+                        let f = forward_batch_with(&model.read(), &seqs, c.temperature, c.gradient_checkpointing)?;
+                        metrics.forward_seconds += f.forward_seconds;
+                        f
                     }
                 };
                 let (stats, vl, clipfrac, grads) = self.ppo_minibatch(&model.read(), &r, &chunk, &fwd)?;
                 drop(fwd);
                 let u = self.update(model, &grads)?;
+                metrics.backward_seconds += grads.backward_seconds;
+                metrics.optimizer_seconds += u.optimizer_seconds;
                 losses.push(stats);
                 vls.push(vl);
                 clips.push(clipfrac);

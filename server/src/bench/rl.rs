@@ -48,6 +48,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         "| max_staleness | steps/s | rollout tok/s | train tok/s | pause mean (s) | pause max (s) | learner idle | engine idle | staleness max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|");
+    let mut splits = Vec::new();
     for &k in &a.max_staleness {
         let model = SharedModel::new(Model::load(&dir, &Device::Cpu)?);
         let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default())?;
@@ -89,9 +90,31 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             sum(&|r| r.timing.admission_wait_seconds) / wall,
             h.iter().map(|r| r.learner.staleness_max).max().unwrap_or(0),
         );
+        let n = h.len().max(1) as f64;
+        splits.push(format!(
+            "| {k} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |",
+            wall / n,
+            sum(&|r| r.timing.generation_seconds) / n,
+            sum(&|r| r.learner.forward_seconds) / n,
+            sum(&|r| r.learner.backward_seconds) / n,
+            sum(&|r| r.learner.optimizer_seconds) / n,
+            sum(&|r| r.learner.pause_seconds) / n,
+            sum(&|r| r.learner.step_seconds) / n,
+        ));
         let _ = std::fs::remove_dir_all(&out);
     }
+    println!("\nper step, seconds (means):");
+    println!(
+        "| max_staleness | wall | generation | learner forward | learner backward | optimizer | pause | learner step |"
+    );
+    println!("|---|---|---|---|---|---|---|---|");
+    for s in splits {
+        println!("{s}");
+    }
     println!("train tok/s counts prompt + completion tokens through forward + backward + AdamW;");
+    println!(
+        "optimizer = gradient norm + AdamW moments + laying the step out (outside the write guard), pause = under it;"
+    );
     println!("learner idle = time waiting for a batch, engine idle = generator time waiting for admission (staleness bound).");
     Ok(())
 }

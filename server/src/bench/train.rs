@@ -21,6 +21,10 @@ pub struct TrainBenchArgs {
     pub prompt_len: usize,
     #[arg(long, default_value_t = 128)]
     pub completion_len: usize,
+    /// Sequences per prompt: groups of this many share one prompt (a GRPO group; the
+    /// learner then runs the prompt's rows once).
+    #[arg(long, default_value_t = 1)]
+    pub num_generations: usize,
     /// Keep only layer inputs and recompute activations in backward.
     #[arg(long)]
     pub gradient_checkpointing: bool,
@@ -32,7 +36,7 @@ pub struct TrainBenchArgs {
 /// Runs `bench train`.
 pub fn run(a: TrainBenchArgs) -> Result<()> {
     anyhow::ensure!(
-        a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1,
+        a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1 && a.num_generations >= 1,
         "all sizes must be >= 1"
     );
     let dir = a.model.resolve()?;
@@ -41,7 +45,8 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
     let tok = |i: u64| (100 + engine::sampling::splitmix64(i) % (vocab - 100)) as u32;
     let mut batch = Vec::new();
     for s in 0..a.num_seqs as u64 {
-        let prompt: Vec<u32> = (0..a.prompt_len as u64).map(|j| tok(s << 32 | j)).collect();
+        let group = s / a.num_generations as u64;
+        let prompt: Vec<u32> = (0..a.prompt_len as u64).map(|j| tok(group << 32 | j)).collect();
         let completion: Vec<u32> = (0..a.completion_len as u64).map(|j| tok(s << 32 | (1 << 20) | j)).collect();
         // μ = ℓ (on-policy): ratios are 1, no token is clipped, every gradient is computed.
         let mu = forward(&model, &prompt, &completion, 1.0)?.logprobs;
@@ -59,24 +64,34 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
     let mut trainer =
         Trainer::new(&model, TrainConfig { gradient_checkpointing: a.gradient_checkpointing, ..Default::default() })?;
     let tokens = a.num_seqs * (a.prompt_len + a.completion_len);
-    let mut times = Vec::new();
+    let (mut times, mut phases) = (Vec::new(), Vec::new());
     let model = engine::SharedModel::new(model);
     for i in 0..=a.steps {
         let t = std::time::Instant::now();
-        trainer.step(&model, &batch)?;
+        let (m, _) = trainer.step(&model, &batch)?;
         if i > 0 {
             times.push(t.elapsed().as_secs_f64());
+            phases.push([m.forward_seconds, m.backward_seconds, m.optimizer_seconds, m.pause_seconds]);
         }
     }
     let secs = median(times);
+    let phase = |j: usize| median(phases.iter().map(|p| p[j]).collect());
     println!(
-        "train step: {} seqs × ({} + {}) tokens, {} threads",
+        "train step: {} seqs × ({} + {}) tokens, {} per prompt, {} threads",
         a.num_seqs,
         a.prompt_len,
         a.completion_len,
+        a.num_generations,
         rayon::current_num_threads()
     );
     println!("fwd+bwd+AdamW: {secs:.2} s/step, {:.1} tokens/s", tokens as f64 / secs);
+    println!(
+        "split (medians): forward {:.2} s, backward {:.2} s, optimizer {:.2} s, pause (write guard) {:.3} s",
+        phase(0),
+        phase(1),
+        phase(2),
+        phase(3)
+    );
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
     }

@@ -1,0 +1,156 @@
+//! How a training batch sits in packed rows: one row per input token, no padding, and
+//! samples with identical prompts share one copy of the prompt's rows (prefix sharing: the
+//! `num_generations` samples of a GRPO group run the prompt's forward and backward once).
+//!
+//! Rows, in batch order: at a prompt's first appearance its rows (positions `0..P`), then
+//! for every sample the input rows of its completion, `completion[..C−1]` at positions
+//! `P..P+C−1`. Attention sees, for the prompt rows, the prompt causally, and for a sample's
+//! rows, the prompt's rows then its own: exactly the keys it would see in a private copy
+//! of `prompt ++ completion`, in the same position order, so every row's attention is the
+//! same reduction as without sharing (and as in the engine: ℓ = μ is unaffected). The
+//! linear layers, norms and the LM head are row-wise, so sharing only removes rows.
+
+use crate::Result;
+use kernels::ops::{self, AttnSeq};
+use kernels::{KernelError, Tensor};
+use std::collections::HashMap;
+use std::ops::Range;
+
+/// One attention sequence: query rows `rows` at positions `start_pos..`, whose position `p`
+/// has its keys and values in row `keys[p]`.
+struct AttnRows {
+    rows: Range<usize>,
+    start_pos: usize,
+    keys: Vec<u32>,
+}
+
+/// The packed rows of a batch of `(prompt, completion)` pairs (see the module doc).
+pub(crate) struct Layout {
+    /// Token of each row.
+    pub inputs: Vec<u32>,
+    /// Position of each row in its sequence.
+    pub positions: Vec<usize>,
+    /// The row whose logits predict each completion token (all samples, batch order); the
+    /// last prompt row appears once per sample of the prompt.
+    pub pred_rows: Vec<u32>,
+    /// The prompts' rows (shared) and the samples' completion rows.
+    attn: Vec<AttnRows>,
+    /// Per sample: its keys `prompt rows ++ own rows`, its prompt length, and whether it
+    /// carries the prompt's query rows in the backward (the first sample of each prompt).
+    samples: Vec<(Vec<u32>, usize, bool)>,
+    /// Whether any prompt is shared by two samples.
+    shared: bool,
+}
+
+impl Layout {
+    /// The layout of `seqs`; errors when a pair is empty or longer than `max_positions`.
+    pub fn new(seqs: &[(&[u32], &[u32])], max_positions: usize) -> Result<Self> {
+        let mut l = Layout {
+            inputs: vec![],
+            positions: vec![],
+            pred_rows: vec![],
+            attn: vec![],
+            samples: vec![],
+            shared: false,
+        };
+        let mut prompts: HashMap<&[u32], Range<usize>> = HashMap::new();
+        for (prompt, comp) in seqs {
+            if prompt.is_empty() || comp.is_empty() {
+                return Err(bad("prompt and completion must be non-empty".into()));
+            }
+            let t = prompt.len() + comp.len() - 1;
+            if t > max_positions {
+                return Err(bad(format!("{t} positions exceed the context of {max_positions}")));
+            }
+            let owner = !prompts.contains_key(prompt);
+            l.shared |= !owner;
+            let p_rows = prompts
+                .entry(prompt)
+                .or_insert_with(|| {
+                    let r = l.push_rows(prompt, 0);
+                    l.attn.push(AttnRows { rows: r.clone(), start_pos: 0, keys: rows(&r) });
+                    r
+                })
+                .clone();
+            let own = l.push_rows(&comp[..comp.len() - 1], prompt.len());
+            let keys: Vec<u32> = rows(&p_rows).into_iter().chain(rows(&own)).collect();
+            if !own.is_empty() {
+                l.attn.push(AttnRows { rows: own.clone(), start_pos: prompt.len(), keys: keys.clone() });
+            }
+            l.pred_rows.push(p_rows.end as u32 - 1);
+            l.pred_rows.extend(rows(&own));
+            l.samples.push((keys, prompt.len(), owner));
+        }
+        Ok(l)
+    }
+
+    /// Appends rows for `tokens` at positions `start..`; returns their range.
+    fn push_rows(&mut self, tokens: &[u32], start: usize) -> Range<usize> {
+        let r0 = self.inputs.len();
+        self.inputs.extend_from_slice(tokens);
+        self.positions.extend(start..start + tokens.len());
+        r0..self.inputs.len()
+    }
+
+    /// Causal attention of every row over its sequence ([`ops::paged_attention`] with one-row
+    /// blocks: block `i` of a sequence is the row of its position `i`).
+    pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, heads: (usize, usize, usize)) -> Result<Tensor> {
+        let seqs: Vec<AttnSeq> = self
+            .attn
+            .iter()
+            .map(|a| AttnSeq { rows: a.rows.clone(), start_pos: a.start_pos, block_table: &a.keys })
+            .collect();
+        Ok(ops::paged_attention(q, k, v, &seqs, 1, heads.0, heads.1, heads.2)?)
+    }
+
+    /// `(dq, dk, dv)` of [`Self::attention`] given `da`. Without sharing every sample's rows
+    /// are one contiguous span ([`ops::attention_backward`] directly). With sharing each
+    /// sample gets a contiguous copy of its keys' rows (gathered), whose prompt query rows
+    /// carry `da` only in the prompt's first sample (zero elsewhere, so they add nothing);
+    /// the copies' gradients are added back to the shared rows.
+    pub fn attention_backward(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        da: &Tensor,
+        heads: (usize, usize, usize),
+    ) -> Result<(Tensor, Tensor, Tensor)> {
+        let (h, kvh, d) = heads;
+        if !self.shared {
+            // Each sample's keys are its own contiguous rows.
+            let spans: Vec<Range<usize>> =
+                self.samples.iter().map(|(keys, ..)| keys[0] as usize..keys[keys.len() - 1] as usize + 1).collect();
+            return Ok(ops::attention_backward(q, k, v, da, &spans, h, kvh, d)?);
+        }
+        let t = self.inputs.len();
+        let (mut gather, mut da_rows, mut spans) = (vec![], vec![], vec![]);
+        for &(ref keys, p, owner) in &self.samples {
+            if !owner && p == keys.len() {
+                continue; // no own rows and not the prompt's carrier: nothing to add
+            }
+            spans.push(gather.len()..gather.len() + keys.len());
+            gather.extend_from_slice(keys);
+            // Rows past `t` in `da_ext` are zeros: non-owners' prompt queries read them.
+            da_rows.extend(keys.iter().enumerate().map(|(i, &r)| if i < p && !owner { t as u32 } else { r }));
+        }
+        let da_ext = ops::cat_rows(&[da, &Tensor::zeros(&[1, da.shape()[1]], &da.device())?])?;
+        let (qc, kc, dc) = (ops::embedding(q, &gather)?, ops::embedding(k, &gather)?, ops::embedding(v, &gather)?);
+        let (dq_c, dk_c, dv_c) =
+            ops::attention_backward(&qc, &kc, &dc, &ops::embedding(&da_ext, &da_rows)?, &spans, h, kvh, d)?;
+        let scatter = |src: &Tensor| -> Result<Tensor> {
+            let mut out = Tensor::zeros(&[t, src.shape()[1]], &src.device())?;
+            ops::scatter_add_rows(&mut out, &gather, src)?;
+            Ok(out)
+        };
+        Ok((scatter(&dq_c)?, scatter(&dk_c)?, scatter(&dv_c)?))
+    }
+}
+
+fn rows(r: &Range<usize>) -> Vec<u32> {
+    (r.start as u32..r.end as u32).collect()
+}
+
+fn bad(detail: String) -> crate::LearnerError {
+    KernelError::Shape { op: "learner forward", detail }.into()
+}
