@@ -64,24 +64,6 @@ pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     w
 }
 
-/// [`pack`] of `wᵀ [k, n]` from [`pack`] of `w [n, k]`, in one pass of 64 × 64 block
-/// transposes: `out[(q·n + j)·NP + c] = w[j, q·NP + c] = packed[((j/NP)·k + q·NP + c)·NP + j%NP]`.
-pub fn transpose_packed(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
-    assert_eq!(packed.len(), n.div_ceil(NP) * k * NP);
-    let mut out = vec![0.0f32; k.div_ceil(NP) * n * NP];
-    out.par_chunks_mut(n * NP).enumerate().for_each(|(q, panel)| {
-        for jp in 0..n.div_ceil(NP) {
-            for c in 0..NP.min(k - q * NP) {
-                let src = &packed[(jp * k + q * NP + c) * NP..][..NP];
-                for (jj, &v) in src.iter().enumerate().take(NP.min(n - jp * NP)) {
-                    panel[(jp * NP + jj) * NP + c] = v;
-                }
-            }
-        }
-    });
-    out
-}
-
 /// `y = x · wᵀ` with `x [m, k]`, `packed` from [`pack`] of `w [n, k]`, `y [m, n]`.
 pub fn matmul_packed(x: &[f32], packed: &[f32], y: &mut [f32], m: usize, n: usize, k: usize) {
     assert!(x.len() == m * k && packed.len() == n.div_ceil(NP) * k * NP && y.len() == m * n);
@@ -102,6 +84,17 @@ pub fn grad_weight(dy: &[f32], x: &[f32], dw: &mut [f32], m: usize, n: usize, k:
     // SAFETY: the asserted lengths cover every element the strides name; the last panel's
     // columns past k are masked off by the tile.
     unsafe { g.run(n, k) };
+}
+
+/// `dx [m, k] = dy · W` for row-major `dy [m, n]`, `w [n, k]`: the tile operand is `dy`'s
+/// rows, the column panels are 64-column strips of `w` read in place (row stride `k`): the
+/// weight is never transposed. `dx[i, l]`'s chain runs over `j = 0..n` in order.
+pub fn grad_input(dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, n: usize, k: usize) {
+    assert!(dy.len() == m * n && w.len() == n * k && dx.len() == m * k);
+    let g = Gemm { a: dy.as_ptr(), a_rs: n, a_ls: 1, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c: Out(dx.as_mut_ptr()) };
+    // SAFETY: the asserted lengths cover every element the strides name; the last panel's
+    // columns past k are masked off by the tile.
+    unsafe { g.run(m, k) };
 }
 
 /// The output pointer, shared by tasks that write disjoint tiles of it.

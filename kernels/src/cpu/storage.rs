@@ -43,8 +43,8 @@ impl BackendStorage for CpuStorage {
     fn unpack_weight(&self, n: usize, k: usize) -> Result<Self> {
         Ok(Self(matmul::unpack(&self.0, n, k)))
     }
-    fn transpose_packed(&self, n: usize, k: usize) -> Result<Self> {
-        Ok(Self(matmul::transpose_packed(&self.0, n, k)))
+    fn packed_is_row_major(&self) -> bool {
+        false
     }
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
         let mut y = vec![0.0f32; m * n];
@@ -58,6 +58,11 @@ impl BackendStorage for CpuStorage {
         let mut dw = vec![0.0f32; n * k];
         matmul::grad_weight(&self.0, &x.0, &mut dw, m, n, k);
         Ok(Self(dw))
+    }
+    fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
+        let mut dx = vec![0.0f32; m * k];
+        matmul::grad_input(&self.0, &w.0, &mut dx, m, n, k);
+        Ok(Self(dx))
     }
 
     fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
