@@ -8,7 +8,7 @@ use crate::ops::{AdamWStep, AttnSeq};
 use crate::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use std::ops::Range;
 
 /// Threads per block of the row kernels (one block per row).
