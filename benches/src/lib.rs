@@ -28,6 +28,23 @@ pub const DECODE_ROWS: usize = 1;
 /// Rows of a prefill chunk.
 pub const PREFILL_ROWS: usize = 128;
 
+/// Row counts of the GEMM benchmarks (`benches/gemm.rs`, `benches/sgemm_numpy.py`): one
+/// decode row, a 64-sequence decode batch, a 512-token prefill, a learner batch of 8 × 256.
+pub const GEMM_ROWS: [usize; 4] = [1, 64, 512, 2048];
+
+/// `(name, n, k)` of the default model's distinct GEMM shapes, `W [n, k]` (out × in
+/// features): the q and o projections (576 → 576), k/v (576 → 192), gate/up (576 → 1536),
+/// down (1536 → 576) and the LM head (576 → 49152). `benches/sgemm_numpy.py` lists the same.
+pub fn gemm_shapes() -> [(&'static str, usize, usize); 5] {
+    [
+        ("q_proj", N_HEADS * HEAD_DIM, HIDDEN),
+        ("kv_proj", N_KV_HEADS * HEAD_DIM, HIDDEN),
+        ("up_proj", INTERMEDIATE, HIDDEN),
+        ("down_proj", HIDDEN, INTERMEDIATE),
+        ("lm_head", VOCAB, HIDDEN),
+    ]
+}
+
 /// A `shape` tensor of values uniform in [-1, 1), the same for the same `seed` (splitmix64,
 /// so the benchmarks need no RNG crate and every run times the same data).
 pub fn random_tensor(shape: &[usize], seed: u64) -> Tensor {

@@ -10,10 +10,9 @@
 //! Conventions (all backends):
 //! - Buffers are row-major `[rows, cols]` f32 unless a method says otherwise; the only
 //!   backend-owned layout is a *packed* linear weight ([`BackendStorage::pack_weight`]),
-//!   which only [`BackendStorage::linear`], [`BackendStorage::linear_t`],
-//!   [`BackendStorage::transpose_packed`], [`BackendStorage::unpack_weight`] and the
+//!   which only [`BackendStorage::linear`], [`BackendStorage::unpack_weight`] and the
 //!   elementwise [`BackendStorage::scale_add_inplace`] (between two buffers packed alike)
-//!   read.
+//!   read. The input gradient reads the weight row-major ([`BackendStorage::linear_grad_input`]).
 //! - Index arguments (token ids, positions, KV slots, block tables, row lists) are host
 //!   slices; a device backend uploads them.
 //! - Results that the host consumes as a few numbers per row (log-probabilities,
@@ -48,12 +47,16 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn pack_weight(&self, n: usize, k: usize) -> Result<Self>;
     /// Row-major `[n, k]` back from [`Self::pack_weight`]'s layout.
     fn unpack_weight(&self, n: usize, k: usize) -> Result<Self>;
-    /// A packed `[n, k]` weight → packed `Wᵀ [k, n]`.
-    fn transpose_packed(&self, n: usize, k: usize) -> Result<Self>;
+    /// Whether [`Self::pack_weight`]'s layout is the row-major one (then the packed weight
+    /// is what [`Self::linear_grad_input`] reads, and no row-major copy is kept).
+    fn packed_is_row_major(&self) -> bool;
     /// `y [m, n] = x [m, k] · Wᵀ (+ bias [n])`, `w` packed `[n, k]`. Batch-invariant.
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self>;
     /// `dW [n, k] = dyᵀ [n, m] · x [m, k]` (row-major; `self` is `dy`).
     fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self>;
+    /// `dx [m, k] = dy [m, n] · W [n, k]` with `w` row-major (`self` is `dy`); each output one
+    /// fixed-order reduction over `n`.
+    fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self>;
 
     // Row-wise and elementwise ops.
     /// RMSNorm of `[m, d]` rows with weight `w [d]`.

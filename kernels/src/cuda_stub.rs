@@ -49,7 +49,10 @@ impl BackendStorage for CudaStorage {
     fn unpack_weight(&self, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }
-    fn transpose_packed(&self, _: usize, _: usize) -> Result<Self> {
+    fn packed_is_row_major(&self) -> bool {
+        match *self {}
+    }
+    fn linear_grad_input(&self, _: &Self, _: usize, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }
     fn linear(&self, _: usize, _: usize, _: &Self, _: usize, _: Option<&Self>) -> Result<Self> {

@@ -65,9 +65,10 @@ pub struct PackedWeight {
     storage: Storage,
     n: usize,
     k: usize,
-    /// `Wᵀ` packed, built on the first backward use (the learner's input gradients) and
-    /// dropped when the weight changes.
-    transposed: OnceLock<Storage>,
+    /// The row-major `[n, k]` copy the input gradient reads, when the packed layout is not
+    /// row-major: made on the first backward use (the learner's), then kept equal to the
+    /// weight by [`scale_add_packed`] (which applies the step to both), never rebuilt.
+    rows: OnceLock<Storage>,
 }
 
 impl PackedWeight {
@@ -80,15 +81,19 @@ impl PackedWeight {
         self.storage.device()
     }
 
-    /// `Wᵀ [k, n]` packed, cached after the first call.
-    fn t(&self) -> Result<&Storage> {
-        if let Some(t) = self.transposed.get() {
-            return Ok(t);
+    /// The weight row-major `[n, k]`: the packed storage itself when its layout is
+    /// row-major, else the kept copy (made by unpacking on the first call).
+    fn rows(&self) -> Result<&Storage> {
+        let s = &self.storage;
+        if backend!("packed_is_row_major"; s => Ok(s.packed_is_row_major()))? {
+            return Ok(s);
+        }
+        if let Some(r) = self.rows.get() {
+            return Ok(r);
         }
         let (n, k) = (self.n, self.k);
-        let s = &self.storage;
-        let t: Storage = backend!("transpose_packed"; s => s.transpose_packed(n, k).map(Storage::from))?;
-        Ok(self.transposed.get_or_init(|| t))
+        let r: Storage = backend!("unpack_weight"; s => s.unpack_weight(n, k).map(Storage::from))?;
+        Ok(self.rows.get_or_init(|| r))
     }
 }
 
@@ -97,7 +102,18 @@ pub fn pack_weight(w: &Tensor) -> Result<PackedWeight> {
     let (n, k) = w.dims2("pack_weight")?;
     let s = &w.storage;
     let storage = backend!("pack_weight"; s => s.pack_weight(n, k).map(Storage::from))?;
-    Ok(PackedWeight { storage, n, k, transposed: OnceLock::new() })
+    Ok(PackedWeight { storage, n, k, rows: OnceLock::new() })
+}
+
+/// [`pack_weight`] that also keeps `w` itself as the row-major copy: an optimizer step laid
+/// out this way updates a weight's copy too ([`scale_add_packed`]) instead of dropping it.
+pub fn pack_weight_keeping_rows(w: Tensor) -> Result<PackedWeight> {
+    let p = pack_weight(&w)?;
+    let s = &p.storage;
+    if !backend!("packed_is_row_major"; s => Ok(s.packed_is_row_major()))? {
+        let _ = p.rows.set(w.storage);
+    }
+    Ok(p)
 }
 
 /// The `[n, k]` row-major weight back from its packed form.
@@ -107,12 +123,18 @@ pub fn unpack_weight(w: &PackedWeight) -> Result<Tensor> {
 }
 
 /// `w ← s·w + d` for two weights packed alike (the optimizer's in-place update: `d` is the
-/// step packed with [`pack_weight`] outside the write guard). Drops the cached `Wᵀ`.
+/// step packed outside the write guard). `w`'s row-major copy, if it has one, gets the same
+/// update from `d`'s ([`pack_weight_keeping_rows`]); without one it is dropped (made again
+/// on its next use).
 pub fn scale_add_packed(w: &mut PackedWeight, s: f32, d: &PackedWeight) -> Result<()> {
     if w.shape() != d.shape() {
         return Err(shape_err("scale_add_packed", format!("{:?} vs {:?}", w.shape(), d.shape())));
     }
-    w.transposed = OnceLock::new();
+    match (w.rows.get_mut(), d.rows.get()) {
+        (Some(a), Some(b)) => backend!("scale_add_rows"; a, b => a.scale_add_inplace(s, b))?,
+        (Some(_), None) => w.rows = OnceLock::new(),
+        (None, _) => {}
+    }
     let (a, b) = (&mut w.storage, &d.storage);
     backend!("scale_add_packed"; a, b => a.scale_add_inplace(s, b))
 }
@@ -470,16 +492,16 @@ pub fn scatter_add_rows(dst: &mut Tensor, rows: &[u32], src: &Tensor) -> Result<
     backend!("scatter_add_rows"; d, s => d.scatter_add_rows(rows, s, c))
 }
 
-/// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`, run as a
-/// packed product with `Wᵀ` (packed once per weight and cached).
+/// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`, reading the
+/// weight row-major (see [`PackedWeight`]: no transpose is ever built).
 pub fn linear_grad_input(dy: &Tensor, w: &PackedWeight) -> Result<Tensor> {
     let (m, n) = dy.dims2("linear_grad_input")?;
     if n != w.n {
         return Err(shape_err("linear_grad_input", format!("dy has {n} columns, w is [{}, {}]", w.n, w.k)));
     }
     let k = w.k;
-    let (a, wt) = (&dy.storage, w.t()?);
-    out(backend!("linear_grad_input"; a, wt => a.linear(m, n, wt, k, None).map(Storage::from)), &[m, k])
+    let (a, rows) = (&dy.storage, w.rows()?);
+    out(backend!("linear_grad_input"; a, rows => a.linear_grad_input(rows, m, n, k).map(Storage::from)), &[m, k])
 }
 
 /// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout).

@@ -96,3 +96,34 @@ fn cuda_is_reported_unavailable_without_the_feature() {
     let e = kernels::Device::cuda(0).unwrap_err();
     assert!(e.to_string().contains("without the `cuda` feature"), "{e}");
 }
+
+/// The input gradient reads the weight's row-major copy, which the optimizer's in-place
+/// update keeps equal to the weight: after `w ← s·w + Δ` with a step laid out by
+/// `pack_weight_keeping_rows`, `dy · W` is bitwise what a freshly packed updated weight
+/// gives, and by hand on a 2 × 3 weight; a step packed without its rows drops the copy,
+/// which is then made again from the updated weight.
+#[test]
+fn the_input_gradient_sees_every_update_of_the_weight() {
+    let w0 = [1.0, 2.0, 3.0, -1.0, 0.5, 0.0];
+    let mut w = ops::pack_weight(&t(&w0, &[2, 3])).unwrap();
+    let dy = t(&[1.0, 2.0, -1.0, 0.5], &[2, 2]);
+    // dx = dy · W: [1·1 + 2·(−1), 1·2 + 2·0.5, 1·3 + 0] and [−1 + −0.5, −2 + 0.25, −3 + 0].
+    let dx = ops::linear_grad_input(&dy, &w).unwrap();
+    assert_close(dx.as_slice().unwrap(), &[-1.0, 3.0, 3.0, -1.5, -1.75, -3.0], 0.0, "dx before");
+    let step = [0.5, 0.0, -1.0, 1.0, 0.0, 2.0];
+    for keep in [true, false] {
+        let d = if keep {
+            ops::pack_weight_keeping_rows(t(&step, &[2, 3])).unwrap()
+        } else {
+            ops::pack_weight(&t(&step, &[2, 3])).unwrap()
+        };
+        ops::scale_add_packed(&mut w, 2.0, &d).unwrap();
+        let updated = ops::unpack_weight(&w).unwrap();
+        let fresh = ops::pack_weight(&updated).unwrap();
+        let (got, want) = (ops::linear_grad_input(&dy, &w).unwrap(), ops::linear_grad_input(&dy, &fresh).unwrap());
+        assert_eq!(got.as_slice().unwrap(), want.as_slice().unwrap(), "keep rows: {keep}");
+    }
+    // Two updates w ← 2w + Δ: W = 4·W0 + 3·Δ.
+    let want: Vec<f64> = w0.iter().zip(&step).map(|(a, b)| 4.0 * *a as f64 + 3.0 * *b as f64).collect();
+    assert_close(ops::unpack_weight(&w).unwrap().as_slice().unwrap(), &want, 0.0, "W after two updates");
+}

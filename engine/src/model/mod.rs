@@ -235,17 +235,18 @@ impl Model {
                 None => Ok(Tensor::zeros(shape, &self.device)?),
             }
         };
-        // Fused rows (q/k/v, gate/up) are stacked, then packed like the weight.
-        let packed = |parts: Vec<Tensor>| -> Result<WeightDelta> {
-            let w = match parts.as_slice() {
-                [one] => ops::pack_weight(one)?,
-                _ => ops::pack_weight(&ops::cat_rows(&parts.iter().collect::<Vec<_>>())?)?,
+        // Fused rows (q/k/v, gate/up) are stacked, then packed like the weight; the stacked
+        // row-major step stays with it for the weight's row-major copy.
+        let packed = |mut parts: Vec<Tensor>| -> Result<WeightDelta> {
+            let rows = match parts.len() {
+                1 => parts.pop().expect("one part"),
+                _ => ops::cat_rows(&parts.iter().collect::<Vec<_>>())?,
             };
-            Ok(WeightDelta::Packed(w))
+            Ok(WeightDelta::Packed(ops::pack_weight_keeping_rows(rows)?))
         };
         let embed = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
         let head = if c.tie_word_embeddings {
-            WeightDelta::Packed(ops::pack_weight(&embed)?)
+            WeightDelta::Packed(ops::pack_weight_keeping_rows(embed.clone())?)
         } else {
             packed(vec![get("lm_head.weight", &[c.vocab_size, h])?])?
         };

@@ -1,14 +1,27 @@
 //! Causal grouped-query attention over a paged K/V buffer.
 
-use super::elementwise::softmax_row;
-use super::simd::{axpy, dot};
+use super::attention_rows::{probs, weighted_sum, Transposed, QB};
+use super::simd::SharedMut;
+use crate::multiversion;
 use crate::ops::AttnSeq;
 use rayon::prelude::*;
+use std::ops::Range;
+
+/// Query rows of one sequence per task (they share one transposed copy of the keys).
+const ROWS_PER_TASK: usize = 32;
+/// Below this many multiply-adds attention runs on the calling thread (a short decode): a
+/// rayon dispatch costs more than the work.
+const INLINE_WORK: usize = 1 << 17;
 
 /// `out [t, H·D]` for queries `q [t, H·D]`; every row belongs to one of `seqs`, whose
 /// position `p` lives in slot `block_table[p / block_size] · block_size + p % block_size`.
-/// Work is split over (row, head) pairs; each is computed in a fixed order: scores over
-/// positions `0..=p` with [`dot`], a max-subtracted softmax, then `Σ_j p_j v_j` in position order.
+///
+/// Work is split into tasks of (sequence, KV head, up to 32 rows); a task transposes the
+/// keys its rows attend once ([`Transposed`]), then for each query head of the group and each
+/// row (4 rows at a time) computes [`probs`] over positions `0..=p` and `Σ_j p_j v_j`
+/// ([`weighted_sum`]), in
+/// the fixed orders of [`super::attention_rows`]: a row's output does not depend on the other
+/// rows of the call, nor on how they are split into tasks.
 pub fn paged_attention(
     q: &[f32],
     k: &[f32],
@@ -20,50 +33,75 @@ pub fn paged_attention(
     n_kv_heads: usize,
     head_dim: usize,
 ) {
-    let group = n_heads / n_kv_heads;
-    let (qc, kc) = (n_heads * head_dim, n_kv_heads * head_dim);
-    let scale = 1.0 / (head_dim as f32).sqrt();
-    let t = q.len() / qc;
-    let mut row_seq = vec![0usize; t];
+    assert_eq!(out.len(), q.len());
+    let mut tasks: Vec<(usize, usize, Range<usize>)> = Vec::new();
+    let mut work = 0;
     for (si, s) in seqs.iter().enumerate() {
-        row_seq[s.rows.clone()].fill(si);
-    }
-    let slot = |s: &AttnSeq, p: usize| s.block_table[p / block_size] as usize * block_size + p % block_size;
-    let f = |(idx, o): (usize, &mut [f32])| {
-        let (row, h) = (idx / n_heads, idx % n_heads);
-        let seq = &seqs[row_seq[row]];
-        let pos = seq.start_pos + (row - seq.rows.start);
-        let off = (h / group) * head_dim;
-        let qv = &q[row * qc + h * head_dim..row * qc + (h + 1) * head_dim];
-        let scores = attention_probs(
-            qv,
-            (0..=pos).map(|p| &k[slot(seq, p) * kc + off..slot(seq, p) * kc + off + head_dim]),
-            scale,
-        );
-        o.fill(0.0);
-        for (p, &w) in scores.iter().enumerate() {
-            let s = slot(seq, p);
-            axpy(w, &v[s * kc + off..s * kc + off + head_dim], o);
+        for g in 0..n_kv_heads {
+            for r0 in s.rows.clone().step_by(ROWS_PER_TASK) {
+                tasks.push((si, g, r0..(r0 + ROWS_PER_TASK).min(s.rows.end)));
+            }
         }
+        work += s.rows.len() * (s.start_pos + s.rows.len()) * n_heads * head_dim;
+    }
+    let o = SharedMut(out.as_mut_ptr());
+    let f = |(si, g, rows): &(usize, usize, Range<usize>)| {
+        let geom =
+            Geometry { block_size, n_heads, group: n_heads / n_kv_heads, kc: n_kv_heads * head_dim, d: head_dim };
+        task(q, k, v, o, &seqs[*si], rows.clone(), *g, &geom);
     };
-    // Multiply-adds of the whole call; small ones (a short decode) run inline, since a
-    // rayon dispatch costs more than the work.
-    let work: usize =
-        row_seq.iter().enumerate().map(|(r, &si)| seqs[si].start_pos + r - seqs[si].rows.start + 1).sum::<usize>() * qc;
     if work < INLINE_WORK {
-        out.chunks_mut(head_dim).enumerate().for_each(f);
+        tasks.iter().for_each(f);
     } else {
-        out.par_chunks_mut(head_dim).enumerate().for_each(f);
+        tasks.par_iter().for_each(f);
     }
 }
 
-/// Below this many multiply-adds attention runs on the calling thread.
-const INLINE_WORK: usize = 1 << 17;
+/// The layout constants of a call: KV block size, query heads, query heads per KV head,
+/// K/V row width, head dimension.
+struct Geometry {
+    block_size: usize,
+    n_heads: usize,
+    group: usize,
+    kc: usize,
+    d: usize,
+}
 
-/// `softmax_j(q · k_j · scale)` over the keys in order: the one probability computation of
-/// the forward and of the backward's recomputation, so both see the same values.
-pub fn attention_probs<'a>(q: &[f32], keys: impl Iterator<Item = &'a [f32]>, scale: f32) -> Vec<f32> {
-    let mut p: Vec<f32> = keys.map(|k| dot(q, k) * scale).collect();
-    softmax_row(&mut p);
-    p
+multiversion! {
+    /// Rows `rows` of sequence `seq`, the query heads of KV head `g`, into `out`.
+    fn task(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        out: SharedMut,
+        seq: &AttnSeq<'_>,
+        rows: Range<usize>,
+        g: usize,
+        geom: &Geometry,
+    ) {
+        let Geometry { block_size, n_heads, group, kc, d } = *geom;
+        let qc = n_heads * d;
+        let scale = 1.0 / (d as f32).sqrt();
+        // Keys up to the last row's position; offsets of their K/V rows (this head's part).
+        let ctx = seq.start_pos + (rows.end - seq.rows.start);
+        let offs: Vec<usize> =
+            (0..ctx).map(|p| (seq.block_table[p / block_size] as usize * block_size + p % block_size) * kc + g * d).collect();
+        let keys = Transposed::new(ctx, d, |j| &k[offs[j]..offs[j] + d]);
+        let padded = keys.padded_len();
+        let mut p = vec![0.0f32; QB * padded];
+        let rows: Vec<usize> = rows.collect();
+        for h in g * group..(g + 1) * group {
+            for block in rows.chunks(QB) {
+                let n: Vec<usize> = block.iter().map(|&row| seq.start_pos + (row - seq.rows.start) + 1).collect();
+                let qs: Vec<&[f32]> = block.iter().map(|&row| &q[row * qc + h * d..row * qc + (h + 1) * d]).collect();
+                probs(&qs, &keys, &n, scale, &mut p);
+                for (r, &row) in block.iter().enumerate() {
+                    // SAFETY: (row, head h) is in this task's rows and KV head group only.
+                    let o = unsafe { out.slice(row * qc + h * d, d) };
+                    o.fill(0.0);
+                    weighted_sum(&p[r * padded..r * padded + n[r]], |j| &v[offs[j]..offs[j] + d], o);
+                }
+            }
+        }
+    }
 }

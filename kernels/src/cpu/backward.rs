@@ -1,9 +1,11 @@
 //! Backward passes of the forward ops (hand-derived; checked against JAX autodiff in the
 //! learner tests).
 
-use super::attention::attention_probs;
-use super::simd::{axpy, dot};
+use super::attention_rows::{dot, probs, scores_block, weighted_sum, Transposed, QB};
+use super::simd::SharedMut;
+use crate::multiversion;
 use rayon::prelude::*;
+use std::ops::Range;
 
 /// RMSNorm backward. With `r = 1/sqrt(mean(x²) + eps)`, `y = x·r·w`:
 /// `dw = Σ_rows dy·x·r`, `dx = r·(dy·w) − x·r³·Σ(dy·w·x)/d`.
@@ -34,9 +36,17 @@ pub fn silu_mul_backward(gate_up: &[f32], da: &[f32], dgu: &mut [f32], i: usize)
     }
 }
 
-/// Causal GQA attention backward for one sequence whose rows are positions `0..t`
-/// (`q [t, H·D]`, `k`/`v [t, KVH·D]`, `da [t, H·D]`). Probabilities are recomputed.
-/// `ds_ij = p_ij (dp_ij − Σ_j p_ij dp_ij)`, `dq_i = Σ_j ds_ij k_j/√D`, `dk_j = Σ_i ds_ij q_i/√D`, `dv_j = Σ_i p_ij da_i`.
+/// Causal GQA attention backward over packed sequences: sequence `s` is rows `spans[s]` of
+/// `q [t, H·D]`, `k`/`v [t, KVH·D]`, `da [t, H·D]`, at positions `0..len`; writes `dq`, `dk`,
+/// `dv` (shaped like `q`, `k`, `v`; rows outside every span are left as they are).
+/// Probabilities are recomputed by the forward's [`probs`]. With `P = softmax(S)`,
+/// `S = Q Kᵀ/√D` (Vaswani et al. 2017, eq. 1), `dP = dA Vᵀ`:
+/// `dS_ij = P_ij (dP_ij − Σ_j P_ij dP_ij)`, `dQ_i = Σ_j dS_ij K_j/√D`,
+/// `dK_j = Σ_i dS_ij Q_i/√D`, `dV_j = Σ_i P_ij dA_i` (summed over the query heads of a KV head).
+///
+/// One task per (sequence, KV head); it owns that part of `dk`/`dv` and `dq` of its query
+/// heads. `dK_j`, `dV_j` are one FMA chain each over (query head, row) in order, `dQ_i` one
+/// chain over `j` ([`weighted_sum`]).
 pub fn attention_backward(
     q: &[f32],
     k: &[f32],
@@ -45,49 +55,91 @@ pub fn attention_backward(
     dq: &mut [f32],
     dk: &mut [f32],
     dv: &mut [f32],
-    t: usize,
+    spans: &[Range<usize>],
     n_heads: usize,
     n_kv_heads: usize,
     d: usize,
 ) {
-    let group = n_heads / n_kv_heads;
-    let (qc, kc) = (n_heads * d, n_kv_heads * d);
-    let scale = 1.0 / (d as f32).sqrt();
-    dq.fill(0.0);
-    // One task per KV head: it owns dk/dv of that head and dq of its query heads.
-    let per_kv: Vec<(Vec<f32>, Vec<f32>, Vec<f32>)> = (0..n_kv_heads)
-        .into_par_iter()
-        .map(|g| {
-            let (mut dkg, mut dvg, mut dqg) = (vec![0.0f32; t * d], vec![0.0f32; t * d], vec![0.0f32; t * group * d]);
-            let kr = |j: usize| &k[j * kc + g * d..j * kc + (g + 1) * d];
-            let vr = |j: usize| &v[j * kc + g * d..j * kc + (g + 1) * d];
-            for hh in 0..group {
-                let h = g * group + hh;
-                for i in 0..t {
-                    let qi = &q[i * qc + h * d..i * qc + (h + 1) * d];
-                    let dai = &da[i * qc + h * d..i * qc + (h + 1) * d];
-                    let p = attention_probs(qi, (0..=i).map(kr), scale);
-                    let dp: Vec<f32> = (0..=i).map(|j| dot(dai, vr(j))).collect();
-                    let pdp: f32 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
-                    for j in 0..=i {
-                        let ds = p[j] * (dp[j] - pdp) * scale;
-                        axpy(ds, kr(j), &mut dqg[(i * group + hh) * d..(i * group + hh + 1) * d]);
-                        axpy(ds, qi, &mut dkg[j * d..(j + 1) * d]);
-                        axpy(p[j], dai, &mut dvg[j * d..(j + 1) * d]);
+    let tasks: Vec<(Range<usize>, usize)> =
+        spans.iter().flat_map(|s| (0..n_kv_heads).map(move |g| (s.clone(), g))).collect();
+    let (dq, dk, dv) = (SharedMut(dq.as_mut_ptr()), SharedMut(dk.as_mut_ptr()), SharedMut(dv.as_mut_ptr()));
+    tasks.par_iter().for_each(|(span, g)| {
+        let heads = Heads { n_heads, group: n_heads / n_kv_heads, kc: n_kv_heads * d, d };
+        attention_backward_task(q, k, v, da, [dq, dk, dv], span.clone(), *g, &heads);
+    });
+}
+
+/// Query rows whose `dK`/`dV` contributions are added in one pass over the keys (one load
+/// and store of `dK_j`, `dV_j` per block instead of per row).
+const ROW_BLOCK: usize = QB;
+
+/// Query heads, query heads per KV head, K/V row width, head dimension.
+struct Heads {
+    n_heads: usize,
+    group: usize,
+    kc: usize,
+    d: usize,
+}
+
+multiversion! {
+    /// The gradients of KV head `g` of the sequence at rows `span` (see [`attention_backward`]).
+    fn attention_backward_task(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        da: &[f32],
+        grads: [SharedMut; 3],
+        span: Range<usize>,
+        g: usize,
+        heads: &Heads,
+    ) {
+        let Heads { n_heads, group, kc, d } = *heads;
+        let [dq, dk, dv] = grads;
+        let (qc, t, s0) = (n_heads * d, span.len(), span.start);
+        let scale = 1.0 / (d as f32).sqrt();
+        // Offset of row j's part of KV head g in k/v.
+        let kv = |j: usize| (s0 + j) * kc + g * d;
+        let key = |j: usize| &k[kv(j)..kv(j) + d];
+        let keys = Transposed::new(t, d, key);
+        let values = Transposed::new(t, d, |j| &v[kv(j)..kv(j) + d]);
+        let (mut dkg, mut dvg) = (vec![0.0f32; t * d], vec![0.0f32; t * d]);
+        let padded = keys.padded_len();
+        let (mut p, mut ds) = (vec![0.0f32; ROW_BLOCK * padded], vec![0.0f32; ROW_BLOCK * padded]);
+        for h in g * group..(g + 1) * group {
+            let at = |i: usize| (s0 + i) * qc + h * d;
+            let (q_row, da_row) = (|i: usize| &q[at(i)..at(i) + d], |i: usize| &da[at(i)..at(i) + d]);
+            for i0 in (0..t).step_by(ROW_BLOCK) {
+                let rows = ROW_BLOCK.min(t - i0);
+                let (qs, das): (Vec<&[f32]>, Vec<&[f32]>) = (i0..i0 + rows).map(|i| (q_row(i), da_row(i))).unzip();
+                let n: Vec<usize> = (i0 + 1..=i0 + rows).collect();
+                probs(&qs, &keys, &n, scale, &mut p);
+                scores_block(&das, &values, i0 + rows, 1.0, &mut ds);
+                for r in 0..rows {
+                    let (i, p, ds) = (i0 + r, &p[r * padded..(r + 1) * padded], &mut ds[r * padded..(r + 1) * padded]);
+                    let pdp = dot(&p[..=i], &ds[..=i]);
+                    for (s, &pj) in ds[..=i].iter_mut().zip(&p[..=i]) {
+                        *s = pj * (*s - pdp) * scale;
                     }
+                    // SAFETY: (row s0 + i, head h) belongs to this task only.
+                    let dqi = unsafe { dq.slice(at(i), d) };
+                    dqi.fill(0.0);
+                    weighted_sum(&ds[..=i], key, dqi);
+                }
+                // dK_j, dV_j continue their chains over the block's rows i ≥ j, in order.
+                for j in 0..i0 + rows {
+                    let r0 = j.saturating_sub(i0);
+                    let w = |b: &[f32]| -> [f32; ROW_BLOCK] { std::array::from_fn(|r| if r0 + r < rows { b[(r0 + r) * padded + j] } else { 0.0 }) };
+                    let (wk, wv) = (w(&ds), w(&p));
+                    weighted_sum(&wk[..rows - r0], |r| q_row(i0 + r0 + r), &mut dkg[j * d..(j + 1) * d]);
+                    weighted_sum(&wv[..rows - r0], |r| da_row(i0 + r0 + r), &mut dvg[j * d..(j + 1) * d]);
                 }
             }
-            (dkg, dvg, dqg)
-        })
-        .collect();
-    for (g, (dkg, dvg, dqg)) in per_kv.into_iter().enumerate() {
+        }
         for j in 0..t {
-            dk[j * kc + g * d..j * kc + (g + 1) * d].copy_from_slice(&dkg[j * d..(j + 1) * d]);
-            dv[j * kc + g * d..j * kc + (g + 1) * d].copy_from_slice(&dvg[j * d..(j + 1) * d]);
-            for hh in 0..group {
-                let h = g * group + hh;
-                dq[j * qc + h * d..j * qc + (h + 1) * d]
-                    .copy_from_slice(&dqg[(j * group + hh) * d..(j * group + hh + 1) * d]);
+            // SAFETY: rows of this span, columns of KV head g: this task's only.
+            unsafe {
+                dk.slice(kv(j), d).copy_from_slice(&dkg[j * d..(j + 1) * d]);
+                dv.slice(kv(j), d).copy_from_slice(&dvg[j * d..(j + 1) * d]);
             }
         }
     }

@@ -1,26 +1,41 @@
-//! `y [m, n] = x [m, k] · w [n, k]ᵀ` over weights packed in column panels, batch-invariant.
+//! The CPU GEMMs, batch-invariant: `y [m, n] = x [m, k] · w [n, k]ᵀ` over weights packed in
+//! column panels ([`matmul_packed`]), and the weight gradient `dW [n, k] = dyᵀ · x` on
+//! row-major operands ([`grad_weight`]).
 //!
 //! Weights are packed once (at model load) into panels of `NP = 64` output columns:
 //! `packed[(p·k + l)·NP + c] = w[p·NP + c, l]` (zero-padded past `n`), so every kernel reads
 //! them as contiguous vectors.
 //!
 //! Reduction order (the contract): every output element is one sequential FMA chain,
-//! `acc = 0; for l in 0..k { acc = fma(x[i, l], w[j, l], acc) }`. Vector lanes hold
-//! *different* outputs, never partial sums of one output, so the result of `y[i, j]` does
-//! not depend on `m`, the tile it falls in, or the thread computing it: a token's logits
-//! are bitwise equal whether it is decoded alone, prefilled in a chunk, or batched with 63
-//! other sequences (what batch invariance and the learner's ℓ = μ check, DESIGN-NOTES §3,
-//! rest on; the approach of Thinking Machines' "Defeating Nondeterminism in LLM Inference", 2025).
+//! `acc = 0; for l in 0..k { acc = fma(x[i, l], w[j, l], acc) }` (for `dW[j, l]` the chain
+//! runs over the rows `i` of `dy` and `x` in order). Vector lanes hold *different* outputs,
+//! never partial sums of one output, so the result of `y[i, j]` does not depend on `m`, the
+//! tile it falls in, the thread computing it, or the instruction set (AVX-512, AVX2 and the
+//! portable `mul_add` loop agree bitwise): a token's logits are bitwise equal whether it is
+//! decoded alone, prefilled in a chunk, or batched with 63 other sequences (what batch
+//! invariance and the learner's ℓ = μ check, DESIGN-NOTES §3, rest on; the approach of
+//! Thinking Machines' "Defeating Nondeterminism in LLM Inference", 2025).
 //!
-//! Kernels: a 6×16 register tile (12 accumulators, the BLIS shape for 16 AVX2 registers)
-//! for many rows, and a 1×64 tile (8 independent chains, one contiguous stream) for decode.
+//! Both GEMMs are one driver over the register tile of [`super::gemm_tile`] (6 rows × 64
+//! columns): rayon tasks own (row block, column panel) pairs, panel-major, and sweep their
+//! tiles over the reduction in blocks of `KC` steps (each output's chain continued from
+//! memory, bitwise the same chain), so the operands of a block stay in L2.
 
+use super::gemm_tile::{self, Isa, Tile, MR, NR};
 use rayon::prelude::*;
 
 /// Output columns per packed panel.
-pub const NP: usize = 64;
-/// Rows of `x` per register tile.
-const MR: usize = 6;
+pub const NP: usize = NR;
+/// Rows of the output per rayon task (8 register tiles).
+const MB: usize = 8 * MR;
+/// Steps of the reduction per pass over a task's tiles: the `B` rows of a pass (64 KiB) stay
+/// in L2 while the tiles sweep them; the next pass continues the chains from the stored
+/// outputs, so each output is still one FMA chain in order.
+const KC: usize = 256;
+/// Row stride (floats) of a transposed `A` above which its blocks are packed (a 4 KiB page).
+const PACK_STRIDE: usize = 1024;
+/// Multiply-adds below which a GEMM runs on the calling thread.
+const INLINE_WORK: usize = 1 << 18;
 
 /// Packs `w [n, k]` (row-major) into column panels; length `n.div_ceil(NP) · k · NP`.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
@@ -37,24 +52,6 @@ pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     out
 }
 
-/// `a [r, c]` → `aᵀ [c, r]` (row-major), in cache-sized tiles.
-pub fn transpose(a: &[f32], r: usize, c: usize) -> Vec<f32> {
-    const B: usize = 32;
-    let mut t = vec![0.0f32; r * c];
-    t.par_chunks_mut(B * r).enumerate().for_each(|(cb, out)| {
-        let c0 = cb * B;
-        let cols = B.min(c - c0);
-        for r0 in (0..r).step_by(B) {
-            for i in r0..(r0 + B).min(r) {
-                for j in 0..cols {
-                    out[j * r + i] = a[i * c + c0 + j];
-                }
-            }
-        }
-    });
-    t
-}
-
 /// Inverse of [`pack`]: `w [n, k]` row-major.
 pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     let mut w = vec![0.0f32; n * k];
@@ -67,123 +64,122 @@ pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     w
 }
 
-#[derive(Clone, Copy)]
-struct SendPtr(*mut f32);
-// SAFETY: used only to hand disjoint column ranges of one output buffer to rayon tasks.
-unsafe impl Send for SendPtr {}
-unsafe impl Sync for SendPtr {}
-
 /// `y = x · wᵀ` with `x [m, k]`, `packed` from [`pack`] of `w [n, k]`, `y [m, n]`.
 pub fn matmul_packed(x: &[f32], packed: &[f32], y: &mut [f32], m: usize, n: usize, k: usize) {
-    let panels = n.div_ceil(NP);
-    assert!(x.len() == m * k && packed.len() == panels * k * NP && y.len() == m * n);
-    if m == 0 || n == 0 {
-        return;
-    }
-    let yp = SendPtr(y.as_mut_ptr());
-    // One task per panel (64 output columns of every row); a panel stays in L2 while the
-    // row tiles sweep over it.
-    (0..panels).into_par_iter().for_each(|p| {
-        let y = yp;
-        let w = &packed[p * k * NP..(p + 1) * k * NP];
-        let cols = NP.min(n - p * NP);
-        let mut buf = [0.0f32; MR * NP];
-        let mut i = 0;
-        while i < m {
-            let mr = if m == 1 { 1 } else { (m - i).min(MR) };
-            kernel(&x[i * k..(i + mr) * k], w, k, mr, &mut buf);
-            for r in 0..mr {
-                // SAFETY: row i + r < m and columns p·NP .. p·NP + cols < n of y; tasks own
-                // disjoint column ranges.
-                unsafe { std::ptr::copy_nonoverlapping(buf.as_ptr().add(r * NP), y.0.add((i + r) * n + p * NP), cols) };
-            }
-            i += mr;
-        }
-    });
+    assert!(x.len() == m * k && packed.len() == n.div_ceil(NP) * k * NP && y.len() == m * n);
+    // Row i of x is a[i·k ..] (step 1); panel p of the weights is packed[p·k·NP ..], its
+    // row l at l·NP.
+    let g =
+        Gemm { a: x.as_ptr(), a_rs: k, a_ls: 1, b: packed.as_ptr(), b_ps: k * NP, ldb: NP, k, c: Out(y.as_mut_ptr()) };
+    // SAFETY: the asserted lengths cover every element the strides name.
+    unsafe { g.run(m, n) };
 }
 
-/// `out[r·NP + c] = Σ_l x[r, l]·panel[l, c]` for `r < mr`, all `NP` columns of one panel.
-fn kernel(x: &[f32], w: &[f32], k: usize, mr: usize, out: &mut [f32; MR * NP]) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA are available; x has mr rows of k, w is a k × NP panel.
-        unsafe {
-            if mr == 1 {
-                avx2::row_panel(x.as_ptr(), w.as_ptr(), k, out.as_mut_ptr());
-            } else {
-                for s in 0..NP / 16 {
-                    let (xp, wp, op) = (x.as_ptr(), w.as_ptr().add(16 * s), out.as_mut_ptr().add(16 * s));
-                    match mr {
-                        6 => avx2::tile::<6>(xp, wp, k, op),
-                        5 => avx2::tile::<5>(xp, wp, k, op),
-                        4 => avx2::tile::<4>(xp, wp, k, op),
-                        3 => avx2::tile::<3>(xp, wp, k, op),
-                        _ => avx2::tile::<2>(xp, wp, k, op),
+/// `dW [n, k] = dyᵀ · x` for row-major `dy [m, n]`, `x [m, k]`, `dw [n, k]`: row `j` of the
+/// tile operand is column `j` of `dy` (stride `n` over the reduction), the column panels are
+/// `x`'s own rows: no transposes, no packing. `dW[j, l]`'s chain runs over `i = 0..m` in order.
+pub fn grad_weight(dy: &[f32], x: &[f32], dw: &mut [f32], m: usize, n: usize, k: usize) {
+    assert!(dy.len() == m * n && x.len() == m * k && dw.len() == n * k);
+    let g = Gemm { a: dy.as_ptr(), a_rs: 1, a_ls: n, b: x.as_ptr(), b_ps: NP, ldb: k, k: m, c: Out(dw.as_mut_ptr()) };
+    // SAFETY: the asserted lengths cover every element the strides name; the last panel's
+    // columns past k are masked off by the tile.
+    unsafe { g.run(n, k) };
+}
+
+/// `dx [m, k] = dy · W` for row-major `dy [m, n]`, `w [n, k]`: the tile operand is `dy`'s
+/// rows, the column panels are 64-column strips of `w` read in place (row stride `k`): the
+/// weight is never transposed. `dx[i, l]`'s chain runs over `j = 0..n` in order.
+pub fn grad_input(dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, n: usize, k: usize) {
+    assert!(dy.len() == m * n && w.len() == n * k && dx.len() == m * k);
+    let g = Gemm { a: dy.as_ptr(), a_rs: n, a_ls: 1, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c: Out(dx.as_mut_ptr()) };
+    // SAFETY: the asserted lengths cover every element the strides name; the last panel's
+    // columns past k are masked off by the tile.
+    unsafe { g.run(m, k) };
+}
+
+/// The output pointer, shared by tasks that write disjoint tiles of it.
+#[derive(Clone, Copy)]
+struct Out(*mut f32);
+// SAFETY: tasks write disjoint (row block, panel) tiles of one buffer.
+unsafe impl Send for Out {}
+unsafe impl Sync for Out {}
+
+/// `c [rows, cols] = A · B` (row-major `c`, `ldc = cols`) over the reduction length `k`:
+/// `A[i, l] = a[i·a_rs + l·a_ls]`, and column panel `p` of `B` (columns `p·NP ..`) has its
+/// row `l` at `b[p·b_ps + l·ldb ..]`.
+struct Gemm {
+    a: *const f32,
+    a_rs: usize,
+    a_ls: usize,
+    b: *const f32,
+    b_ps: usize,
+    ldb: usize,
+    k: usize,
+    c: Out,
+}
+// SAFETY: the operands are only read.
+unsafe impl Sync for Gemm {}
+
+impl Gemm {
+    /// # Safety
+    /// Every element named by the strides for `rows × cols` outputs is in bounds (`B`'s last
+    /// panel needs only its columns below `cols`).
+    unsafe fn run(&self, rows: usize, cols: usize) {
+        if rows == 0 || cols == 0 {
+            return;
+        }
+        let (panels, blocks) = (cols.div_ceil(NP), rows.div_ceil(MB));
+        let isa = Isa::detect();
+        let task = |task: usize| {
+            let (p, rb) = (task / blocks, task % blocks);
+            let (r0, r1) = (rb * MB, (rb * MB + MB).min(rows));
+            // A read across rows with a stride past a page (the weight gradient's dy columns
+            // when dy is wide: a TLB miss per step) is first copied into a contiguous
+            // [kc][r1 − r0] block.
+            let transposed = self.a_rs == 1 && self.a_ls > PACK_STRIDE;
+            let mut block = Vec::new();
+            for k0 in (0..self.k.div_ceil(KC).max(1)).map(|c| c * KC) {
+                let kc = KC.min(self.k - k0);
+                let (a, a_rs, a_ls) = if transposed {
+                    block.clear();
+                    for l in k0..k0 + kc {
+                        // SAFETY: row l of the A operand, its columns r0..r1 (caller's bounds).
+                        block.extend_from_slice(unsafe {
+                            std::slice::from_raw_parts(self.a.add(l * self.a_ls + r0), r1 - r0)
+                        });
                     }
+                    (block.as_ptr(), 1, r1 - r0)
+                } else {
+                    (self.a.wrapping_add(r0 * self.a_rs + k0 * self.a_ls), self.a_rs, self.a_ls)
+                };
+                let mut i = r0;
+                while i < r1 {
+                    let tile = Tile {
+                        a: a.wrapping_add((i - r0) * a_rs),
+                        a_rs,
+                        a_ls,
+                        b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
+                        ldb: self.ldb,
+                        k: kc,
+                        c: self.c.0.wrapping_add(i * cols + p * NP),
+                        ldc: cols,
+                        rows: (r1 - i).min(MR),
+                        cols: NP.min(cols - p * NP),
+                        accumulate: k0 > 0,
+                    };
+                    // SAFETY: the tile lies inside the operands (caller) or `block`, `isa`
+                    // was detected, and no other task writes its outputs.
+                    unsafe { gemm_tile::run(isa, &tile) };
+                    i += tile.rows;
                 }
             }
-        }
-        return;
-    }
-    for r in 0..mr {
-        for c in 0..NP {
-            let mut acc = 0.0f32;
-            for l in 0..k {
-                acc = x[r * k + l].mul_add(w[l * NP + c], acc);
-            }
-            out[r * NP + c] = acc;
-        }
-    }
-}
-
-#[cfg(target_arch = "x86_64")]
-mod avx2 {
-    use super::NP;
-    use std::arch::x86_64::*;
-
-    /// `R` rows × 16 columns (at `w`, row stride `NP`); results to `out` with row stride `NP`.
-    ///
-    /// # Safety
-    /// AVX2+FMA available; `x` has `R` rows of `k`; `w` and `out` as described.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn tile<const R: usize>(x: *const f32, w: *const f32, k: usize, out: *mut f32) {
-        // SAFETY: reads x[r·k + l] and w[l·NP .. l·NP + 16] for l < k; writes R rows of 16.
-        unsafe {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
-            for l in 0..k {
-                let w0 = _mm256_loadu_ps(w.add(l * NP));
-                let w1 = _mm256_loadu_ps(w.add(l * NP + 8));
-                for r in 0..R {
-                    let xv = _mm256_broadcast_ss(&*x.add(r * k + l));
-                    acc[r][0] = _mm256_fmadd_ps(xv, w0, acc[r][0]);
-                    acc[r][1] = _mm256_fmadd_ps(xv, w1, acc[r][1]);
-                }
-            }
-            for r in 0..R {
-                _mm256_storeu_ps(out.add(r * NP), acc[r][0]);
-                _mm256_storeu_ps(out.add(r * NP + 8), acc[r][1]);
-            }
-        }
-    }
-
-    /// One row × the 64 columns of a panel: 8 independent chains over one contiguous stream.
-    ///
-    /// # Safety
-    /// AVX2+FMA available; `x` has `k` values; `w` is a `k × NP` panel; `out` holds `NP`.
-    #[target_feature(enable = "avx2,fma")]
-    pub unsafe fn row_panel(x: *const f32, w: *const f32, k: usize, out: *mut f32) {
-        // SAFETY: reads x[l] and w[l·NP .. (l+1)·NP] for l < k; writes NP floats.
-        unsafe {
-            let mut acc = [_mm256_setzero_ps(); NP / 8];
-            for l in 0..k {
-                let xv = _mm256_broadcast_ss(&*x.add(l));
-                for (v, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(xv, _mm256_loadu_ps(w.add(l * NP + 8 * v)), *a);
-                }
-            }
-            for (v, a) in acc.iter().enumerate() {
-                _mm256_storeu_ps(out.add(8 * v), *a);
-            }
+        };
+        // Small products (a decode step's projections) run on the calling thread: waking the
+        // pool costs more than the work.
+        if rows * cols * self.k < INLINE_WORK {
+            (0..panels * blocks).for_each(task);
+        } else {
+            (0..panels * blocks).into_par_iter().for_each(task);
         }
     }
 }

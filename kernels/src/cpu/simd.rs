@@ -1,79 +1,206 @@
-//! Dot product with runtime dispatch to AVX2/FMA. The reduction order is fixed for a
-//! given length (8 lanes × 4 accumulators, then a fixed horizontal sum), so a row's
-//! result does not depend on which other rows are computed with it.
+//! What the vectorised CPU kernels share: compiling one body for the widest instruction set
+//! at run time ([`multiversion!`](crate::multiversion)), an output pointer shared by rayon
+//! tasks that write disjoint parts ([`SharedMut`]), and the exponential of the softmaxes
+//! ([`exp`]).
+//!
+//! Bodies compiled by `multiversion!` are plain Rust over `f32` (`mul_add`, `round_ties_even`,
+//! comparisons), which Rust never reassociates or contracts; each variant therefore computes
+//! the same IEEE operations in the same order, and AVX-512, AVX2 and baseline builds of a
+//! body agree bitwise (the compiler only chooses the vector width).
 
-/// `Σ a[i]·b[i]`; `a.len() == b.len()`.
-#[inline]
-pub fn dot(a: &[f32], b: &[f32]) -> f32 {
-    debug_assert_eq!(a.len(), b.len());
-    #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-            // SAFETY: the CPU supports AVX2 and FMA (checked above).
-            return unsafe { dot_avx2(a, b) };
-        }
-    }
-    dot_scalar(a, b)
-}
+pub use super::gemm_tile::Isa;
 
-fn dot_scalar(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let chunks = a.len() / 8;
-    for c in 0..chunks {
-        for l in 0..8 {
-            acc[l] += a[c * 8 + l] * b[c * 8 + l];
-        }
-    }
-    let mut s = acc.iter().sum::<f32>();
-    for i in chunks * 8..a.len() {
-        s += a[i] * b[i];
-    }
-    s
-}
-
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn dot_avx2(a: &[f32], b: &[f32]) -> f32 {
-    use std::arch::x86_64::*;
-    let n = a.len().min(b.len());
-    let (pa, pb) = (a.as_ptr(), b.as_ptr());
-    let mut acc = [_mm256_setzero_ps(); 4];
-    let mut i = 0;
-    // SAFETY: every load reads 8 floats at offset i + 8j < n.
-    unsafe {
-        while i + 32 <= n {
-            for j in 0..4 {
-                let x = _mm256_loadu_ps(pa.add(i + 8 * j));
-                let y = _mm256_loadu_ps(pb.add(i + 8 * j));
-                acc[j] = _mm256_fmadd_ps(x, y, acc[j]);
+/// `multiversion! { fn name(args) { body } }` defines `name`, which runs `body` compiled for
+/// AVX-512 (`avx512f,avx512vl,avx2,fma`), for AVX2+FMA, or for the baseline target, the
+/// widest this CPU supports ([`Isa::detect`]). Keep `body`'s helpers `#[inline(always)]` so
+/// they are compiled into each variant.
+#[macro_export]
+#[doc(hidden)]
+macro_rules! multiversion {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+        $(#[$m])*
+        $vis fn $name($($arg: $ty),*) {
+            #[inline(always)]
+            fn body($($arg: $ty),*) $body
+            #[cfg(target_arch = "x86_64")]
+            {
+                #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
+                unsafe fn avx512($($arg: $ty),*) { body($($arg),*) }
+                #[target_feature(enable = "avx2,fma")]
+                unsafe fn avx2($($arg: $ty),*) { body($($arg),*) }
+                match $crate::cpu::simd::Isa::detect() {
+                    // SAFETY: the CPU has the variant's features (detected at run time).
+                    $crate::cpu::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
+                    // SAFETY: as above.
+                    $crate::cpu::simd::Isa::Avx2 => return unsafe { avx2($($arg),*) },
+                    $crate::cpu::simd::Isa::Portable => {}
+                }
             }
-            i += 32;
+            body($($arg),*)
         }
-        while i + 8 <= n {
-            let x = _mm256_loadu_ps(pa.add(i));
-            let y = _mm256_loadu_ps(pb.add(i));
-            acc[0] = _mm256_fmadd_ps(x, y, acc[0]);
-            i += 8;
-        }
-        let s = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let hi = _mm256_extractf128_ps(s, 1);
-        let lo = _mm256_castps256_ps128(s);
-        let q = _mm_add_ps(hi, lo);
-        let q = _mm_add_ps(q, _mm_movehl_ps(q, q));
-        let q = _mm_add_ss(q, _mm_shuffle_ps(q, q, 1));
-        let mut sum = _mm_cvtss_f32(q);
-        while i < n {
-            sum += *pa.add(i) * *pb.add(i);
-            i += 1;
-        }
-        sum
+    };
+}
+
+/// A mutable `f32` buffer shared by rayon tasks that each write a disjoint set of elements.
+#[derive(Clone, Copy)]
+pub struct SharedMut(pub *mut f32);
+// SAFETY: users hand each task a disjoint set of elements (documented at each use).
+unsafe impl Send for SharedMut {}
+unsafe impl Sync for SharedMut {}
+
+impl SharedMut {
+    /// The `len` elements from `offset`.
+    ///
+    /// # Safety
+    /// In bounds of the buffer, and written by no other task while the slice lives.
+    #[allow(clippy::mut_from_ref)]
+    pub unsafe fn slice(&self, offset: usize, len: usize) -> &mut [f32] {
+        // SAFETY: per the caller.
+        unsafe { std::slice::from_raw_parts_mut(self.0.add(offset), len) }
     }
 }
 
-/// `y += alpha · x` elementwise.
-#[inline]
-pub fn axpy(alpha: f32, x: &[f32], y: &mut [f32]) {
-    for (yi, xi) in y.iter_mut().zip(x) {
-        *yi += alpha * xi;
+/// `eˣ` to within 2 ulp for `x ≤ 88` (Cephes `expf`, S. Moshier: `x = n·ln 2 + r` with
+/// `n = round(x·log₂e)` and `ln 2` split in two for an exact reduction, then a degree-5
+/// minimax polynomial for `eʳ` (its last coefficient, 5.0000001201e−1, is 0.5 in f32) on `|r| ≤ ln 2 / 2`). Inputs below −87 give `e⁻⁸⁷` (≈ 1.6e−38)
+/// instead of a subnormal or zero; NaN stays NaN. Vectorises (unlike `f32::exp`, a libm call).
+#[inline(always)]
+pub fn exp(x: f32) -> f32 {
+    const LOG2E: f32 = std::f32::consts::LOG2_E;
+    const LN2_HI: f32 = 0.693_359_4;
+    const LN2_LO: f32 = -2.121_944_4e-4;
+    // (`clamp` keeps NaN, unlike min/max.)
+    let x = x.clamp(-87.0, 88.0);
+    let n = (x * LOG2E).round_ties_even();
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
+    let mut p = 1.987_569_1e-4f32;
+    for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        p = p.mul_add(r, c);
+    }
+    let y = p.mul_add(r * r, r) + 1.0;
+    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// `dst[e·ld + i] = rows[i][e0 + e]` for `i, e < 16`: a 16 × 16 block transposed through
+/// AVX-512 registers (unpack pairs, 4-wide shuffles, then two rounds of 128-bit lane
+/// shuffles; data movement only, so bitwise equal to the scalar copy).
+///
+/// # Safety
+/// AVX-512F available; every `rows[i]` holds `e0 + 16` values; `dst` holds `15·ld + 16`.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+pub unsafe fn transpose16(rows: &[&[f32]; 16], e0: usize, dst: *mut f32, ld: usize) {
+    use std::arch::x86_64::*;
+    // SAFETY: 16 loads of 16 values at rows[i][e0..], 16 stores of 16 at dst + e·ld.
+    unsafe {
+        let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps(rows[i][e0..e0 + 16].as_ptr()));
+        // Row pairs interleaved: t[2p] = (a0 b0 a1 b1 | a4 b4 a5 b5 | …), t[2p+1] = (a2 b2 a3 b3 | …).
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
+            }
+        });
+        // Quads: u[4q + c] holds column c (+4, +8, +12 in lanes 1..3) of rows 4q..4q+4.
+        let u: [__m512; 16] = std::array::from_fn(|i| {
+            let (q, c) = (i / 4, i % 4);
+            let (a, b) = (t[4 * q + c / 2], t[4 * q + 2 + c / 2]);
+            if c % 2 == 0 {
+                _mm512_shuffle_ps::<0x44>(a, b)
+            } else {
+                _mm512_shuffle_ps::<0xEE>(a, b)
+            }
+        });
+        // Lanes (0, 2) / (1, 3) of quads (0, 1) and (2, 3), then of those: columns in order.
+        let v: [__m512; 16] = std::array::from_fn(|i| {
+            let (c, hi, q) = (i % 4, (i / 4) % 2, i / 8);
+            let (a, b) = (u[8 * q + c], u[8 * q + 4 + c]);
+            if hi == 0 {
+                _mm512_shuffle_f32x4::<0x88>(a, b)
+            } else {
+                _mm512_shuffle_f32x4::<0xDD>(a, b)
+            }
+        });
+        for e in 0..16 {
+            let (c, hi4, hi8) = (e % 4, (e / 4) % 2, e / 8);
+            let (a, b) = (v[4 * hi4 + c], v[8 + 4 * hi4 + c]);
+            let col = if hi8 == 0 { _mm512_shuffle_f32x4::<0x88>(a, b) } else { _mm512_shuffle_f32x4::<0xDD>(a, b) };
+            _mm512_storeu_ps(dst.add(e * ld), col);
+        }
+    }
+}
+
+/// Lanes of the fixed-order sums of [`lane_sum`].
+pub const LANES: usize = 16;
+
+/// Folds 16 lane partials into one sum in a fixed pairwise order (lane `i` with `i + 8`,
+/// then `i + 4`, `i + 2`, `i + 1`).
+#[inline(always)]
+pub fn lane_sum(mut part: [f32; LANES]) -> f32 {
+    let mut w = LANES / 2;
+    while w > 0 {
+        for i in 0..w {
+            part[i] += part[i + w];
+        }
+        w /= 2;
+    }
+    part[0]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`exp`] against f64 `exp` over the softmax's range (x ≤ 0), at every 1/1024 step of
+    /// [-90, 1] and the edges: relative error below 2 ulp (2⁻²² ≈ 2.4e−7).
+    #[test]
+    fn exp_matches_f64() {
+        let xs = (-90 * 1024..=1024).map(|i| i as f32 / 1024.0).chain([0.0, -0.0, -1e-30, -87.0, 88.0]);
+        for x in xs {
+            let want = (x.max(-87.0) as f64).exp();
+            let got = exp(x) as f64;
+            assert!(((got - want) / want).abs() < 2.4e-7, "exp({x}) = {got}, want {want}");
+        }
+        assert!(exp(f32::NAN).is_nan());
+        assert_eq!(exp(f32::NEG_INFINITY), exp(-87.0));
+    }
+
+    /// The register transpose against the scalar copy.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn transpose16_matches_scalar() {
+        if Isa::detect() != Isa::Avx512 {
+            return;
+        }
+        let data: Vec<Vec<f32>> = (0..16).map(|i| (0..20).map(|e| (100 * i + e) as f32).collect()).collect();
+        let rows: [&[f32]; 16] = std::array::from_fn(|i| data[i].as_slice());
+        let ld = 21;
+        let mut dst = vec![-1.0f32; 15 * ld + 16];
+        // SAFETY: AVX-512 available; rows hold 3 + 16 values; dst holds 15·ld + 16.
+        unsafe { transpose16(&rows, 3, dst.as_mut_ptr(), ld) };
+        for e in 0..16 {
+            for i in 0..16 {
+                assert_eq!(dst[e * ld + i], (100 * i + 3 + e) as f32, "e {e} i {i}");
+            }
+            if e < 15 {
+                assert!(dst[e * ld + 16..(e + 1) * ld].iter().all(|&x| x == -1.0));
+            }
+        }
+    }
+
+    /// The fixed tree, with values whose order matters: lanes 0 and 2 (1e8, −1e8) meet
+    /// before lane 1 (1) is added, giving 1; a sequential sum gives (1e8 + 1) − 1e8 = 0.
+    #[test]
+    fn lane_sum_order() {
+        let mut part = [0.0f32; LANES];
+        part[0] = 1e8;
+        part[1] = 1.0;
+        part[2] = -1e8;
+        assert_eq!(lane_sum(part), 1.0);
+        assert_eq!(part.iter().sum::<f32>(), 0.0);
+        let ones = [1.0f32; LANES];
+        assert_eq!(lane_sum(ones), 16.0);
     }
 }

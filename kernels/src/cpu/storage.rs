@@ -43,9 +43,8 @@ impl BackendStorage for CpuStorage {
     fn unpack_weight(&self, n: usize, k: usize) -> Result<Self> {
         Ok(Self(matmul::unpack(&self.0, n, k)))
     }
-    fn transpose_packed(&self, n: usize, k: usize) -> Result<Self> {
-        let wt = matmul::transpose(&matmul::unpack(&self.0, n, k), n, k);
-        Ok(Self(matmul::pack(&wt, k, n)))
+    fn packed_is_row_major(&self) -> bool {
+        false
     }
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
         let mut y = vec![0.0f32; m * n];
@@ -56,12 +55,14 @@ impl BackendStorage for CpuStorage {
         Ok(Self(y))
     }
     fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        // dyᵀ [n, m] times (xᵀ [k, m])ᵀ, through the packed kernel.
-        let dyt = matmul::transpose(&self.0, m, n);
-        let packed = matmul::pack(&matmul::transpose(&x.0, m, k), k, m);
         let mut dw = vec![0.0f32; n * k];
-        matmul::matmul_packed(&dyt, &packed, &mut dw, n, k, m);
+        matmul::grad_weight(&self.0, &x.0, &mut dw, m, n, k);
         Ok(Self(dw))
+    }
+    fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
+        let mut dx = vec![0.0f32; m * k];
+        matmul::grad_input(&self.0, &w.0, &mut dx, m, n, k);
+        Ok(Self(dx))
     }
 
     fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
@@ -200,24 +201,10 @@ impl BackendStorage for CpuStorage {
         n_kv_heads: usize,
         head_dim: usize,
     ) -> Result<(Self, Self, Self)> {
-        let (qc, kc) = (n_heads * head_dim, n_kv_heads * head_dim);
         let (mut dq, mut dk, mut dv) = (vec![0.0f32; self.0.len()], vec![0.0f32; k.0.len()], vec![0.0f32; v.0.len()]);
-        for s in spans {
-            let (q, kv, t) = (s.start * qc..s.end * qc, s.start * kc..s.end * kc, s.len());
-            backward::attention_backward(
-                &self.0[q.clone()],
-                &k.0[kv.clone()],
-                &v.0[kv.clone()],
-                &da.0[q.clone()],
-                &mut dq[q],
-                &mut dk[kv.clone()],
-                &mut dv[kv],
-                t,
-                n_heads,
-                n_kv_heads,
-                head_dim,
-            );
-        }
+        backward::attention_backward(
+            &self.0, &k.0, &v.0, &da.0, &mut dq, &mut dk, &mut dv, spans, n_heads, n_kv_heads, head_dim,
+        );
         Ok((Self(dq), Self(dk), Self(dv)))
     }
 

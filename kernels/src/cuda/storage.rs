@@ -8,7 +8,7 @@ use crate::ops::{AdamWStep, AttnSeq};
 use crate::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, PushKernelArg};
 use std::ops::Range;
 
 /// Threads per block of the row kernels (one block per row).
@@ -143,19 +143,8 @@ impl BackendStorage for CudaStorage {
     fn unpack_weight(&self, _n: usize, _k: usize) -> Result<Self> {
         Ok(self.clone())
     }
-    fn transpose_packed(&self, n: usize, k: usize) -> Result<Self> {
-        let mut y = self.zeros_like(n * k)?;
-        let f = self.dev.function("copy.cu", "transpose")?;
-        let (ni, ki) = (int(n)?, int(k)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&mut y.buf).arg(&ni).arg(&ki);
-        let cfg = LaunchConfig {
-            grid_dim: (k.div_ceil(32) as u32, n.div_ceil(32) as u32, 1),
-            block_dim: (32, 8, 1),
-            shared_mem_bytes: 0,
-        };
-        launch(b, cfg)?;
-        Ok(y)
+    fn packed_is_row_major(&self) -> bool {
+        true
     }
     /// Row-major `y [m, n] = x [m, k] · Wᵀ` is column-major `yᵀ = W · xᵀ`: cuBLAS SGEMM with
     /// A = W read transposed (`lda = k`), B = xᵀ (`ldb = k`), C = yᵀ (`ldc = n`).
@@ -198,6 +187,23 @@ impl BackendStorage for CudaStorage {
             ldc: int(k)?,
         };
         self.gemm(cfg, &x.buf, &self.buf, n * k)
+    }
+    /// Row-major `dx [m, k] = dy [m, n] · W [n, k]` is column-major `dxᵀ = Wᵀ · dyᵀ`: A = Wᵀ
+    /// (`lda = k`), B = dyᵀ (`ldb = n`), C = dxᵀ (`ldc = k`).
+    fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
+        let cfg = GemmConfig {
+            transa: CUBLAS_OP_N,
+            transb: CUBLAS_OP_N,
+            m: int(k)?,
+            n: int(m)?,
+            k: int(n)?,
+            alpha: 1.0,
+            lda: int(k)?,
+            ldb: int(n)?,
+            beta: 0.0,
+            ldc: int(k)?,
+        };
+        self.gemm(cfg, &w.buf, &self.buf, m * k)
     }
 
     fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {

@@ -1,0 +1,280 @@
+//! The per-row computations of causal attention, shared by the forward
+//! ([`super::attention`]) and the backward ([`super::backward`]), which therefore see the
+//! same probabilities bit for bit.
+//!
+//! Reduction orders (fixed per row, whatever else is in the call):
+//! - a score `s_j = scale · (q · k_j)` is one sequential FMA chain over the head dimension
+//!   `e = 0..d` from zero (lanes of a vector hold different keys, as in the GEMM contract of
+//!   [`super::matmul`]), then one multiply by `scale`;
+//! - the softmax subtracts the maximum, takes [`exp`], and sums in 16 lane partials (key `j`
+//!   into lane `j mod 16`, in key order) folded by [`lane_sum`]; `p_j = e_j · (1 / Σ)`;
+//! - a weighted row sum `o[e] = Σ_j w_j · r_j[e]` (attention's `P·V`, the backward's `dS·K`)
+//!   is one FMA chain over `j` in key order per output element.
+//!
+//! Every helper is `#[inline(always)]`, to be compiled into the callers' `multiversion!`
+//! variants.
+
+#[cfg(target_arch = "x86_64")]
+use super::simd::transpose16;
+use super::simd::{exp, lane_sum, Isa, LANES};
+
+/// Keys per block of [`Transposed`] (4 vectors of 16: four independent FMA chains).
+pub const KB: usize = 64;
+
+/// Rows `0..n` of one head's keys (or values), transposed in blocks of [`KB`] rows:
+/// `data[(b·d + e)·KB + i] = row_{b·KB + i}[e]`, zero past `n`. Scores of a block are then
+/// `d` vector FMAs with the query element broadcast.
+pub struct Transposed {
+    data: Vec<f32>,
+    d: usize,
+}
+
+impl Transposed {
+    /// Gathers `row(j)` (each of length `d`) for `j < n`, 16 rows at a time (through
+    /// [`transpose16`] where AVX-512 is available; a scalar copy otherwise and for the
+    /// columns past a multiple of 16).
+    #[inline(always)]
+    pub fn new<'a>(n: usize, d: usize, row: impl Fn(usize) -> &'a [f32]) -> Self {
+        let mut data = vec![0.0f32; n.div_ceil(KB) * d * KB];
+        let zeros = vec![0.0f32; d];
+        let wide = cfg!(target_arch = "x86_64") && Isa::detect() == Isa::Avx512;
+        for j0 in (0..n).step_by(16) {
+            let rows: [&[f32]; 16] = std::array::from_fn(|i| if j0 + i < n { &row(j0 + i)[..d] } else { &zeros[..] });
+            let (blk, i0) = (j0 / KB, j0 % KB);
+            let dst = &mut data[blk * d * KB..(blk + 1) * d * KB];
+            let mut e0 = 0;
+            #[cfg(target_arch = "x86_64")]
+            while wide && e0 + 16 <= d {
+                // SAFETY: AVX-512 detected; rows hold d ≥ e0 + 16 values; dst from
+                // e0·KB + i0 holds 15·KB + 16 (i0 ≤ KB − 16, e0 + 16 ≤ d).
+                unsafe { transpose16(&rows, e0, dst.as_mut_ptr().add(e0 * KB + i0), KB) };
+                e0 += 16;
+            }
+            for e in e0..d {
+                for (i, r) in rows.iter().enumerate() {
+                    dst[e * KB + i0 + i] = r[e];
+                }
+            }
+        }
+        Transposed { data, d }
+    }
+
+    /// Length a score buffer for these rows needs (`n` rounded up to a block).
+    pub fn padded_len(&self) -> usize {
+        self.data.len() / self.d.max(1)
+    }
+}
+
+/// `s[j] = scale · (q · row_j)` for the rows `j < n` of `t` (module doc's order); `s` holds
+/// [`Transposed::padded_len`] values, those past `n` are meaningless.
+#[inline(always)]
+pub fn scores(q: &[f32], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
+    scores_rows::<1>([q], t, n, scale, [s]);
+}
+
+/// [`scores`] of `R` queries at once (each key vector loaded once for all of them; every
+/// score is the same chain as alone): `s[r][j]` for `j < n`.
+#[inline(always)]
+pub fn scores_rows<const R: usize>(q: [&[f32]; R], t: &Transposed, n: usize, scale: f32, s: [&mut [f32]; R]) {
+    let (d, blocks) = (t.d, n.div_ceil(KB));
+    assert!(
+        t.data.len() >= blocks * d * KB && q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= blocks * KB)
+    );
+    #[cfg(target_arch = "x86_64")]
+    if Isa::detect() == Isa::Avx512 {
+        // SAFETY: AVX-512 detected; lengths asserted above.
+        return unsafe { super::attention_avx512::scores_rows(q, &t.data, d, blocks, scale, s) };
+    }
+    scores_rows_portable(q, t, blocks, scale, s);
+}
+
+/// The portable [`scores_rows`] (the definition the AVX-512 variant matches bitwise).
+#[inline(always)]
+fn scores_rows_portable<const R: usize>(q: [&[f32]; R], t: &Transposed, blocks: usize, scale: f32, s: [&mut [f32]; R]) {
+    let d = t.d;
+    for (b, blk) in t.data.chunks_exact(d * KB).take(blocks).enumerate() {
+        let mut acc = [[0.0f32; KB]; R];
+        for (e, col) in blk.chunks_exact(KB).enumerate() {
+            for r in 0..R {
+                let qe = q[r][e];
+                for (a, &c) in acc[r].iter_mut().zip(col) {
+                    *a = qe.mul_add(c, *a);
+                }
+            }
+        }
+        for r in 0..R {
+            for (o, a) in s[r][b * KB..(b + 1) * KB].iter_mut().zip(acc[r]) {
+                *o = a * scale;
+            }
+        }
+    }
+}
+
+/// In place over `s[..n]`: `softmax` (module doc's order). `s` is padded as for [`scores`].
+#[inline(always)]
+pub fn softmax(s: &mut [f32], n: usize) {
+    let chunks = n.div_ceil(LANES);
+    let mut mx = [f32::NEG_INFINITY; LANES];
+    for (c, ch) in s.chunks_exact(LANES).take(chunks).enumerate() {
+        for (l, (m, &x)) in mx.iter_mut().zip(ch).enumerate() {
+            if c * LANES + l < n {
+                *m = m.max(x);
+            }
+        }
+    }
+    let max = mx.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+    let mut part = [0.0f32; LANES];
+    for (c, ch) in s.chunks_exact_mut(LANES).take(chunks).enumerate() {
+        for (l, (p, x)) in part.iter_mut().zip(ch.iter_mut()).enumerate() {
+            let e = if c * LANES + l < n { exp(*x - max) } else { 0.0 };
+            *x = e;
+            *p += e;
+        }
+    }
+    let inv = 1.0 / lane_sum(part);
+    for x in &mut s[..n] {
+        *x *= inv;
+    }
+}
+
+/// Rows of queries scored together by [`scores_block`].
+pub const QB: usize = 4;
+
+/// [`scores`] of up to [`QB`] queries `q` over the first `n` rows of `t`: query `r`'s scores
+/// in `s[r·P .. (r+1)·P]`, `P` = [`Transposed::padded_len`].
+#[inline(always)]
+pub fn scores_block(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
+    let mut bufs = s.chunks_exact_mut(t.padded_len());
+    if q.len() == QB {
+        let s: [&mut [f32]; QB] = std::array::from_fn(|_| bufs.next().expect("QB buffers"));
+        scores_rows::<QB>(std::array::from_fn(|r| q[r]), t, n, scale, s);
+    } else {
+        for (&q, s) in q.iter().zip(bufs) {
+            scores(q, t, n, scale, s);
+        }
+    }
+}
+
+/// The attention probabilities of up to [`QB`] queries `q`, query `r` over the first `n[r]`
+/// rows of `keys` (laid out as in [`scores_block`]): scores then [`softmax`]. The one
+/// computation of the forward and of the backward's recomputation; a query's probabilities
+/// do not depend on the other queries of the block.
+#[inline(always)]
+pub fn probs(q: &[&[f32]], keys: &Transposed, n: &[usize], scale: f32, p: &mut [f32]) {
+    scores_block(q, keys, n.iter().copied().max().unwrap_or(0), scale, p);
+    for (p, &n) in p.chunks_exact_mut(keys.padded_len()).zip(n) {
+        softmax(p, n);
+    }
+}
+
+/// `out[e] += Σ_{j<w.len()} w[j] · row(j)[e]` for `e < out.len()`: continues each element's
+/// FMA chain from its current value over `j` in order (module doc; from zero it is attention's
+/// `P·V`). The chains of 64 elements at a time are held in registers.
+#[inline(always)]
+pub fn weighted_sum<'a>(w: &[f32], row: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
+    let d = out.len();
+    let mut e0 = 0;
+    while e0 + KB <= d {
+        let chunk: &mut [f32; KB] = (&mut out[e0..e0 + KB]).try_into().expect("KB values");
+        #[cfg(target_arch = "x86_64")]
+        if Isa::detect() == Isa::Avx512 {
+            // SAFETY: AVX-512 detected; every row holds d ≥ e0 + KB values (indexing checks).
+            unsafe { super::attention_avx512::weighted_sum64(w, &row, e0, chunk) };
+            e0 += KB;
+            continue;
+        }
+        for (j, &wj) in w.iter().enumerate() {
+            for (a, &x) in chunk.iter_mut().zip(&row(j)[e0..e0 + KB]) {
+                *a = wj.mul_add(x, *a);
+            }
+        }
+        e0 += KB;
+    }
+    for (e, o) in out.iter_mut().enumerate().skip(e0) {
+        *o = w.iter().enumerate().fold(*o, |acc, (j, &wj)| wj.mul_add(row(j)[e], acc));
+    }
+}
+
+/// `Σ a[j]·b[j]` in 16 lane partials (FMA chains over `j ≡ lane mod 16`) folded by
+/// [`lane_sum`].
+#[inline(always)]
+pub fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut part = [0.0f32; LANES];
+    for (ca, cb) in a.chunks(LANES).zip(b.chunks(LANES)) {
+        for ((p, &x), &y) in part.iter_mut().zip(ca).zip(cb) {
+            *p = x.mul_add(y, *p);
+        }
+    }
+    lane_sum(part)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The dispatched (AVX-512 where available) scores and weighted sums give the bits of the
+    /// portable definitions: 4-query blocks and single queries, a partial last key block,
+    /// `d` with a tail past a multiple of 64, a weighted sum continuing a nonzero start.
+    #[test]
+    fn vector_variants_are_bitwise_equal() {
+        let (n, d) = (150usize, 80usize);
+        let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0;
+        let keys: Vec<f32> = (0..n * d).map(val).collect();
+        let qs: Vec<Vec<f32>> = (0..4).map(|r| (0..d).map(|e| val(9000 + 100 * r + e)).collect()).collect();
+        let t = Transposed::new(n, d, |j| &keys[j * d..(j + 1) * d]);
+        let padded = t.padded_len();
+        let q4: [&[f32]; 4] = std::array::from_fn(|r| qs[r].as_slice());
+        let (mut got, mut want) = (vec![0.0f32; 4 * padded], vec![0.0f32; 4 * padded]);
+        scores_block(&q4, &t, n, 0.3, &mut got);
+        let mut bufs = want.chunks_exact_mut(padded);
+        scores_rows_portable::<4>(q4, &t, n.div_ceil(KB), 0.3, std::array::from_fn(|_| bufs.next().unwrap()));
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "4-query scores");
+        let mut one = vec![0.0f32; padded];
+        scores(q4[2], &t, n, 0.3, &mut one);
+        assert!(
+            one.iter().zip(&want[2 * padded..3 * padded]).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "1 vs 4 queries"
+        );
+        let w: Vec<f32> = (0..n).map(|j| val(j + 3)).collect();
+        let start: Vec<f32> = (0..d).map(|e| val(e + 77)).collect();
+        let mut out = start.clone();
+        weighted_sum(&w, |j| &keys[j * d..(j + 1) * d], &mut out);
+        for e in 0..d {
+            let want = w.iter().enumerate().fold(start[e], |acc, (j, &wj)| wj.mul_add(keys[j * d + e], acc));
+            assert_eq!(out[e].to_bits(), want.to_bits(), "weighted sum {e}");
+        }
+    }
+
+    /// Scores, probabilities and weighted sums against f64 sums, for a row count that is not
+    /// a multiple of a block and a head dimension that is not a multiple of 64.
+    #[test]
+    fn rows_match_f64() {
+        let (n, d) = (70usize, 72usize);
+        let val = |i: usize| ((i * 7919 % 1013) as f32 / 1013.0 - 0.5) * 2.0;
+        let keys: Vec<f32> = (0..n * d).map(val).collect();
+        let q: Vec<f32> = (0..d).map(|e| val(e + 5000)).collect();
+        let t = Transposed::new(n, d, |j| &keys[j * d..(j + 1) * d]);
+        assert_eq!(t.padded_len(), 128);
+        let scale = 0.125f32;
+        let mut p = vec![0.0f32; t.padded_len()];
+        scores(&q, &t, n, scale, &mut p);
+        let s64: Vec<f64> =
+            (0..n).map(|j| (0..d).map(|e| q[e] as f64 * keys[j * d + e] as f64).sum::<f64>() * scale as f64).collect();
+        for j in 0..n {
+            assert!((p[j] as f64 - s64[j]).abs() < 1e-6, "score {j}: {} vs {}", p[j], s64[j]);
+        }
+        probs(&[&q], &t, &[n], scale, &mut p);
+        let z: f64 = s64.iter().map(|s| s.exp()).sum();
+        for j in 0..n {
+            assert!((p[j] as f64 - s64[j].exp() / z).abs() < 1e-7, "prob {j}");
+        }
+        let mut out = vec![0.0f32; d];
+        weighted_sum(&p[..n], |j| &keys[j * d..(j + 1) * d], &mut out);
+        for (e, &o) in out.iter().enumerate() {
+            let want: f64 = (0..n).map(|j| p[j] as f64 * keys[j * d + e] as f64).sum();
+            assert!((o as f64 - want).abs() < 1e-6, "weighted sum {e}");
+        }
+        let want_dot: f64 = (0..d).map(|e| q[e] as f64 * keys[e] as f64).sum();
+        assert!((dot(&q, &keys[..d]) as f64 - want_dot).abs() < 1e-5);
+    }
+}
