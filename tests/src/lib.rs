@@ -46,9 +46,17 @@ pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
 }
 
 /// The `rlserve` binary next to this test binary, built (or brought up to date) first.
+/// Panics when this binary does not run from `<target>/<profile>/deps/` (a copy, such as
+/// `gpu-bin/integration`, has no cargo target directory to build into).
 pub fn rlserve_binary() -> PathBuf {
     let exe = std::env::current_exe().unwrap();
-    let profile_dir = exe.parent().unwrap().parent().unwrap();
+    let deps = exe.parent().unwrap();
+    assert!(
+        deps.file_name().is_some_and(|n| n == "deps"),
+        "{} is not in a cargo target directory: cannot build rlserve for this test",
+        exe.display()
+    );
+    let profile_dir = deps.parent().unwrap();
     let target = profile_dir.parent().unwrap();
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let status = std::process::Command::new(cargo)
