@@ -15,7 +15,13 @@ pub enum KernelError {
     /// CUDA was requested but this binary has no CUDA backend.
     #[error("CUDA requested but rlserve was built without the `cuda` feature")]
     CudaUnavailable,
-    /// A CUDA library is missing, or a driver, NVRTC or cuBLAS call failed (`cuda` feature).
+    /// CUDA libraries the `cuda` build loads at run time are missing (names joined by `/`).
+    #[error(
+        "CUDA requested but {0} not found: install the NVIDIA driver (libcuda) and the CUDA \
+         libraries (libnvrtc, libcublas), or add their directory to LD_LIBRARY_PATH"
+    )]
+    CudaLibraryMissing(String),
+    /// A driver, NVRTC or cuBLAS call failed (`cuda` feature).
     #[error("CUDA: {0}")]
     Cuda(String),
 }

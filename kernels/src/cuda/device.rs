@@ -54,11 +54,7 @@ fn check_libraries() -> Result<()> {
     if missing.is_empty() {
         return Ok(());
     }
-    Err(KernelError::Cuda(format!(
-        "CUDA requested but {} not found: install the NVIDIA driver (libcuda) and the CUDA 12 libraries \
-         (libnvrtc, libcublas), or add their directory to LD_LIBRARY_PATH",
-        missing.join("/")
-    )))
+    Err(KernelError::CudaLibraryMissing(missing.join("/")))
 }
 
 impl CudaDevice {
