@@ -135,9 +135,9 @@ impl Layout {
             da_rows.extend(keys.iter().enumerate().map(|(i, &r)| if i < p && !owner { t as u32 } else { r }));
         }
         let da_ext = ops::cat_rows(&[da, &Tensor::zeros(&[1, da.shape()[1]], &da.device())?])?;
-        let (qc, kc, dc) = (ops::embedding(q, &gather)?, ops::embedding(k, &gather)?, ops::embedding(v, &gather)?);
+        let (qc, kc, vc) = (ops::embedding(q, &gather)?, ops::embedding(k, &gather)?, ops::embedding(v, &gather)?);
         let (dq_c, dk_c, dv_c) =
-            ops::attention_backward(&qc, &kc, &dc, &ops::embedding(&da_ext, &da_rows)?, &spans, h, kvh, d)?;
+            ops::attention_backward(&qc, &kc, &vc, &ops::embedding(&da_ext, &da_rows)?, &spans, h, kvh, d)?;
         let scatter = |src: &Tensor| -> Result<Tensor> {
             let mut out = Tensor::zeros(&[t, src.shape()[1]], &src.device())?;
             ops::scatter_add_rows(&mut out, &gather, src)?;
