@@ -6,12 +6,13 @@ use crate::block_manager::BlockManager;
 use crate::model::{KvCache, SharedModel};
 use crate::model_runner::ModelRunner;
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
-use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SamplingParams};
+use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SampledToken, SamplingParams};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationError;
 use crate::{ModelError, Result};
+use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -309,8 +310,26 @@ impl LLMEngine {
         };
         drop(model);
         let vocab = self.vocab_size;
+        // Every row's draw first, in parallel (each is a pure function of its logits row and
+        // its sequence's params, tokens and seed); then the bookkeeping, in order.
+        let running = &self.sched.running;
+        let eos = &self.tokenizer.eos_token_ids;
+        let mut sampled: Vec<Option<SampledToken>> = scheduled
+            .par_iter()
+            .zip(&plan)
+            .map(|(sch, p)| {
+                let seq = &running[sch.seq];
+                let ctx = SampleContext {
+                    prompt_ids: &seq.tokens[..seq.prompt_len],
+                    output_ids: seq.output_ids(),
+                    eos_token_ids: eos,
+                    seed: seq.seed,
+                };
+                p.sample_row.map(|row| sample(&logits[row * vocab..(row + 1) * vocab], &seq.params, &ctx))
+            })
+            .collect();
         let mut outputs = Vec::new();
-        for (sch, p) in scheduled.iter().zip(plan) {
+        for ((sch, p), s) in scheduled.iter().zip(plan).zip(sampled.iter_mut()) {
             let seq = &mut self.sched.running[sch.seq];
             let start = seq.num_computed;
             seq.num_computed += sch.num_tokens;
@@ -335,14 +354,8 @@ impl LLMEngine {
                     r.prompt_ready = true;
                 }
             }
-            if let Some(row) = p.sample_row {
-                let out = Self::sample_and_check(
-                    seq,
-                    &logits[row * vocab..(row + 1) * vocab],
-                    &self.tokenizer,
-                    self.version,
-                    self.max_model_len,
-                );
+            if let Some(s) = s.take() {
+                let out = Self::append_and_check(seq, s, &self.tokenizer, self.version, self.max_model_len);
                 self.generation_tokens += 1;
                 outputs.push(out);
             }
@@ -397,22 +410,15 @@ impl LLMEngine {
         }
     }
 
-    /// Samples the next token of `seq`, appends it, and applies the stop conditions.
-    fn sample_and_check(
+    /// Appends the token sampled for `seq` and applies the stop conditions.
+    fn append_and_check(
         seq: &mut Sequence,
-        row: &[f32],
+        s: SampledToken,
         tok: &Tokenizer,
         version: u64,
         max_model_len: usize,
     ) -> SeqOutput {
         let params = seq.params.clone();
-        let ctx = SampleContext {
-            prompt_ids: &seq.tokens[..seq.prompt_len],
-            output_ids: seq.output_ids(),
-            eos_token_ids: &tok.eos_token_ids,
-            seed: seq.seed,
-        };
-        let s = sample(row, &params, &ctx);
         seq.tokens.push(s.token);
         let n_out = seq.num_output();
         let mut finish = None;

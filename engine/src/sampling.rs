@@ -15,6 +15,7 @@
 use crate::validation::ValidationError;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use std::borrow::Cow;
 
 /// Temperatures below this are treated as greedy (vLLM `_SAMPLING_EPS`).
 pub const GREEDY_EPS: f32 = 1e-5;
@@ -246,45 +247,52 @@ pub fn top_k_of(x: &[f32], k: usize) -> Vec<(u32, f32)> {
     idx.into_iter().map(|i| (i as u32, x[i])).collect()
 }
 
-/// `log softmax(logits / T)[token]`, in f64 with the max subtracted: the one formula for the
-/// sampler's `raw_logprob` (T = 1) and the learner's ℓ (DESIGN-NOTES §3), so equal logits
-/// give bitwise-equal log-probabilities.
-pub fn token_logprob(logits: &[f32], token: usize, temperature: f32) -> f32 {
-    let t = temperature as f64;
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = logits.iter().map(|&v| ((v as f64 - max) / t).exp()).sum();
-    ((logits[token] as f64 - max) / t - z.ln()) as f32
-}
-
 /// Samples the next token of one sequence from its logits row `[vocab]`.
+///
+/// One pass of `exp(z − max)` in f64 over the raw row gives every raw log-probability:
+/// `raw_logprob = (z_token − max) − ln Σ exp(z − max)`, bitwise the learner's formula at
+/// T = 1 ([`kernels::cpu::logprob::token_logprob`], DESIGN-NOTES §3). When the sampler leaves
+/// the row as it is (no bias, penalty or `min_tokens` mask), T = 1 and nothing truncates,
+/// those same terms are the draw's weights, so a row costs one pass of exponentials.
 pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> SampledToken {
-    let raw_lse = logsumexp(logits);
+    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let raw_w: Vec<f64> = logits.iter().map(|&v| (v as f64 - max).exp()).collect();
+    let ln_z = raw_w.iter().sum::<f64>().ln();
+    let raw_lse = if max == f64::NEG_INFINITY { max } else { max + ln_z };
     let raw_lp = |t: usize| (logits[t] as f64 - raw_lse) as f32;
-    let mut l = logits.to_vec();
+    let mut l = Cow::Borrowed(logits);
     for &(t, b) in &p.logit_bias {
-        if let Some(v) = l.get_mut(t as usize) {
+        if let Some(v) = l.to_mut().get_mut(t as usize) {
             *v = (*v as f64 + b) as f32;
         }
     }
     apply_penalties(&mut l, p, ctx);
     if ctx.output_ids.len() < p.min_tokens {
         for &t in ctx.eos_token_ids.iter().chain(&p.stop_token_ids) {
-            if let Some(v) = l.get_mut(t as usize) {
+            if let Some(v) = l.to_mut().get_mut(t as usize) {
                 *v = f32::NEG_INFINITY;
             }
         }
     }
-    let (token, behavior_logprob) =
-        if p.is_greedy() { (argmax(&l), 0.0) } else { draw(&l, p, ctx.seed, ctx.output_ids.len()) };
+    let (token, behavior_logprob) = if p.is_greedy() {
+        (argmax(&l), 0.0)
+    } else {
+        let reuse = matches!(l, Cow::Borrowed(_)) && p.temperature == 1.0;
+        draw(&l, p, ctx.seed, ctx.output_ids.len(), reuse.then_some(&raw_w[..]))
+    };
     let top_logprobs = match p.logprobs {
         Some(k) if k > 0 => top_k_of(logits, k).into_iter().map(|(i, _)| (i, raw_lp(i as usize))).collect(),
         _ => vec![],
     };
-    SampledToken { token: token as u32, behavior_logprob, raw_logprob: token_logprob(logits, token, 1.0), top_logprobs }
+    let raw_logprob = ((logits[token] as f64 - max) - ln_z) as f32;
+    SampledToken { token: token as u32, behavior_logprob, raw_logprob, top_logprobs }
 }
 
-fn apply_penalties(l: &mut [f32], p: &SamplingParams, ctx: &SampleContext) {
+/// Applies the repetition, frequency and presence penalties (vLLM's order); leaves `l`
+/// borrowed when none is set.
+fn apply_penalties(l: &mut Cow<'_, [f32]>, p: &SamplingParams, ctx: &SampleContext) {
     if p.repetition_penalty != 1.0 {
+        let l = l.to_mut();
         let mut seen = vec![false; l.len()];
         for &t in ctx.prompt_ids.iter().chain(ctx.output_ids) {
             let t = t as usize;
@@ -295,6 +303,7 @@ fn apply_penalties(l: &mut [f32], p: &SamplingParams, ctx: &SampleContext) {
         }
     }
     if p.frequency_penalty != 0.0 || p.presence_penalty != 0.0 {
+        let l = l.to_mut();
         let mut counts = std::collections::HashMap::<u32, u32>::new();
         for &t in ctx.output_ids {
             *counts.entry(t).or_default() += 1;
@@ -309,15 +318,24 @@ fn apply_penalties(l: &mut [f32], p: &SamplingParams, ctx: &SampleContext) {
 
 /// Temperature, truncation, renormalisation and one draw. Returns `(token, ln p(token))`.
 /// Probabilities are `exp((l - max) / T)` in f64, so the most likely token has weight 1:
-/// no overflow, no NaN, and a sampled token always has p > 0, even for a tiny T.
-fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize) -> (usize, f32) {
+/// no overflow, no NaN, and a sampled token always has p > 0, even for a tiny T. `weights`,
+/// when given, are those values already computed for every token (T = 1).
+fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<&[f64]>) -> (usize, f32) {
     let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let t = p.temperature as f64;
     let weight = |i: usize| ((l[i] as f64 - max) / t).exp();
     let truncated = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
-    // Candidates in a fixed order: index order without truncation, else most likely first.
-    let cand: Vec<(usize, f64)> = if !truncated {
-        (0..l.len()).map(|i| (i, weight(i))).collect()
+    // Candidates in a fixed order: index order without truncation (`ids` = None), else most
+    // likely first.
+    let owned: Vec<f64>;
+    let (ids, w): (Option<Vec<usize>>, &[f64]) = if !truncated {
+        match weights {
+            Some(w) => (None, w),
+            None => {
+                owned = (0..l.len()).map(weight).collect();
+                (None, &owned)
+            }
+        }
     } else {
         let k = if p.top_k > 0 { p.top_k as usize } else { l.len() };
         let mut c: Vec<(usize, f64)> =
@@ -339,18 +357,21 @@ fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize) -> (usize, f32) {
             let floor = p.min_p as f64 * c[0].1;
             c.retain(|x| x.1 >= floor);
         }
-        c
+        let (ids, ws): (Vec<usize>, Vec<f64>) = c.into_iter().unzip();
+        owned = ws;
+        (Some(ids), &owned)
     };
-    let total: f64 = cand.iter().map(|x| x.1).sum();
+    let token = |j: usize| ids.as_ref().map_or(j, |ids| ids[j]);
+    let total: f64 = w.iter().sum();
     let mut rng = StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(step as u64)));
     let mut u = rng.gen::<f64>() * total;
-    let mut chosen = cand.iter().rev().find(|x| x.1 > 0.0).copied().unwrap_or((argmax(l), 1.0));
-    for &(i, w) in &cand {
-        if w > 0.0 && u < w {
-            chosen = (i, w);
+    let mut chosen = w.iter().rposition(|&x| x > 0.0).map_or((argmax(l), 1.0), |j| (token(j), w[j]));
+    for (j, &wj) in w.iter().enumerate() {
+        if wj > 0.0 && u < wj {
+            chosen = (token(j), wj);
             break;
         }
-        u -= w;
+        u -= wj;
     }
     (chosen.0, (chosen.1 / total).ln() as f32)
 }

@@ -191,3 +191,26 @@ fn validation_messages_name_parameter_value_and_range() {
     assert!(e.starts_with("`logit_bias` holds token id 9, which is out of range"), "{e}");
     assert!(d().validate().is_ok());
 }
+
+/// At T = 1 with nothing to process, the sampler reuses the raw row's exponentials as the
+/// draw's weights. A zero `logit_bias` leaves every logit as it is but takes the general path
+/// (its own pass of `exp((l − max) / T)`): both must draw the same token with the same μ
+/// for every seed, and `raw_logprob` must be the learner's formula
+/// (`kernels::cpu::logprob::token_logprob`) bitwise (μ rounds to the same f32 here).
+#[test]
+fn the_shared_exponentials_draw_what_the_general_path_draws() {
+    let l: Vec<f32> = (0..4099u64).map(|i| (engine::sampling::splitmix64(i) % 2000) as f32 / 97.0 - 9.0).collect();
+    let plain = SamplingParams::default();
+    let biased = SamplingParams { logit_bias: vec![(7, 0.0)], ..Default::default() };
+    let mut distinct = std::collections::HashSet::new();
+    for seed in 0..300 {
+        let ctx = SampleContext { prompt_ids: &[], output_ids: &[], eos_token_ids: &[], seed };
+        let (a, b) = (sample(&l, &plain, &ctx), sample(&l, &biased, &ctx));
+        assert_eq!((a.token, a.behavior_logprob.to_bits()), (b.token, b.behavior_logprob.to_bits()), "seed {seed}");
+        let want = kernels::cpu::logprob::token_logprob(&l, a.token as usize, 1.0);
+        assert_eq!(a.raw_logprob.to_bits(), want.to_bits(), "seed {seed}: raw_logprob");
+        assert_eq!(a.behavior_logprob.to_bits(), want.to_bits(), "seed {seed}: μ = ℓ at T = 1, untruncated");
+        distinct.insert(a.token);
+    }
+    assert!(distinct.len() > 50, "the draws spread over the vocabulary: {} distinct", distinct.len());
+}

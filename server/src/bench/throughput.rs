@@ -49,6 +49,10 @@ struct RunResult {
     output_tokens: usize,
     prefill_tokens: u64,
     requests: usize,
+    /// Output tokens, steps and seconds of the steps that computed no prompt token.
+    decode_tokens: usize,
+    decode_steps: usize,
+    decode_secs: f64,
 }
 
 /// Runs `prompts` to completion on a fresh engine.
@@ -64,9 +68,18 @@ fn run_batch(
     for (i, p) in prompts.iter().enumerate() {
         e.add_request(&format!("b{i}"), p.clone(), params.clone())?;
     }
-    let mut output_tokens = 0;
+    let (mut output_tokens, mut decode_tokens, mut decode_steps, mut decode_secs) = (0, 0, 0, 0.0);
     while e.has_unfinished() {
-        output_tokens += e.step()?.iter().map(|o| o.tokens.len()).sum::<usize>();
+        let (prefilled, t0) = (e.stats().prefill_tokens, Instant::now());
+        let n = e.step()?.iter().map(|o| o.tokens.len()).sum::<usize>();
+        output_tokens += n;
+        // A step that computed no prompt token is a pure decode step (llama-batched-bench's
+        // T_TG phase).
+        if e.stats().prefill_tokens == prefilled {
+            decode_tokens += n;
+            decode_secs += t0.elapsed().as_secs_f64();
+            decode_steps += 1;
+        }
     }
     let secs = t.elapsed().as_secs_f64();
     Ok(RunResult {
@@ -75,6 +88,9 @@ fn run_batch(
         output_tokens,
         prefill_tokens: e.stats().prefill_tokens,
         requests: prompts.len(),
+        decode_tokens,
+        decode_steps,
+        decode_secs,
     })
 }
 
@@ -129,6 +145,13 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         r.prompt_tokens, r.prefill_tokens
     );
     println!("Total num output tokens: {}", r.output_tokens);
+    let decode_tps = r.decode_tokens as f64 / r.decode_secs.max(1e-9);
+    println!(
+        "Decode phase: {decode_tps:.2} output tokens/s ({} tokens in {} steps without prefill, {:.1} ms/step)",
+        r.decode_tokens,
+        r.decode_steps,
+        1e3 * r.decode_secs / r.decode_steps.max(1) as f64
+    );
     let mut curve = Vec::new();
     if !a.no_curve {
         println!("| concurrency | output tokens/s | speed-up vs 1 |");
@@ -155,6 +178,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
             "elapsed_time": r.secs, "num_requests": r.requests, "n": a.n, "input_len": a.workload.input_len, "output_len": a.workload.output_len,
             "total_num_tokens": total, "prompt_tokens": r.prompt_tokens, "prefill_tokens_computed": r.prefill_tokens, "output_tokens": r.output_tokens,
             "requests_per_second": r.requests as f64 / r.secs, "tokens_per_second": total as f64 / r.secs, "output_tokens_per_second": r.output_tokens as f64 / r.secs,
+            "decode_output_tokens_per_second": decode_tps, "decode_steps": r.decode_steps,
             "concurrency_curve": curve, "peak_rss_mib": rss, "threads": rayon::current_num_threads(),
         });
         std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
