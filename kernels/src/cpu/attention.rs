@@ -1,6 +1,6 @@
 //! Causal grouped-query attention over a paged K/V buffer.
 
-use super::attention_rows::{probs, weighted_sum, Transposed, QB};
+use super::attention_rows::{probs, weighted_sums, Transposed, QB};
 use super::simd::SharedMut;
 use crate::multiversion;
 use crate::ops::AttnSeq;
@@ -17,9 +17,8 @@ const INLINE_WORK: usize = 1 << 17;
 /// position `p` lives in slot `block_table[p / block_size] · block_size + p % block_size`.
 ///
 /// Work is split into tasks of (sequence, KV head, up to 32 rows); a task transposes the
-/// keys its rows attend once ([`Transposed`]), then for each query head of the group and each
-/// row (4 rows at a time) computes [`probs`] over positions `0..=p` and `Σ_j p_j v_j`
-/// ([`weighted_sum`]), in
+/// keys its rows attend once ([`Transposed`]), then for its (row, query head) pairs, 4 at a
+/// time, computes [`probs`] over positions `0..=p` and `Σ_j p_j v_j` ([`weighted_sums`]), in
 /// the fixed orders of [`super::attention_rows`]: a row's output does not depend on the other
 /// rows of the call, nor on how they are split into tasks.
 pub fn paged_attention(
@@ -89,19 +88,25 @@ multiversion! {
         let keys = Transposed::new(ctx, d, |j| &k[offs[j]..offs[j] + d]);
         let padded = keys.padded_len();
         let mut p = vec![0.0f32; QB * padded];
-        let rows: Vec<usize> = rows.collect();
-        for h in g * group..(g + 1) * group {
-            for block in rows.chunks(QB) {
-                let n: Vec<usize> = block.iter().map(|&row| seq.start_pos + (row - seq.rows.start) + 1).collect();
-                let qs: Vec<&[f32]> = block.iter().map(|&row| &q[row * qc + h * d..row * qc + (h + 1) * d]).collect();
-                probs(&qs, &keys, &n, scale, &mut p);
-                for (r, &row) in block.iter().enumerate() {
-                    // SAFETY: (row, head h) is in this task's rows and KV head group only.
+        // (row, query head) pairs, QB at a time: a decode row's heads are scored and summed
+        // together (each key and value vector loaded once for all of them).
+        let items: Vec<(usize, usize)> = rows.flat_map(|row| (g * group..(g + 1) * group).map(move |h| (row, h))).collect();
+        for block in items.chunks(QB) {
+            let n: Vec<usize> = block.iter().map(|&(row, _)| seq.start_pos + (row - seq.rows.start) + 1).collect();
+            let qs: Vec<&[f32]> = block.iter().map(|&(row, h)| &q[row * qc + h * d..row * qc + (h + 1) * d]).collect();
+            probs(&qs, &keys, &n, scale, &mut p);
+            let ws: Vec<&[f32]> = p.chunks_exact(padded).zip(&n).map(|(p, &n)| &p[..n]).collect();
+            let mut outs: Vec<&mut [f32]> = block
+                .iter()
+                .map(|&(row, h)| {
+                    // SAFETY: (row, head h) is in this task's rows and KV head group only, and
+                    // each pair appears once.
                     let o = unsafe { out.slice(row * qc + h * d, d) };
                     o.fill(0.0);
-                    weighted_sum(&p[r * padded..r * padded + n[r]], |j| &v[offs[j]..offs[j] + d], o);
-                }
-            }
+                    o
+                })
+                .collect();
+            weighted_sums(&ws, |j| &v[offs[j]..offs[j] + d], &mut outs);
         }
     }
 }

@@ -52,27 +52,52 @@ pub unsafe fn scores_rows<const R: usize>(
     }
 }
 
-/// `out[i] = fma(w[j], row(j)[e0 + i], out[i])` over `j` in order, for the 64 values of `out`:
-/// one chunk of [`super::attention_rows::weighted_sum`].
+/// `out[r][i] = fma(w[r][j], row(j)[e0 + i], out[r][i])` over `j` in order, for the 64 values
+/// of each `out[r]` (`R` rows sharing the `row(j)` loads): one chunk of
+/// [`super::attention_rows::weighted_sums`].
 ///
 /// # Safety
-/// AVX-512F available; every `row(j)` holds `e0 + KB` values.
+/// AVX-512F available; every `w[r]` has the same length `n` and every `row(j)`, `j < n`,
+/// holds `e0 + KB` values.
 #[target_feature(enable = "avx512f")]
-pub unsafe fn weighted_sum64<'a>(w: &[f32], row: impl Fn(usize) -> &'a [f32], e0: usize, out: &mut [f32; KB]) {
-    // SAFETY: loads of row(j)[e0 .. e0 + KB] (checked length) and out; stores to out.
+pub unsafe fn weighted_sum64<'a, const R: usize>(
+    w: [&[f32]; R],
+    row: &impl Fn(usize) -> &'a [f32],
+    e0: usize,
+    out: &mut [&mut [f32; KB]; R],
+) {
+    let n = w[0].len();
+    debug_assert!(w.iter().all(|w| w.len() == n));
+    // SAFETY: loads of row(j)[e0 .. e0 + KB] (checked length), w[r][j] (j < n) and out; stores
+    // to out.
     unsafe {
-        let o = out.as_mut_ptr();
-        let mut acc =
-            [_mm512_loadu_ps(o), _mm512_loadu_ps(o.add(16)), _mm512_loadu_ps(o.add(32)), _mm512_loadu_ps(o.add(48))];
-        for (j, &wj) in w.iter().enumerate() {
-            let x = row(j)[e0..e0 + KB].as_ptr();
-            let wv = _mm512_set1_ps(wj);
+        let mut acc = [[_mm512_setzero_ps(); 4]; R];
+        for r in 0..R {
+            let o = out[r].as_ptr();
             for v in 0..4 {
-                acc[v] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x.add(16 * v)), acc[v]);
+                acc[r][v] = _mm512_loadu_ps(o.add(16 * v));
             }
         }
-        for v in 0..4 {
-            _mm512_storeu_ps(o.add(16 * v), acc[v]);
+        for j in 0..n {
+            let x = row(j)[e0..e0 + KB].as_ptr();
+            let xs = [
+                _mm512_loadu_ps(x),
+                _mm512_loadu_ps(x.add(16)),
+                _mm512_loadu_ps(x.add(32)),
+                _mm512_loadu_ps(x.add(48)),
+            ];
+            for r in 0..R {
+                let wv = _mm512_set1_ps(*w[r].as_ptr().add(j));
+                for v in 0..4 {
+                    acc[r][v] = _mm512_fmadd_ps(wv, xs[v], acc[r][v]);
+                }
+            }
+        }
+        for r in 0..R {
+            let o = out[r].as_mut_ptr();
+            for v in 0..4 {
+                _mm512_storeu_ps(o.add(16 * v), acc[r][v]);
+            }
         }
     }
 }

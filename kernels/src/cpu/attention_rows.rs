@@ -140,18 +140,23 @@ pub fn softmax(s: &mut [f32], n: usize) {
 /// Rows of queries scored together by [`scores_block`].
 pub const QB: usize = 4;
 
-/// [`scores`] of up to [`QB`] queries `q` over the first `n` rows of `t`: query `r`'s scores
-/// in `s[r·P .. (r+1)·P]`, `P` = [`Transposed::padded_len`].
+/// [`scores`] of up to [`QB`] queries `q` over the first `n` rows of `t`, all at once (each
+/// key vector loaded once for all of them): query `r`'s scores in `s[r·P .. (r+1)·P]`,
+/// `P` = [`Transposed::padded_len`].
 #[inline(always)]
 pub fn scores_block(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
-    let mut bufs = s.chunks_exact_mut(t.padded_len());
-    if q.len() == QB {
-        let s: [&mut [f32]; QB] = std::array::from_fn(|_| bufs.next().expect("QB buffers"));
-        scores_rows::<QB>(std::array::from_fn(|r| q[r]), t, n, scale, s);
-    } else {
-        for (&q, s) in q.iter().zip(bufs) {
-            scores(q, t, n, scale, s);
-        }
+    fn rows<const R: usize>(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
+        let mut bufs = s.chunks_exact_mut(t.padded_len());
+        let s: [&mut [f32]; R] = std::array::from_fn(|_| bufs.next().expect("a buffer per query"));
+        scores_rows::<R>(std::array::from_fn(|r| q[r]), t, n, scale, s);
+    }
+    match q.len() {
+        0 => {}
+        1 => rows::<1>(q, t, n, scale, s),
+        2 => rows::<2>(q, t, n, scale, s),
+        3 => rows::<3>(q, t, n, scale, s),
+        4 => rows::<4>(q, t, n, scale, s),
+        _ => panic!("scores_block takes at most {QB} queries, got {}", q.len()),
     }
 }
 
@@ -172,26 +177,65 @@ pub fn probs(q: &[&[f32]], keys: &Transposed, n: &[usize], scale: f32, p: &mut [
 /// `P·V`). The chains of 64 elements at a time are held in registers.
 #[inline(always)]
 pub fn weighted_sum<'a>(w: &[f32], row: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
-    let d = out.len();
+    weighted_sums(&[w], row, &mut [out]);
+}
+
+/// [`weighted_sum`] of up to [`QB`] weight rows over the same `row(j)`s (the query heads of
+/// one KV head): `out[r][e] += Σ_{j<w[r].len()} w[r][j] · row(j)[e]`. Each `row(j)` chunk is
+/// loaded once for all of them over the common length, and every element is still the one
+/// chain of [`weighted_sum`] (the rows past the common length continue it alone), so the
+/// bits do not depend on which rows are summed together.
+#[inline(always)]
+pub fn weighted_sums<'a>(w: &[&[f32]], row: impl Fn(usize) -> &'a [f32], out: &mut [&mut [f32]]) {
+    assert!(w.len() == out.len() && w.len() <= QB);
+    let n = w.iter().map(|w| w.len()).min().unwrap_or(0);
+    match w.len() {
+        0 => return,
+        1 => sums_rows::<1>(w, n, &row, out),
+        2 => sums_rows::<2>(w, n, &row, out),
+        3 => sums_rows::<3>(w, n, &row, out),
+        _ => sums_rows::<4>(w, n, &row, out),
+    }
+    for (w, out) in w.iter().zip(out.iter_mut()) {
+        if w.len() > n {
+            sums_rows::<1>(&[&w[n..]], w.len() - n, &|j| row(n + j), std::slice::from_mut(out));
+        }
+    }
+}
+
+/// The first `n` terms of [`weighted_sums`] for exactly `R` rows.
+#[inline(always)]
+fn sums_rows<'a, const R: usize>(w: &[&[f32]], n: usize, row: &impl Fn(usize) -> &'a [f32], out: &mut [&mut [f32]]) {
+    let d = out[0].len();
+    assert!(w.len() == R && out.len() == R && w.iter().all(|w| w.len() >= n) && out.iter().all(|o| o.len() == d));
     let mut e0 = 0;
     while e0 + KB <= d {
-        let chunk: &mut [f32; KB] = (&mut out[e0..e0 + KB]).try_into().expect("KB values");
+        let mut chunks: [&mut [f32; KB]; R] = {
+            let mut it = out.iter_mut();
+            std::array::from_fn(|_| (&mut it.next().expect("R outputs")[e0..e0 + KB]).try_into().expect("KB values"))
+        };
         #[cfg(target_arch = "x86_64")]
         if Isa::detect() == Isa::Avx512 {
+            let ws: [&[f32]; R] = std::array::from_fn(|r| &w[r][..n]);
             // SAFETY: AVX-512 detected; every row holds d ≥ e0 + KB values (indexing checks).
-            unsafe { super::attention_avx512::weighted_sum64(w, &row, e0, chunk) };
+            unsafe { super::attention_avx512::weighted_sum64::<R>(ws, row, e0, &mut chunks) };
             e0 += KB;
             continue;
         }
-        for (j, &wj) in w.iter().enumerate() {
-            for (a, &x) in chunk.iter_mut().zip(&row(j)[e0..e0 + KB]) {
-                *a = wj.mul_add(x, *a);
+        for j in 0..n {
+            let x = &row(j)[e0..e0 + KB];
+            for r in 0..R {
+                for (a, &x) in chunks[r].iter_mut().zip(x) {
+                    *a = w[r][j].mul_add(x, *a);
+                }
             }
         }
         e0 += KB;
     }
-    for (e, o) in out.iter_mut().enumerate().skip(e0) {
-        *o = w.iter().enumerate().fold(*o, |acc, (j, &wj)| wj.mul_add(row(j)[e], acc));
+    for (r, out) in out.iter_mut().enumerate() {
+        for (e, o) in out.iter_mut().enumerate().skip(e0) {
+            *o = (0..n).fold(*o, |acc, j| w[r][j].mul_add(row(j)[e], acc));
+        }
     }
 }
 
@@ -229,6 +273,11 @@ mod tests {
         let mut bufs = want.chunks_exact_mut(padded);
         scores_rows_portable::<4>(q4, &t, n.div_ceil(KB), 0.3, std::array::from_fn(|_| bufs.next().unwrap()));
         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "4-query scores");
+        for r in 1..QB {
+            let mut some = vec![0.0f32; r * padded];
+            scores_block(&q4[..r], &t, n, 0.3, &mut some);
+            assert!(some.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{r} vs 4 queries");
+        }
         let mut one = vec![0.0f32; padded];
         scores(q4[2], &t, n, 0.3, &mut one);
         assert!(
@@ -242,6 +291,20 @@ mod tests {
         for e in 0..d {
             let want = w.iter().enumerate().fold(start[e], |acc, (j, &wj)| wj.mul_add(keys[j * d + e], acc));
             assert_eq!(out[e].to_bits(), want.to_bits(), "weighted sum {e}");
+        }
+        // Up to 4 rows summed together, of different lengths, give each row's bits alone.
+        for r in 1..=QB {
+            let ws: Vec<Vec<f32>> = (0..r).map(|i| (0..n - i * 7).map(|j| val(31 * i + j)).collect()).collect();
+            let mut alone: Vec<Vec<f32>> = vec![start.clone(); r];
+            for (w, o) in ws.iter().zip(&mut alone) {
+                weighted_sum(w, |j| &keys[j * d..(j + 1) * d], o);
+            }
+            let mut together: Vec<Vec<f32>> = vec![start.clone(); r];
+            let wr: Vec<&[f32]> = ws.iter().map(|w| w.as_slice()).collect();
+            let mut outs: Vec<&mut [f32]> = together.iter_mut().map(|o| o.as_mut_slice()).collect();
+            weighted_sums(&wr, |j| &keys[j * d..(j + 1) * d], &mut outs);
+            let bits = |v: &Vec<Vec<f32>>| v.iter().flatten().map(|x| x.to_bits()).collect::<Vec<_>>();
+            assert_eq!(bits(&together), bits(&alone), "{r} rows together vs alone");
         }
     }
 
