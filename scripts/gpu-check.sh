@@ -181,7 +181,8 @@ for m in "${MODELS[@]}"; do
         line=$(grep -m 1 '^Throughput:' "$LOGS/throughput-$m.log")
         total=$(sed -E 's/.* ([0-9.]+) total tokens\/s.*/\1/' <<<"$line")
         out=$(sed -E 's/.* ([0-9.]+) output tokens\/s.*/\1/' <<<"$line")
-        record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${FP32_TFLOPS}e12")% of FP32 peak (2N FLOPs/token)"
+        decode=$(sed -nE 's/^Decode phase: ([0-9.]+) output tokens\/s.*/\1/p' "$LOGS/throughput-$m.log")
+        record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${FP32_TFLOPS}e12")% of FP32 peak (2N FLOPs/token); decode phase $decode output tok/s"
     fi
     if bench train "$m" --num-seqs 8 --prompt-len 128 --completion-len 128 --steps 2; then
         line=$(grep -m 1 '^fwd+bwd+AdamW:' "$LOGS/train-$m.log")

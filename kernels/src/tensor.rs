@@ -16,7 +16,14 @@ pub enum Device {
 impl Device {
     /// The CUDA device with this ordinal, or [`KernelError::CudaUnavailable`].
     pub fn cuda(ordinal: usize) -> Result<Self> {
-        Ok(Device::Cuda(CudaDevice::new(ordinal)?))
+        Self::cuda_with(ordinal, false)
+    }
+
+    /// [`Self::cuda`], with `batch_invariant` the `--batch-invariant` mode: the forward GEMMs
+    /// are gemm.cu's fixed-order kernel instead of cuBLAS and every attention row takes the
+    /// split-KV kernels, so a token's logits do not depend on its batch (ℓ = μ on the GPU).
+    pub fn cuda_with(ordinal: usize, batch_invariant: bool) -> Result<Self> {
+        Ok(Device::Cuda(CudaDevice::new(ordinal, batch_invariant)?))
     }
 
     /// `n` zeros on this device.

@@ -45,13 +45,19 @@ pub struct DeviceArg {
     /// `--features cuda` and the NVIDIA driver, libnvrtc and libcublas at run time.
     #[arg(long, default_value = "cpu", value_parser = DeviceSpec::parse)]
     pub device: DeviceSpec,
+    /// CUDA: batch-invariant kernels (a fixed-order GEMM instead of cuBLAS, split-KV
+    /// attention for every row), so a token's logits do not depend on its batch and the
+    /// learner's logprobs equal the sampler's bitwise; slower. The CPU is always
+    /// batch-invariant (the flag changes nothing there).
+    #[arg(long)]
+    pub batch_invariant: bool,
 }
 
 impl DeviceArg {
     /// Opens the device (see [`DeviceSpec::open`]): commands call it before loading anything,
     /// so a bad `cuda` fails at start with the kernels crate's error.
     pub fn open(&self) -> Result<Device> {
-        self.device.open()
+        self.device.open_with(self.batch_invariant)
     }
 }
 

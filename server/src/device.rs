@@ -40,9 +40,15 @@ impl DeviceSpec {
     /// `CUDA requested but libcuda/... not found` when the CUDA libraries are missing, or the
     /// driver's error for an ordinal with no GPU; each prefixed with `--device <value>`.
     pub fn open(self) -> anyhow::Result<Device> {
+        self.open_with(false)
+    }
+
+    /// [`Self::open`] with `--batch-invariant` ([`Device::cuda_with`]; the CPU is always
+    /// batch-invariant).
+    pub fn open_with(self, batch_invariant: bool) -> anyhow::Result<Device> {
         match self {
             Self::Cpu => Ok(Device::Cpu),
-            Self::Cuda(n) => Device::cuda(n).map_err(|e| anyhow::anyhow!("--device {self}: {e}")),
+            Self::Cuda(n) => Device::cuda_with(n, batch_invariant).map_err(|e| anyhow::anyhow!("--device {self}: {e}")),
         }
     }
 }

@@ -1,7 +1,8 @@
 //! The backend contract, op by op: one test body per op of `kernels::ops`, run on every
 //! available device (candle's `test_device!` pattern) against an f64 reference written here
 //! from the op's formula, or against f64 finite differences for the backward ops. The CPU
-//! runs them in CI; with `--features cuda` (and a GPU) the CUDA backend runs the same bodies.
+//! runs them in CI; with `--features cuda` (and a GPU) the CUDA backend runs the same bodies,
+//! also in its `--batch-invariant` mode.
 
 use kernels::ops::{self, AdamWStep, AttnSeq};
 use kernels::{Device, Tensor};
@@ -19,6 +20,15 @@ macro_rules! test_device {
             #[test]
             fn cuda() {
                 match kernels::Device::cuda(0) {
+                    Ok(d) => super::$body(&d),
+                    Err(e) => eprintln!("no CUDA device: {e}"),
+                }
+            }
+            /// The same body with `--batch-invariant`'s kernels (gemm.cu, split-KV attention).
+            #[cfg(feature = "cuda")]
+            #[test]
+            fn cuda_batch_invariant() {
+                match kernels::Device::cuda_with(0, true) {
                     Ok(d) => super::$body(&d),
                     Err(e) => eprintln!("no CUDA device: {e}"),
                 }

@@ -157,6 +157,48 @@ fn elementwise_kernels_equal_the_cpu_bitwise() {
     }
 }
 
+/// `linear_bi` (gemm.cu, `--batch-invariant`) performs the CPU GEMM's FMA chains: bitwise
+/// equal to the CPU backend's `linear` on sizes off the 64 × 64 tile and the 16-step stage
+/// (m = 1, 5, 67; n = 70; k = 100 and 37), so each row is also bitwise the same alone and
+/// in a batch.
+#[test]
+fn the_batch_invariant_gemm_is_the_cpu_gemm_bitwise() {
+    let (n, wide) = (70usize, 67usize);
+    for k in [100usize, 37] {
+        let (x, w) = (rnd(wide * k, 40 + k as u64), rnd(n * k, 41 + k as u64));
+        let pw = ops::pack_weight(&cpu(&w, &[n, k])).unwrap();
+        let mut batched = vec![0.0f32; wide * n];
+        for m in [1usize, 5, wide] {
+            let mut y = vec![f32::NAN; m * n];
+            let g = geom([n.div_ceil(64), m.div_ceil(64), 1], [16, 16, 1]);
+            unsafe {
+                ffi::emu_linear_bi(g.as_ptr(), 0, x.as_ptr(), w.as_ptr(), y.as_mut_ptr(), m as i32, n as i32, k as i32)
+            };
+            let want = host(&ops::linear(&cpu(&x[..m * k], &[m, k]), &pw, None).unwrap());
+            bitwise(&y, &want, &format!("linear_bi m {m} k {k}"));
+            if m == wide {
+                batched = y;
+            }
+        }
+        // Row 3 of the batch against row 3 alone (m = 1 on its own row).
+        let mut alone = vec![0.0f32; n];
+        let g = geom([n.div_ceil(64), 1, 1], [16, 16, 1]);
+        unsafe {
+            ffi::emu_linear_bi(
+                g.as_ptr(),
+                0,
+                x[3 * k..].as_ptr(),
+                w.as_ptr(),
+                alone.as_mut_ptr(),
+                1,
+                n as i32,
+                k as i32,
+            )
+        };
+        bitwise(&alone, &batched[3 * n..4 * n], "row 3 alone vs batched");
+    }
+}
+
 #[test]
 fn reductions_and_copies() {
     let (m, n) = (13, 45);

@@ -29,7 +29,10 @@ fn cfg(grid: (usize, usize, usize), threads: u32, smem: usize) -> LaunchConfig {
 
 /// Paged attention. A sequence with one query row (decode) runs the split-KV kernels, a
 /// longer one (prefill, chunked prefill, the learner's spans) the tiled prefill kernel; the
-/// choice depends on the row's own sequence only, so rows stay batch-invariant.
+/// choice depends on the row's own sequence only, so rows stay batch-invariant. With
+/// `--batch-invariant` every row runs the split-KV kernels, whose sums depend on the row's
+/// position alone: a token decoded by the engine and the same token in the learner's
+/// packed batch get the same bits.
 #[allow(clippy::too_many_arguments)]
 pub(super) fn paged_attention(
     q: &CudaStorage,
@@ -52,8 +55,8 @@ pub(super) fn paged_attention(
             row_pos[r] = s.start_pos + i;
         }
         flat.extend_from_slice(s.block_table);
-        if s.rows.len() == 1 {
-            decode_rows.push(s.rows.start as u32);
+        if s.rows.len() == 1 || dev.batch_invariant() {
+            decode_rows.extend(s.rows.clone().map(|r| r as u32));
         } else {
             for a in s.rows.clone().step_by(TQ) {
                 tiles.extend([a, TQ.min(s.rows.end - a)]);

@@ -12,6 +12,7 @@ pub(super) const SOURCES: &[(&str, &str)] = &[
     ("copy.cu", include_str!("../../cuda/copy.cu")),
     ("elementwise.cu", include_str!("../../cuda/elementwise.cu")),
     ("embedding.cu", include_str!("../../cuda/embedding.cu")),
+    ("gemm.cu", include_str!("../../cuda/gemm.cu")),
     ("kv_cache.cu", include_str!("../../cuda/kv_cache.cu")),
     ("logprob.cu", include_str!("../../cuda/logprob.cu")),
     ("paged_attention.cu", include_str!("../../cuda/paged_attention.cu")),

@@ -25,6 +25,8 @@ pub struct CudaDevice {
 
 struct Inner {
     ordinal: usize,
+    /// `--batch-invariant`: [`Self::batch_invariant`].
+    batch_invariant: bool,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     /// Loaded modules by source file name.
@@ -35,7 +37,12 @@ struct Inner {
 
 impl fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "CudaDevice({})", self.inner.ordinal)
+        write!(
+            f,
+            "CudaDevice({}{})",
+            self.inner.ordinal,
+            if self.inner.batch_invariant { ", batch-invariant" } else { "" }
+        )
     }
 }
 
@@ -59,8 +66,10 @@ fn check_libraries() -> Result<()> {
 
 impl CudaDevice {
     /// The GPU with this ordinal, its kernels compiled (or read from the PTX cache) for its
-    /// architecture. Errors: a missing library, no such device, an NVRTC failure (with its log).
-    pub fn new(ordinal: usize) -> Result<Self> {
+    /// architecture; `batch_invariant` selects the `--batch-invariant` kernels
+    /// ([`crate::Device::cuda_with`]). Errors: a missing library, no such device, an NVRTC
+    /// failure (with its log).
+    pub fn new(ordinal: usize, batch_invariant: bool) -> Result<Self> {
         check_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let stream = ctx.default_stream();
@@ -70,7 +79,15 @@ impl CudaDevice {
             modules.insert(name, ctx.load_module(ptx).map_err(cuda_err)?);
         }
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
-        Ok(Self { inner: Arc::new(Inner { ordinal, stream, blas, modules, functions: Mutex::default() }) })
+        let inner = Inner { ordinal, batch_invariant, stream, blas, modules, functions: Mutex::default() };
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// Whether the forward GEMM and attention are the batch-invariant kernels (gemm.cu's
+    /// `linear_bi`; the split-KV attention for every row) rather than cuBLAS and the tiled
+    /// prefill kernel.
+    pub fn batch_invariant(&self) -> bool {
+        self.inner.batch_invariant
     }
 
     pub(super) fn stream(&self) -> &Arc<CudaStream> {
@@ -151,7 +168,7 @@ mod tests {
         if unsafe { cudarc::driver::sys::is_culib_present() } {
             return; // a machine with a driver: nothing to check here
         }
-        let e = CudaDevice::new(0).unwrap_err().to_string();
+        let e = CudaDevice::new(0, false).unwrap_err().to_string();
         assert!(e.contains("CUDA requested but libcuda"), "{e}");
     }
 }

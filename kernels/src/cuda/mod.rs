@@ -6,8 +6,9 @@
 //! Status: written and type-checked without a GPU (the kernels themselves are tested on
 //! the CPU through the SIMT emulation, `tests/integration/cuda_emu.rs`); not yet run on a
 //! device. Layout: weights are not packed (row-major `[n, k]`, cuBLAS reads them as they
-//! are); `linear` and `linear_grad_weight` are cuBLAS SGEMMs, which are not batch-invariant
-//! (the issue's `--batch-invariant` GEMM is not written).
+//! are); `linear` and `linear_grad_weight` are cuBLAS SGEMMs, which are not batch-invariant,
+//! except in the `--batch-invariant` mode ([`CudaDevice::batch_invariant`]), where `linear`
+//! is gemm.cu's fixed-order kernel and every attention row runs the split-KV kernels.
 
 mod attention;
 mod compile;

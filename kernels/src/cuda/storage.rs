@@ -8,7 +8,7 @@ use crate::ops::{AdamWStep, AttnSeq};
 use crate::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, PushKernelArg};
+use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
 use std::ops::Range;
 
 /// Threads per block of the row kernels (one block per row).
@@ -74,6 +74,40 @@ impl CudaStorage {
         // SAFETY: the dimensions and leading dimensions describe buffers of the sizes the
         // contract's shapes give (checked by ops).
         unsafe { self.dev.blas().gemm(cfg, a, b, &mut y.buf) }.map_err(cuda_err)?;
+        Ok(y)
+    }
+
+    /// `linear` without bias through cuBLAS SGEMM (see [`BackendStorage::linear`]).
+    fn linear_cublas(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
+        let cfg = GemmConfig {
+            transa: CUBLAS_OP_T,
+            transb: CUBLAS_OP_N,
+            m: int(n)?,
+            n: int(m)?,
+            k: int(k)?,
+            alpha: 1.0,
+            lda: int(k)?,
+            ldb: int(k)?,
+            beta: 0.0,
+            ldc: int(n)?,
+        };
+        self.gemm(cfg, &w.buf, &self.buf, m * n)
+    }
+
+    /// `linear` without bias through gemm.cu's `linear_bi` (`--batch-invariant`): `y[i, j]`
+    /// is the CPU's FMA chain over `k`, whatever `m`.
+    fn linear_bi(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
+        let mut y = self.zeros_like(m * n)?;
+        let f = self.dev.function("gemm.cu", "linear_bi")?;
+        let (mi, ni, ki) = (int(m)?, int(n)?, int(k)?);
+        let mut b = self.dev.stream().launch_builder(&f);
+        b.arg(&self.buf).arg(&w.buf).arg(&mut y.buf).arg(&mi).arg(&ni).arg(&ki);
+        let cfg = LaunchConfig {
+            grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
+            block_dim: (16, 16, 1),
+            shared_mem_bytes: 0,
+        };
+        launch(b, cfg)?;
         Ok(y)
     }
 
@@ -146,22 +180,12 @@ impl BackendStorage for CudaStorage {
     fn packed_is_row_major(&self) -> bool {
         true
     }
-    /// Row-major `y [m, n] = x [m, k] · Wᵀ` is column-major `yᵀ = W · xᵀ`: cuBLAS SGEMM with
-    /// A = W read transposed (`lda = k`), B = xᵀ (`ldb = k`), C = yᵀ (`ldc = n`).
+    /// Row-major `y [m, n] = x [m, k] · Wᵀ`. Batch-invariant mode: gemm.cu's `linear_bi` (the
+    /// CPU's FMA chains). Otherwise column-major `yᵀ = W · xᵀ`: cuBLAS SGEMM with A = W read
+    /// transposed (`lda = k`), B = xᵀ (`ldb = k`), C = yᵀ (`ldc = n`).
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
-        let cfg = GemmConfig {
-            transa: CUBLAS_OP_T,
-            transb: CUBLAS_OP_N,
-            m: int(n)?,
-            n: int(m)?,
-            k: int(k)?,
-            alpha: 1.0,
-            lda: int(k)?,
-            ldb: int(k)?,
-            beta: 0.0,
-            ldc: int(n)?,
-        };
-        let mut y = self.gemm(cfg, &w.buf, &self.buf, m * n)?;
+        let mut y =
+            if self.dev.batch_invariant() { self.linear_bi(m, k, w, n)? } else { self.linear_cublas(m, k, w, n)? };
         if let Some(bias) = bias {
             let f = self.dev.function("elementwise.cu", "add_bias")?;
             let (mi, ni) = (int(m)?, int(n)?);

@@ -49,8 +49,9 @@ fn rlserve(args: &[&str]) -> (Option<i32>, String) {
     (out.status.code(), String::from_utf8_lossy(&out.stderr).into_owned())
 }
 
-/// Every command that loads a model takes `--device`: a bad value is clap's usage error
-/// (exit 2) with the parser's message, not "unexpected argument".
+/// Every command that loads a model takes `--device` and `--batch-invariant`: a bad device
+/// is clap's usage error (exit 2) with the parser's message, not "unexpected argument"
+/// (which an unknown `--batch-invariant`, read first, would be).
 #[test]
 fn every_model_command_takes_the_flag() {
     let dir = tests::temp_dir("cuda-e2e-flag");
@@ -68,7 +69,7 @@ fn every_model_command_takes_the_flag() {
         &["bench", "rl"],
     ];
     for cmd in commands {
-        let (code, err) = rlserve(&[cmd, &["--device", "gpu"]].concat());
+        let (code, err) = rlserve(&[cmd, &["--batch-invariant", "--device", "gpu"]].concat());
         assert_eq!(code, Some(2), "{cmd:?}: {err}");
         assert!(err.contains(r#"--device must be cpu, cuda or cuda:N, got "gpu""#), "{cmd:?}: {err}");
     }
