@@ -16,7 +16,8 @@ Work compared (the CPU-performance issue's table):
 - latency: prefill of 512 tokens and decode of 128 tokens, one sequence:
   `rlserve bench latency` vs `llama-bench` (F32 GGUF of the same weights);
 - batched: 64 sequences, 64-token prompts, 32 output tokens; output tokens over the whole
-  run (prefill included): `rlserve bench throughput` vs `llama-batched-bench`;
+  run (prefill included), and over the decode phase alone (llama's S_TG; rlserve's steps
+  that computed no prompt token): `rlserve bench throughput` vs `llama-batched-bench`;
 - serve: the same HTTP load (`rlserve bench serve`, 32 streaming completions, 64 + 32
   tokens, all at once) against `rlserve serve` and `llama-server`.
 The machine must be idle: the script refuses to start when the 1-minute load average is
@@ -51,6 +52,21 @@ def grab(pattern, text, what):
     if not m:
         sys.exit(f"could not find {what} ({pattern!r}) in:\n{text[-3000:]}")
     return float(m.group(1))
+
+
+class Shared:
+    """One run that gives several figures (a `bench latency` run gives pp512 and tg128): each
+    call of `get(key)` takes the oldest unused value of `key`, running again only when none is
+    left, so the cases sharing the run see the same alternations without running twice."""
+
+    def __init__(self, run):
+        self.run, self.left = run, {}
+
+    def get(self, key):
+        if not self.left.get(key):
+            for k, v in self.run().items():
+                self.left.setdefault(k, []).append(v)
+        return self.left[key].pop(0)
 
 
 class Server:
@@ -118,28 +134,26 @@ def main():
     if "train-rl" in only:
         train("train-rl", 8, 30, 16, 8)
     if "latency" in only:
-        lat = {}
+        def rl_lat():
+            out = run(rl + ["bench", "latency", "--model", a.model, "--prompt-tokens", "512", "--gen-tokens", "128", "--repetitions", "3"])
+            return dict(pp512=grab(r"\| pp512 \| ([\d.]+)", out, "pp512"), tg128=grab(r"\| tg128 \| ([\d.]+)", out, "tg128"))
 
-        def rl_lat(test):
-            if test not in lat:  # one `bench latency` run gives both figures
-                out = run(rl + ["bench", "latency", "--model", a.model, "--prompt-tokens", "512", "--gen-tokens", "128", "--repetitions", "3"])
-                lat.update(pp512=grab(r"\| pp512 \| ([\d.]+)", out, "pp512"), tg128=grab(r"\| tg128 \| ([\d.]+)", out, "tg128"))
-            return lat.pop(test)
+        def llama_lat():
+            out = run([os.path.join(llama, "llama-bench"), "-m", gguf, "-t", t, "-p", "512", "-n", "128", "-r", "3"])
+            return dict(pp512=grab(r"pp512 \|\s+([\d.]+)", out, "pp512"), tg128=grab(r"tg128 \|\s+([\d.]+)", out, "tg128"))
 
-        llb = {}
-
-        def llama_lat(test):
-            if test not in llb:
-                out = run([os.path.join(llama, "llama-bench"), "-m", gguf, "-t", t, "-p", "512", "-n", "128", "-r", "3"])
-                llb.update(pp512=grab(r"pp512 \|\s+([\d.]+)", out, "pp512"), tg128=grab(r"tg128 \|\s+([\d.]+)", out, "tg128"))
-            return llb.pop(test)
-
+        ours, theirs = Shared(rl_lat), Shared(llama_lat)
         for test, what in [("pp512", "prefill, 512 tokens"), ("tg128", "decode, 1 sequence, 128 tokens")]:
             cases.append((test, what, "tok/s", True, [
-                ("rlserve", lambda test=test: rl_lat(test)),
-                ("llama.cpp llama-bench F32", lambda test=test: llama_lat(test)),
+                ("rlserve", lambda test=test: ours.get(test)),
+                ("llama.cpp llama-bench F32", lambda test=test: theirs.get(test)),
             ]))
     if "batched" in only:
+        def rl_batched():
+            out = run(rl + ["bench", "throughput", "--model", a.model, "--num-prompts", "64", "--input-len", "64", "--output-len", "32", "--no-curve"])
+            return dict(run=grab(r"([\d.]+) output tokens/s", out, "output tokens/s"),
+                        tg=grab(r"Decode phase: ([\d.]+) output tokens/s", out, "decode phase"))
+
         def llama_batched():
             out = run([os.path.join(llama, "llama-batched-bench"), "-m", gguf, "-t", t, "-tb", t, "-c", "8192", "-b", "2048", "-ub", "512",
                        "-npp", "64", "-ntg", "32", "-npl", "64"])
@@ -148,12 +162,16 @@ def main():
             if not row:
                 sys.exit(f"no 64/32/64 row in llama-batched-bench output:\n{out[-3000:]}")
             cells = [x.strip() for x in row.group(0).strip("|").split("|")]
-            return 64 * 32 / float(cells[8])  # output tokens over the whole run, as rlserve's figure
+            # Output tokens over the whole run (prefill included), and S_TG: the decode phase.
+            return dict(run=64 * 32 / float(cells[8]), tg=float(cells[7]))
 
-        cases.append(("batched", "batched generation, 64 seqs × (64 + 32) tokens, output tok/s", "tok/s", True, [
-            ("rlserve", lambda: grab(r"([\d.]+) output tokens/s", run(rl + ["bench", "throughput", "--model", a.model, "--num-prompts", "64", "--input-len", "64", "--output-len", "32", "--no-curve"]), "output tokens/s")),
-            ("llama.cpp llama-batched-bench F32", llama_batched),
-        ]))
+        ours, theirs = Shared(rl_batched), Shared(llama_batched)
+        for key, what in [("run", "batched generation, 64 seqs × (64 + 32) tokens, output tok/s over the whole run"),
+                          ("tg", "batched decode, 64 seqs (decode phase: llama's S_TG, rlserve's steps without prefill), output tok/s")]:
+            cases.append(("batched" if key == "run" else "batched-tg", what, "tok/s", True, [
+                ("rlserve", lambda key=key: ours.get(key)),
+                ("llama.cpp llama-batched-bench F32", lambda key=key: theirs.get(key)),
+            ]))
     if "serve" in only:
         def serve(cmd):
             s = Server(cmd, a.port)
