@@ -145,8 +145,8 @@ def main():
         ours, theirs = Shared(rl_lat), Shared(llama_lat)
         for test, what in [("pp512", "prefill, 512 tokens"), ("tg128", "decode, 1 sequence, 128 tokens")]:
             cases.append((test, what, "tok/s", True, [
-                ("rlserve", lambda test=test: ours.get(test)),
-                ("llama.cpp llama-bench F32", lambda test=test: theirs.get(test)),
+                ("rlserve", lambda test=test, s=ours: s.get(test)),
+                ("llama.cpp llama-bench F32", lambda test=test, s=theirs: s.get(test)),
             ]))
     if "batched" in only:
         def rl_batched():
@@ -169,8 +169,8 @@ def main():
         for key, what in [("run", "batched generation, 64 seqs × (64 + 32) tokens, output tok/s over the whole run"),
                           ("tg", "batched decode, 64 seqs (decode phase: llama's S_TG, rlserve's steps without prefill), output tok/s")]:
             cases.append(("batched" if key == "run" else "batched-tg", what, "tok/s", True, [
-                ("rlserve", lambda key=key: ours.get(key)),
-                ("llama.cpp llama-batched-bench F32", lambda key=key: theirs.get(key)),
+                ("rlserve", lambda key=key, s=ours: s.get(key)),
+                ("llama.cpp llama-batched-bench F32", lambda key=key, s=theirs: s.get(key)),
             ]))
     if "serve" in only:
         def serve(cmd):

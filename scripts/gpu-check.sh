@@ -16,15 +16,17 @@
 #     `cuda_e2e::gpu_vs_cpu` (GPU engine and learner vs the CPU's). A test that prints
 #     "no CUDA device" counts as a failure here.
 #  4. rlserve bench latency / throughput (batch 64) / train with --device cuda on both
-#     models, and derived figures: % of the HBM roof at batch 1 (bytes of weights read per
-#     token × decode tokens/s ÷ HBM bandwidth) and % of the FP32 peak of the whole step's
-#     GEMM FLOPs (a lower bound on the GEMMs' own efficiency: the step's other kernels
-#     count as GEMM time).
+#     models (the CLI's default --dtype auto: bf16 serving copies of the linear weights,
+#     f32 master weights and an f32 backward), and derived figures: % of the HBM roof at
+#     batch 1 (bytes of bf16 weights read per token × decode tokens/s ÷ HBM bandwidth), % of
+#     the bf16 peak of the serving GEMM FLOPs and % of the FP32 peak of the learner step's
+#     (lower bounds on the GEMMs' own efficiency: the step's other kernels count as GEMM
+#     time).
 #
 # Peaks assumed (NVIDIA H200 Tensor Core GPU datasheet, H200 SXM): HBM3e 4.8 TB/s; FP32
 # 67 TFLOPS (rlserve's cuBLAS SGEMMs run in the default math mode: FP32, no TF32; TF32
-# tensor cores would be 494.7 TFLOPS dense). Override with GPU_HBM_TBPS and
-# GPU_FP32_TFLOPS.
+# tensor cores would be 494.7 TFLOPS dense); BF16 tensor cores 989.5 TFLOPS dense. Override
+# with GPU_HBM_TBPS, GPU_FP32_TFLOPS and GPU_BF16_TFLOPS.
 #
 # Environment: GPU_BIN (default gpu-bin), GPU_WORK (default /tmp/gpu-check: models, PTX
 # cache, library links; logs too unless $OUT is set: then $OUT/gpu-check-logs), PYTHON
@@ -39,6 +41,7 @@ if [[ -n "${OUT:-}" ]]; then LOGS=$OUT/gpu-check-logs; else LOGS=$WORK/logs; fi
 PYTHON=${PYTHON:-python3}
 HBM_TBPS=${GPU_HBM_TBPS:-4.8}
 FP32_TFLOPS=${GPU_FP32_TFLOPS:-67}
+BF16_TFLOPS=${GPU_BF16_TFLOPS:-989.5}
 START=$SECONDS
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -168,21 +171,22 @@ bench() {
 }
 for m in "${MODELS[@]}"; do
     [[ -f "$WORK/models/$m/roof.json" ]] || continue
-    bytes=$(json bytes_per_token "$m")
+    # roof.json counts f32 weights; the serving copy is bf16 (half the bytes).
+    bytes=$(($(json bytes_per_token "$m") / 2))
     fwd=$(json flops_per_token_forward "$m")
     train=$(json flops_per_token_train "$m")
     if bench latency "$m" --prompt-tokens 512 --gen-tokens 128 --repetitions 3; then
         log="$LOGS/latency-$m.log"
         pp=$(awk -F'|' '$4 ~ /pp512/ {gsub(/ /, "", $5); print $5}' "$log")
         tg=$(awk -F'|' '$4 ~ /tg128/ {gsub(/ /, "", $5); print $5}' "$log")
-        record "bench latency $m" ok "pp512 $pp tok/s, tg128 $tg tok/s = $(pct "$tg" "$bytes" "${HBM_TBPS}e12")% of the HBM roof ($((bytes / 1000000)) MB of f32 weights per token)"
+        record "bench latency $m" ok "pp512 $pp tok/s, tg128 $tg tok/s = $(pct "$tg" "$bytes" "${HBM_TBPS}e12")% of the HBM roof ($((bytes / 1000000)) MB of bf16 weights per token)"
     fi
     if bench throughput "$m" --num-prompts 64 --input-len 128 --output-len 64 --max-num-seqs 64 --no-curve; then
         line=$(grep -m 1 '^Throughput:' "$LOGS/throughput-$m.log")
         total=$(sed -E 's/.* ([0-9.]+) total tokens\/s.*/\1/' <<<"$line")
         out=$(sed -E 's/.* ([0-9.]+) output tokens\/s.*/\1/' <<<"$line")
         decode=$(sed -nE 's/^Decode phase: ([0-9.]+) output tokens\/s.*/\1/p' "$LOGS/throughput-$m.log")
-        record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${FP32_TFLOPS}e12")% of FP32 peak (2N FLOPs/token); decode phase $decode output tok/s"
+        record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${BF16_TFLOPS}e12")% of bf16 peak (2N FLOPs/token); decode phase $decode output tok/s"
     fi
     if bench train "$m" --num-seqs 8 --prompt-len 128 --completion-len 128 --steps 2; then
         line=$(grep -m 1 '^fwd+bwd+AdamW:' "$LOGS/train-$m.log")
@@ -194,7 +198,7 @@ done
 # ---- summary ----
 echo
 echo "gpu-check on: $smi ($(elapsed)); logs in $LOGS"
-echo "peaks assumed: HBM ${HBM_TBPS} TB/s, FP32 ${FP32_TFLOPS} TFLOPS (H200 SXM datasheet)"
+echo "peaks assumed: HBM ${HBM_TBPS} TB/s, FP32 ${FP32_TFLOPS} TFLOPS, BF16 ${BF16_TFLOPS} TFLOPS (H200 SXM datasheet)"
 echo "| check | result | detail |"
 echo "| --- | --- | --- |"
 printf '%s\n' "${ROWS[@]}"

@@ -1,5 +1,5 @@
-// Elementwise kernels: residual add, scale, scale-add, bias add, SwiGLU (SiLU·mul) and its
-// backward, and the f32 → bf16 copy.
+// Elementwise kernels: residual add, scale, scale-add (also writing a bf16 copy), bias add,
+// SwiGLU (SiLU·mul) and its backward, and the f32 → bf16 copy.
 //
 // Every kernel here is a grid-stride loop over its elements: any grid, any block (the host
 // uses 256 threads and min(ceil(n / 256), 65535) blocks), no shared memory. Formulas match
@@ -17,6 +17,17 @@ extern "C" __global__ void add_inplace(float* a, const float* b, long long n) {
 // optimizer's decayed update; packed weights too, their layout being elementwise-equal).
 extern "C" __global__ void scale_add_inplace(float* a, float s, const float* d, long long n) {
     RLS_GRID_STRIDE(i, n) a[i] = a[i] * s + d[i];
+}
+
+// scale_add_inplace_bf16(a [n], s, d [n], a16 [n] (bf16 bits), n): a = a·s + d, then
+// a16 = bf16(a) rounded to nearest even: the optimizer's update of a weight that has a bf16
+// serving copy, master and copy in one launch (the engine's pause per update is this pass).
+extern "C" __global__ void scale_add_inplace_bf16(float* a, float s, const float* d, unsigned short* a16, long long n) {
+    RLS_GRID_STRIDE(i, n) {
+        float x = a[i] * s + d[i];
+        a[i] = x;
+        a16[i] = rls_bf16_rne(x);
+    }
 }
 
 // scale(x [n], y [n], s, n): y = s·x (contract `scale`).

@@ -20,7 +20,7 @@ pub enum CudaStorage {}
 
 impl CudaDevice {
     /// Always fails: this build has no CUDA backend.
-    pub fn new(_ordinal: usize, _batch_invariant: bool) -> Result<Self> {
+    pub fn new(_ordinal: usize, _options: crate::CudaOptions) -> Result<Self> {
         Err(KernelError::CudaUnavailable)
     }
 }

@@ -23,7 +23,7 @@ pub mod ops;
 mod tensor;
 
 pub use error::KernelError;
-pub use tensor::{DType, Device, Storage, Tensor};
+pub use tensor::{CudaOptions, DType, Device, Storage, Tensor};
 
 /// Result type of every op.
 pub type Result<T> = std::result::Result<T, KernelError>;

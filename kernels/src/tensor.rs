@@ -14,16 +14,15 @@ pub enum Device {
 }
 
 impl Device {
-    /// The CUDA device with this ordinal, or [`KernelError::CudaUnavailable`].
+    /// The CUDA device with this ordinal (f32, cuBLAS: [`CudaOptions::default`]), or
+    /// [`KernelError::CudaUnavailable`].
     pub fn cuda(ordinal: usize) -> Result<Self> {
-        Self::cuda_with(ordinal, false)
+        Self::cuda_with(ordinal, CudaOptions::default())
     }
 
-    /// [`Self::cuda`], with `batch_invariant` the `--batch-invariant` mode: the forward GEMMs
-    /// are gemm.cu's fixed-order kernel instead of cuBLAS and every attention row takes the
-    /// split-KV kernels, so a token's logits do not depend on its batch (ℓ = μ on the GPU).
-    pub fn cuda_with(ordinal: usize, batch_invariant: bool) -> Result<Self> {
-        Ok(Device::Cuda(CudaDevice::new(ordinal, batch_invariant)?))
+    /// [`Self::cuda`] with [`CudaOptions`] (`--batch-invariant`, `--dtype bfloat16`).
+    pub fn cuda_with(ordinal: usize, options: CudaOptions) -> Result<Self> {
+        Ok(Device::Cuda(CudaDevice::new(ordinal, options)?))
     }
 
     /// `n` zeros on this device.
@@ -43,9 +42,24 @@ impl Device {
     }
 }
 
-/// Element type of a tensor. Every op computes in f32 today; a bf16 serving copy of the
-/// weights on the GPU (f32 master weights for the learner) is the next dtype, and ops
-/// will check it like a shape.
+/// How a CUDA device computes ([`Device::cuda_with`]); the default is f32 weights and cuBLAS.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CudaOptions {
+    /// `--batch-invariant`: the forward GEMMs are gemm.cu's fixed-order `linear_bi` (the CPU
+    /// GEMM's FMA chains) instead of cuBLAS, and every attention row takes the split-KV
+    /// kernels, so a token's logits do not depend on its batch (ℓ = μ on the GPU). Computes
+    /// in f32 ([`Self::bf16_weights`] is ignored).
+    pub batch_invariant: bool,
+    /// `--dtype bfloat16`: every linear weight gets a bf16 serving copy next to its f32
+    /// master, made at its first forward use; `linear` is a cuBLAS bf16 GEMM over it (the
+    /// activations rounded to bf16, f32 accumulation and output) and each optimizer update
+    /// rewrites master and copy in one launch. The backward and the learner's state stay f32.
+    pub bf16_weights: bool,
+}
+
+/// Element type of a tensor. Every tensor is f32; a CUDA device in bf16 mode keeps a bf16
+/// serving copy inside each linear weight's storage ([`CudaOptions::bf16_weights`]), not
+/// as a tensor of its own.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum DType {

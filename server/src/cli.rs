@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use engine::generate::generate as run_generation;
 use engine::{ChatMessage, Model, SamplingParams, Tokenizer};
-use kernels::Device;
+use kernels::{CudaOptions, Device};
 use server::device::DeviceSpec;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -51,13 +51,39 @@ pub struct DeviceArg {
     /// batch-invariant (the flag changes nothing there).
     #[arg(long)]
     pub batch_invariant: bool,
+    /// Compute type of the linear layers (vLLM's `--dtype`): `auto` is bfloat16 on CUDA (a
+    /// bf16 serving copy of each linear weight next to its f32 master, which the learner
+    /// updates; cuBLAS bf16 GEMMs with f32 accumulation) and float32 on the CPU or with
+    /// `--batch-invariant`.
+    #[arg(long, value_enum, default_value_t = Dtype::Auto)]
+    pub dtype: Dtype,
+}
+
+/// `--dtype` values.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Dtype {
+    Auto,
+    Bfloat16,
+    Float32,
 }
 
 impl DeviceArg {
     /// Opens the device (see [`DeviceSpec::open`]): commands call it before loading anything,
     /// so a bad `cuda` fails at start with the kernels crate's error.
     pub fn open(&self) -> Result<Device> {
-        self.device.open_with(self.batch_invariant)
+        let cuda = matches!(self.device, DeviceSpec::Cuda(_));
+        let bf16_weights = match self.dtype {
+            Dtype::Bfloat16 if !cuda => {
+                bail!("--dtype bfloat16 needs --device cuda (the CPU backend computes in float32)")
+            }
+            Dtype::Bfloat16 if self.batch_invariant => {
+                bail!("--batch-invariant computes in float32: drop --dtype bfloat16 (or use --dtype auto)")
+            }
+            Dtype::Bfloat16 => true,
+            Dtype::Auto => cuda && !self.batch_invariant,
+            Dtype::Float32 => false,
+        };
+        self.device.open_with(CudaOptions { batch_invariant: self.batch_invariant, bf16_weights })
     }
 }
 

@@ -3,7 +3,7 @@
 //! The binary's commands take the flag through `cli::DeviceArg`; `serve`'s state builder
 //! gets the opened [`Device`] through [`crate::serve::ServeArgs::device`].
 
-use kernels::Device;
+use kernels::{CudaOptions, Device};
 use std::fmt;
 
 /// A parsed `--device` value (nothing opened yet).
@@ -40,15 +40,15 @@ impl DeviceSpec {
     /// `CUDA requested but libcuda/... not found` when the CUDA libraries are missing, or the
     /// driver's error for an ordinal with no GPU; each prefixed with `--device <value>`.
     pub fn open(self) -> anyhow::Result<Device> {
-        self.open_with(false)
+        self.open_with(CudaOptions::default())
     }
 
-    /// [`Self::open`] with `--batch-invariant` ([`Device::cuda_with`]; the CPU is always
-    /// batch-invariant).
-    pub fn open_with(self, batch_invariant: bool) -> anyhow::Result<Device> {
+    /// [`Self::open`] with `--batch-invariant` / `--dtype` as [`CudaOptions`]
+    /// ([`Device::cuda_with`]; the CPU ignores them: it is always batch-invariant and f32).
+    pub fn open_with(self, options: CudaOptions) -> anyhow::Result<Device> {
         match self {
             Self::Cpu => Ok(Device::Cpu),
-            Self::Cuda(n) => Device::cuda_with(n, batch_invariant).map_err(|e| anyhow::anyhow!("--device {self}: {e}")),
+            Self::Cuda(n) => Device::cuda_with(n, options).map_err(|e| anyhow::anyhow!("--device {self}: {e}")),
         }
     }
 }

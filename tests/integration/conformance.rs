@@ -28,7 +28,7 @@ macro_rules! test_device {
             #[cfg(feature = "cuda")]
             #[test]
             fn cuda_batch_invariant() {
-                match kernels::Device::cuda_with(0, true) {
+                match kernels::Device::cuda_with(0, kernels::CudaOptions { batch_invariant: true, bf16_weights: false }) {
                     Ok(d) => super::$body(&d),
                     Err(e) => eprintln!("no CUDA device: {e}"),
                 }

@@ -110,6 +110,24 @@ fn elementwise_kernels_equal_the_cpu_bitwise() {
     ops::scale_add_inplace(&mut want, 0.93, &cpu(&b, &[n])).unwrap();
     bitwise(&a, &host(&want), "scale_add_inplace");
 
+    // The same update also writing the bf16 serving copy: the master as above, the copy its
+    // round-to-nearest-even bf16.
+    let mut a = a0.clone();
+    let mut a16 = vec![0u16; n];
+    unsafe {
+        ffi::emu_scale_add_inplace_bf16(
+            stride(n).as_ptr(),
+            0,
+            a.as_mut_ptr(),
+            0.93,
+            b.as_ptr(),
+            a16.as_mut_ptr(),
+            n as i64,
+        )
+    };
+    bitwise(&a, &host(&want), "scale_add_inplace_bf16 master");
+    assert!(a16.iter().zip(&a).all(|(&h, &x)| h == half::bf16::from_f32(x).to_bits()), "the bf16 copy");
+
     let mut y = vec![0.0; n];
     unsafe { ffi::emu_scale(stride(n).as_ptr(), 0, a0.as_ptr(), y.as_mut_ptr(), -1.7, n as i64) };
     bitwise(&y, &host(&ops::scale(&cpu(&a0, &[n]), -1.7).unwrap()), "scale");

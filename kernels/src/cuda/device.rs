@@ -3,7 +3,7 @@
 use super::compile;
 use super::storage::CudaStorage;
 use crate::backend::BackendDevice;
-use crate::{KernelError, Result};
+use crate::{CudaOptions, KernelError, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{
     CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
@@ -25,8 +25,7 @@ pub struct CudaDevice {
 
 struct Inner {
     ordinal: usize,
-    /// `--batch-invariant`: [`Self::batch_invariant`].
-    batch_invariant: bool,
+    options: CudaOptions,
     stream: Arc<CudaStream>,
     blas: CudaBlas,
     /// Loaded modules by source file name.
@@ -37,12 +36,12 @@ struct Inner {
 
 impl fmt::Debug for CudaDevice {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "CudaDevice({}{})",
-            self.inner.ordinal,
-            if self.inner.batch_invariant { ", batch-invariant" } else { "" }
-        )
+        let mode = match (self.batch_invariant(), self.bf16_weights()) {
+            (true, _) => ", batch-invariant",
+            (false, true) => ", bf16",
+            (false, false) => "",
+        };
+        write!(f, "CudaDevice({}{mode})", self.inner.ordinal)
     }
 }
 
@@ -66,10 +65,9 @@ fn check_libraries() -> Result<()> {
 
 impl CudaDevice {
     /// The GPU with this ordinal, its kernels compiled (or read from the PTX cache) for its
-    /// architecture; `batch_invariant` selects the `--batch-invariant` kernels
-    /// ([`crate::Device::cuda_with`]). Errors: a missing library, no such device, an NVRTC
-    /// failure (with its log).
-    pub fn new(ordinal: usize, batch_invariant: bool) -> Result<Self> {
+    /// architecture, computing as `options` says ([`CudaOptions`]). Errors: a missing
+    /// library, no such device, an NVRTC failure (with its log).
+    pub fn new(ordinal: usize, options: CudaOptions) -> Result<Self> {
         check_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
         let stream = ctx.default_stream();
@@ -79,7 +77,7 @@ impl CudaDevice {
             modules.insert(name, ctx.load_module(ptx).map_err(cuda_err)?);
         }
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
-        let inner = Inner { ordinal, batch_invariant, stream, blas, modules, functions: Mutex::default() };
+        let inner = Inner { ordinal, options, stream, blas, modules, functions: Mutex::default() };
         Ok(Self { inner: Arc::new(inner) })
     }
 
@@ -87,7 +85,13 @@ impl CudaDevice {
     /// `linear_bi`; the split-KV attention for every row) rather than cuBLAS and the tiled
     /// prefill kernel.
     pub fn batch_invariant(&self) -> bool {
-        self.inner.batch_invariant
+        self.inner.options.batch_invariant
+    }
+
+    /// Whether `linear` reads a bf16 serving copy of the weight ([`CudaOptions::bf16_weights`];
+    /// never in the batch-invariant mode, which computes in f32).
+    pub fn bf16_weights(&self) -> bool {
+        self.inner.options.bf16_weights && !self.inner.options.batch_invariant
     }
 
     pub(super) fn stream(&self) -> &Arc<CudaStream> {
@@ -168,7 +172,7 @@ mod tests {
         if unsafe { cudarc::driver::sys::is_culib_present() } {
             return; // a machine with a driver: nothing to check here
         }
-        let e = CudaDevice::new(0, false).unwrap_err().to_string();
+        let e = CudaDevice::new(0, CudaOptions::default()).unwrap_err().to_string();
         assert!(e.contains("CUDA requested but libcuda"), "{e}");
     }
 }

@@ -8,8 +8,9 @@ use crate::ops::{AdamWStep, AttnSeq};
 use crate::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, LaunchConfig, PushKernelArg};
+use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::ops::Range;
+use std::sync::OnceLock;
 
 /// Threads per block of the row kernels (one block per row).
 const ROW_THREADS: u32 = 256;
@@ -23,6 +24,11 @@ pub struct CudaStorage {
     dev: CudaDevice,
     pub(super) buf: CudaSlice<f32>,
     len: usize,
+    /// The bf16 serving copy of a linear weight on a device in bf16 mode: made from `buf` by
+    /// the first `linear` that reads this weight (so optimizer deltas, packed like weights but
+    /// never multiplied, get none), rewritten with `buf` by every `scale_add_inplace` (the
+    /// optimizer's update, one launch), read by `linear`.
+    bf16: OnceLock<CudaSlice<u16>>,
 }
 
 impl std::fmt::Debug for CudaStorage {
@@ -43,7 +49,27 @@ pub(super) fn ints(v: impl IntoIterator<Item = usize>) -> Result<Vec<i32>> {
 
 impl CudaStorage {
     pub(super) fn new(dev: CudaDevice, buf: CudaSlice<f32>, len: usize) -> Self {
-        Self { dev, buf, len }
+        Self { dev, buf, len, bf16: OnceLock::new() }
+    }
+
+    /// `n` values of `x` as bf16 bits (f32_to_bf16 of elementwise.cu).
+    fn to_bf16(dev: &CudaDevice, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+        let mut y = dev.zeros_any::<u16>(n)?;
+        let f = dev.function("elementwise.cu", "f32_to_bf16")?;
+        let nl = n as i64;
+        let mut b = dev.stream().launch_builder(&f);
+        b.arg(x).arg(&mut y).arg(&nl);
+        launch(b, stride_cfg(n))?;
+        Ok(y)
+    }
+
+    /// The weight's bf16 serving copy, made on first use (see the field).
+    fn bf16_copy(&self) -> Result<&CudaSlice<u16>> {
+        if self.bf16.get().is_none() {
+            // Two readers racing here both convert; one copy is kept (the same values).
+            let _ = self.bf16.set(Self::to_bf16(&self.dev, &self.buf, self.len)?);
+        }
+        Ok(self.bf16.get().expect("set above"))
     }
 
     /// A zeroed buffer of `n` on the same device.
@@ -92,6 +118,52 @@ impl CudaStorage {
             ldc: int(n)?,
         };
         self.gemm(cfg, &w.buf, &self.buf, m * n)
+    }
+
+    /// `linear` without bias in bf16: `x` rounded to bf16, then `cublasGemmEx` with A = the
+    /// weight's bf16 copy read transposed, B = x (both `CUDA_R_16BF`, `lda = ldb = k`), C = y
+    /// in f32 (`ldc = n`), `CUBLAS_COMPUTE_32F` (f32 accumulation): the mapping of
+    /// [`Self::linear_cublas`] with other element types.
+    fn linear_bf16(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
+        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
+        let w16 = w.bf16_copy()?;
+        let x16 = Self::to_bf16(&self.dev, &self.buf, m * k)?;
+        let mut y = self.zeros_like(m * n)?;
+        let (alpha, beta) = (1.0f32, 0.0f32);
+        let stream = self.dev.stream();
+        {
+            let (a, _a_in_use) = w16.device_ptr(stream);
+            let (b, _b_in_use) = x16.device_ptr(stream);
+            let (c, _c_in_use) = y.buf.device_ptr_mut(stream);
+            // SAFETY: A is the [n, k] weight, B the [m, k] activations, C the [m, n] output
+            // (row-major), all on this device's stream; the scalars are f32 as the compute type
+            // requires; the records keep the buffers in use until the call is queued.
+            unsafe {
+                cudarc::cublas::result::gemm_ex(
+                    *self.dev.blas().handle(),
+                    CUBLAS_OP_T,
+                    CUBLAS_OP_N,
+                    int(n)?,
+                    int(m)?,
+                    int(k)?,
+                    (&alpha) as *const f32 as *const _,
+                    a as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    int(k)?,
+                    b as *const _,
+                    cudaDataType_t::CUDA_R_16BF,
+                    int(k)?,
+                    (&beta) as *const f32 as *const _,
+                    c as *mut _,
+                    cudaDataType_t::CUDA_R_32F,
+                    int(n)?,
+                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                )
+            }
+            .map_err(cuda_err)?;
+        }
+        Ok(y)
     }
 
     /// `linear` without bias through gemm.cu's `linear_bi` (`--batch-invariant`): `y[i, j]`
@@ -143,6 +215,7 @@ impl CudaStorage {
 
     /// A scatter kernel `name(dst, rows, src, n, c)` of embedding.cu.
     fn scatter(&mut self, name: &'static str, rows: &[u32], src: &Self, c: usize) -> Result<()> {
+        self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
         if rows.is_empty() {
             return Ok(());
         }
@@ -172,20 +245,27 @@ impl BackendStorage for CudaStorage {
 
     // Weights stay row-major `[n, k]` on the GPU: cuBLAS reads them as they are.
     fn pack_weight(&self, _n: usize, _k: usize) -> Result<Self> {
-        Ok(self.clone())
+        Ok(Self::new(self.dev.clone(), self.buf.clone(), self.len))
     }
+    /// The f32 master (a bf16 copy is not carried over).
     fn unpack_weight(&self, _n: usize, _k: usize) -> Result<Self> {
-        Ok(self.clone())
+        Ok(Self::new(self.dev.clone(), self.buf.clone(), self.len))
     }
     fn packed_is_row_major(&self) -> bool {
         true
     }
     /// Row-major `y [m, n] = x [m, k] · Wᵀ`. Batch-invariant mode: gemm.cu's `linear_bi` (the
-    /// CPU's FMA chains). Otherwise column-major `yᵀ = W · xᵀ`: cuBLAS SGEMM with A = W read
-    /// transposed (`lda = k`), B = xᵀ (`ldb = k`), C = yᵀ (`ldc = n`).
+    /// CPU's FMA chains). bf16 mode: a cuBLAS bf16 GEMM over the weight's serving copy.
+    /// Otherwise column-major `yᵀ = W · xᵀ`: cuBLAS SGEMM with A = W read transposed
+    /// (`lda = k`), B = xᵀ (`ldb = k`), C = yᵀ (`ldc = n`).
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
-        let mut y =
-            if self.dev.batch_invariant() { self.linear_bi(m, k, w, n)? } else { self.linear_cublas(m, k, w, n)? };
+        let mut y = if self.dev.batch_invariant() {
+            self.linear_bi(m, k, w, n)?
+        } else if self.dev.bf16_weights() {
+            self.linear_bf16(m, k, w, n)?
+        } else {
+            self.linear_cublas(m, k, w, n)?
+        };
         if let Some(bias) = bias {
             let f = self.dev.function("elementwise.cu", "add_bias")?;
             let (mi, ni) = (int(m)?, int(n)?);
@@ -254,6 +334,7 @@ impl BackendStorage for CudaStorage {
         Ok((dx, dw))
     }
     fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
+        self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
         if positions.is_empty() {
             return Ok(());
         }
@@ -284,6 +365,7 @@ impl BackendStorage for CudaStorage {
         Ok(d)
     }
     fn add_inplace(&mut self, other: &Self) -> Result<()> {
+        self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
         let f = self.dev.function("elementwise.cu", "add_inplace")?;
         let n = self.len as i64;
         let stream = self.dev.stream().clone();
@@ -291,13 +373,26 @@ impl BackendStorage for CudaStorage {
         b.arg(&mut self.buf).arg(&other.buf).arg(&n);
         launch(b, stride_cfg(self.len))
     }
+    /// `a ← s·a + d`; a weight with a bf16 serving copy gets both rewritten in one launch
+    /// (`scale_add_inplace_bf16`).
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()> {
-        let f = self.dev.function("elementwise.cu", "scale_add_inplace")?;
         let n = self.len as i64;
         let stream = self.dev.stream().clone();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&mut self.buf).arg(&s).arg(&d.buf).arg(&n);
-        launch(b, stride_cfg(self.len))
+        let Self { dev, buf, bf16, .. } = self;
+        match bf16.get_mut() {
+            Some(copy) => {
+                let f = dev.function("elementwise.cu", "scale_add_inplace_bf16")?;
+                let mut b = stream.launch_builder(&f);
+                b.arg(buf).arg(&s).arg(&d.buf).arg(copy).arg(&n);
+                launch(b, stride_cfg(n as usize))
+            }
+            None => {
+                let f = dev.function("elementwise.cu", "scale_add_inplace")?;
+                let mut b = stream.launch_builder(&f);
+                b.arg(buf).arg(&s).arg(&d.buf).arg(&n);
+                launch(b, stride_cfg(n as usize))
+            }
+        }
     }
     fn scale(&self, s: f32) -> Result<Self> {
         self.scale_into(s)

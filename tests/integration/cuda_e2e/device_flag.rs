@@ -89,3 +89,23 @@ fn cuda_without_a_gpu_fails_at_start_without_a_panic() {
         assert!(!err.contains("no-such-model"), "{cmd:?}: the device is opened before the model: {err}");
     }
 }
+
+/// `--dtype` (vLLM's flag): `bfloat16` needs CUDA and contradicts `--batch-invariant`; both
+/// are start-up errors naming the flags (exit status 1, before the model is read); an unknown
+/// value is clap's usage error.
+#[test]
+fn dtype_bfloat16_needs_cuda_and_no_batch_invariance() {
+    let missing = tests::temp_dir("cuda-e2e-dtype").join("no-such-model");
+    let missing = missing.to_str().unwrap();
+    let cases: [(&[&str], i32, &str); 3] = [
+        (&["--dtype", "bfloat16"], 1, "--dtype bfloat16 needs --device cuda"),
+        (&["--device", "cuda", "--batch-invariant", "--dtype", "bfloat16"], 1, "--batch-invariant computes in float32"),
+        (&["--dtype", "half"], 2, "invalid value 'half' for '--dtype"),
+    ];
+    for (flags, code, msg) in cases {
+        let (got, err) = rlserve(&[&["generate", "--prompt", "hi", "--model", missing][..], flags].concat());
+        assert_eq!(got, Some(code), "{flags:?}: {err}");
+        assert!(err.contains(msg), "{flags:?}: {err}");
+        assert!(!err.contains("panicked"), "{flags:?}: {err}");
+    }
+}
