@@ -145,7 +145,8 @@ e2e="$LOGS/test-cuda_e2e__gpu_vs_cpu.log"
 if [[ -f "$e2e" ]]; then
     # --nocapture puts a test's first printed line after its `test NAME ... `.
     sed -E 's/^test [^ ]+ \.\.\. //' "$e2e" >"$LOGS/e2e-lines.txt"
-    awk '/: step [0-9]+ .*max relative error/ { e = $NF + 0; if (!($1 in w) || e > w[$1]) w[$1] = e }
+    # One row per model and device mode ("smollm2-135m (CudaDevice(0, bf16))": f32 and bf16 apart).
+    awk '/: step [0-9]+ .*max relative error/ { e = $NF + 0; k = $0; sub(/: step .*/, "", k); if (!(k in w) || e > w[k]) w[k] = e }
         END { for (m in w) printf "%s logits (prefill + 4 decode steps): max relative error %.2e\n", m, w[m] }' "$LOGS/e2e-lines.txt" |
         sort >"$LOGS/measured.txt"
     grep -hE 'worst gradient|max \|ℓ − μ\||diverges' "$LOGS/e2e-lines.txt" | sort -u >>"$LOGS/measured.txt"

@@ -314,7 +314,7 @@ impl LLMEngine {
         // its sequence's params, tokens and seed); then the bookkeeping, in order.
         let running = &self.sched.running;
         let eos = &self.tokenizer.eos_token_ids;
-        let mut sampled: Vec<Option<SampledToken>> = scheduled
+        let sampled: Vec<Option<SampledToken>> = scheduled
             .par_iter()
             .zip(&plan)
             .map(|(sch, p)| {
@@ -329,7 +329,7 @@ impl LLMEngine {
             })
             .collect();
         let mut outputs = Vec::new();
-        for ((sch, p), s) in scheduled.iter().zip(plan).zip(sampled.iter_mut()) {
+        for ((sch, p), s) in scheduled.iter().zip(plan).zip(sampled) {
             let seq = &mut self.sched.running[sch.seq];
             let start = seq.num_computed;
             seq.num_computed += sch.num_tokens;
@@ -354,7 +354,7 @@ impl LLMEngine {
                     r.prompt_ready = true;
                 }
             }
-            if let Some(s) = s.take() {
+            if let Some(s) = s {
                 let out = Self::append_and_check(seq, s, &self.tokenizer, self.version, self.max_model_len);
                 self.generation_tokens += 1;
                 outputs.push(out);
