@@ -148,4 +148,13 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     /// One AdamW moment update with gradient `self`: advances `m`, `v` in place and returns
     /// the step `Δ` (see [`AdamWStep`]).
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, step: &AdamWStep) -> Result<Self>;
+    /// [`Self::adamw_delta`] over a weight stacked from row blocks `parts = (g, m, v)`
+    /// (`[r_i, k]` each, in order): the stacked step in [`Self::pack_weight`]'s layout, and,
+    /// when that layout is not row-major, the row-major step too.
+    #[allow(clippy::type_complexity)]
+    fn adamw_delta_packed(
+        parts: &mut [(&Self, &mut Self, &mut Self)],
+        k: usize,
+        step: &AdamWStep,
+    ) -> Result<(Self, Option<Self>)>;
 }

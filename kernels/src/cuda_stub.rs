@@ -165,4 +165,11 @@ impl BackendStorage for CudaStorage {
     fn adamw_delta(&self, _: &mut Self, _: &mut Self, _: &AdamWStep) -> Result<Self> {
         match *self {}
     }
+    fn adamw_delta_packed(
+        _: &mut [(&Self, &mut Self, &mut Self)],
+        _: usize,
+        _: &AdamWStep,
+    ) -> Result<(Self, Option<Self>)> {
+        Err(KernelError::CudaUnavailable)
+    }
 }

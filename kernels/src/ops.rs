@@ -139,6 +139,16 @@ pub fn scale_add_packed(w: &mut PackedWeight, s: f32, d: &PackedWeight) -> Resul
     backend!("scale_add_packed"; a, b => a.scale_add_inplace(s, b))
 }
 
+/// `a ← s·a + d` with `d` the row-major form of a packed step (a tied embedding updated
+/// with its LM head's step, laid out once): same `[n, k]` shapes.
+pub fn scale_add_rows_of(a: &mut Tensor, s: f32, d: &PackedWeight) -> Result<()> {
+    if a.shape() != d.shape() {
+        return Err(shape_err("scale_add_rows_of", format!("{:?} vs {:?}", a.shape(), d.shape())));
+    }
+    let (a, b) = (&mut a.storage, d.rows()?);
+    backend!("scale_add_rows_of"; a, b => a.scale_add_inplace(s, b))
+}
+
 /// `a ← s·a + d` elementwise (same shapes).
 pub fn scale_add_inplace(a: &mut Tensor, s: f32, d: &Tensor) -> Result<()> {
     if a.shape() != d.shape() {
@@ -645,4 +655,63 @@ pub fn adamw_delta(g: &Tensor, m: &mut Tensor, v: &mut Tensor, step: &AdamWStep)
     }
     let (a, ms, vs) = (&g.storage, &mut m.storage, &mut v.storage);
     out(backend!("adamw"; a, ms, vs => a.adamw_delta(ms, vs, step).map(Storage::from)), g.shape())
+}
+
+/// One row block of a stacked linear weight for [`adamw_delta_packed`]: its gradient and
+/// AdamW moments, `[r, k]` each.
+pub struct AdamWPart<'a> {
+    pub g: &'a Tensor,
+    pub m: &'a mut Tensor,
+    pub v: &'a mut Tensor,
+}
+
+/// [`adamw_delta`] for a linear weight stacked from row blocks (fused q/k/v, gate/up),
+/// returned laid out like the served weight ([`pack_weight_keeping_rows`] of the stacked
+/// steps) in one pass over the moments: bitwise `pack_weight_keeping_rows(cat_rows(Δ_i))`.
+/// Errors: no parts, parts with different column counts, moments shaped unlike their
+/// gradient, parts on different backends.
+pub fn adamw_delta_packed(parts: &mut [AdamWPart<'_>], step: &AdamWStep) -> Result<PackedWeight> {
+    let op = "adamw_delta_packed";
+    let Some(first) = parts.first() else { return Err(shape_err(op, "no parts")) };
+    let k = first.g.dims2(op)?.1;
+    let mut n = 0;
+    for p in parts.iter() {
+        let (r, c) = p.g.dims2(op)?;
+        if c != k || p.m.shape() != p.g.shape() || p.v.shape() != p.g.shape() {
+            let detail =
+                format!("g {:?}, m {:?}, v {:?} in a stack of {k} columns", p.g.shape(), p.m.shape(), p.v.shape());
+            return Err(shape_err(op, detail));
+        }
+        n += r;
+    }
+    let mismatch = || KernelError::DeviceMismatch { op };
+    let (storage, rows): (Storage, Option<Storage>) = match &first.g.storage {
+        Storage::Cpu(_) => {
+            let mut ps = Vec::with_capacity(parts.len());
+            for p in parts.iter_mut() {
+                match (&p.g.storage, &mut p.m.storage, &mut p.v.storage) {
+                    (Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => ps.push((g, m, v)),
+                    _ => return Err(mismatch()),
+                }
+            }
+            let (a, b) = BackendStorage::adamw_delta_packed(&mut ps, k, step)?;
+            (a.into(), b.map(Storage::from))
+        }
+        Storage::Cuda(_) => {
+            let mut ps = Vec::with_capacity(parts.len());
+            for p in parts.iter_mut() {
+                match (&p.g.storage, &mut p.m.storage, &mut p.v.storage) {
+                    (Storage::Cuda(g), Storage::Cuda(m), Storage::Cuda(v)) => ps.push((g, m, v)),
+                    _ => return Err(mismatch()),
+                }
+            }
+            let (a, b) = BackendStorage::adamw_delta_packed(&mut ps, k, step)?;
+            (a.into(), b.map(Storage::from))
+        }
+    };
+    let kept = OnceLock::new();
+    if let Some(r) = rows {
+        let _ = kept.set(r);
+    }
+    Ok(PackedWeight { storage, n, k, rows: kept })
 }

@@ -4,10 +4,10 @@
 use super::Grads;
 use crate::Result;
 use crate::TrainConfig;
-use kernels::ops::{self, AdamWStep};
-use kernels::Tensor;
+use kernels::ops::{self, AdamWPart, AdamWStep, PackedWeight};
+use kernels::{Device, Tensor};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 
 /// Learning-rate schedules, with Hugging Face `get_scheduler` semantics (`transformers`
 /// `optimization.py`): the optimizer's `t`-th step (1-based) uses the multiplier at
@@ -84,9 +84,51 @@ impl AdamW {
     /// `p ← (1 − lr·weight_decay)·p + Δ` (decoupled decay first, as PyTorch). Needs no
     /// access to `p`: the learner computes it while the engine keeps serving and applies it
     /// under the write guard in one pass.
-    pub fn delta(&mut self, name: &str, g: &Tensor, s: &StepScale, cfg: &TrainConfig) -> Result<Tensor> {
+    pub fn delta(&mut self, name: &str, g: &Tensor, s: &StepScale, cfg: &TrainConfig) -> kernels::Result<Tensor> {
+        let step = self.adamw_step(s, cfg);
+        let (m, v) = self.moments(name, g)?;
+        ops::adamw_delta(g, m, v, &step)
+    }
+
+    /// [`Self::delta`] for the HF weights `parts = (name, gradient)` that one served linear
+    /// weight stacks (fused q/k/v, gate/up), returned laid out like it in one pass
+    /// ([`ops::adamw_delta_packed`]).
+    pub fn delta_packed(
+        &mut self,
+        parts: &[(&str, &Tensor)],
+        s: &StepScale,
+        cfg: &TrainConfig,
+    ) -> kernels::Result<PackedWeight> {
+        let step = self.adamw_step(s, cfg);
+        // The parts' moments, taken out of the maps for the call and put back after it.
+        let mut mv = Vec::with_capacity(parts.len());
+        for (name, g) in parts {
+            self.moments(name, g)?;
+            mv.push((self.m.remove(*name).expect("made"), self.v.remove(*name).expect("made")));
+        }
+        let mut ps: Vec<AdamWPart> =
+            parts.iter().zip(mv.iter_mut()).map(|((_, g), (m, v))| AdamWPart { g, m, v }).collect();
+        let laid = ops::adamw_delta_packed(&mut ps, &step);
+        drop(ps);
+        for ((name, _), (m, v)) in parts.iter().zip(mv) {
+            self.m.insert(name.to_string(), m);
+            self.v.insert(name.to_string(), v);
+        }
+        laid
+    }
+
+    /// The moments of `name` (zeros shaped like `g` at its first step).
+    fn moments(&mut self, name: &str, g: &Tensor) -> kernels::Result<(&mut Tensor, &mut Tensor)> {
+        if !self.m.contains_key(name) {
+            self.m.insert(name.to_string(), Tensor::zeros(g.shape(), &g.device())?);
+            self.v.insert(name.to_string(), Tensor::zeros(g.shape(), &g.device())?);
+        }
+        Ok((self.m.get_mut(name).expect("inserted"), self.v.get_mut(name).expect("inserted")))
+    }
+
+    fn adamw_step(&self, s: &StepScale, cfg: &TrainConfig) -> AdamWStep {
         let t = self.step as i32;
-        let step = AdamWStep {
+        AdamWStep {
             lr: s.lr,
             beta1: cfg.adam_beta1,
             beta2: cfg.adam_beta2,
@@ -94,14 +136,7 @@ impl AdamW {
             bias_correction1: 1.0 - cfg.adam_beta1.powi(t),
             bias_correction2: 1.0 - cfg.adam_beta2.powi(t),
             clip: s.clip,
-        };
-        let zeros = || Tensor::zeros(g.shape(), &g.device());
-        if !self.m.contains_key(name) {
-            self.m.insert(name.to_string(), zeros()?);
-            self.v.insert(name.to_string(), zeros()?);
         }
-        let (m, v) = (self.m.get_mut(name).expect("inserted"), self.v.get_mut(name).expect("inserted"));
-        Ok(ops::adamw_delta(g, m, v, &step)?)
     }
 
     /// The decoupled weight-decay factor `1 − lr·weight_decay` of this step.
@@ -126,5 +161,57 @@ impl AdamW {
             }
         }
         Ok((s.grad_norm, s.lr))
+    }
+}
+
+/// One update's AdamW steps, handed to the served model by HF name
+/// ([`engine::model::StepSource`] for `Model::lay_out`). A weight without a gradient gets a
+/// zero step and its moments stay as they are. `used` collects the names taken, so the
+/// caller can step the rest (the value head).
+pub(crate) struct Steps<'a> {
+    pub opt: &'a mut AdamW,
+    pub grads: &'a Grads,
+    pub scale: &'a StepScale,
+    pub cfg: &'a TrainConfig,
+    pub device: Device,
+    pub used: BTreeSet<String>,
+}
+
+impl Steps<'_> {
+    /// The step of `name` if it has a gradient shaped `shape`.
+    fn step(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Option<Tensor>> {
+        match self.grads.tensors.get(name).filter(|g| g.shape() == shape) {
+            Some(g) => {
+                self.used.insert(name.to_string());
+                self.opt.delta(name, g, self.scale, self.cfg).map(Some)
+            }
+            None => Ok(None),
+        }
+    }
+}
+
+impl engine::model::StepSource for Steps<'_> {
+    fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor> {
+        match self.step(name, shape)? {
+            Some(d) => Ok(d),
+            None => Tensor::zeros(shape, &self.device),
+        }
+    }
+
+    fn packed(&mut self, parts: &[(&str, usize)], k: usize) -> kernels::Result<PackedWeight> {
+        let grads = self.grads;
+        let gs: Option<Vec<(&str, &Tensor)>> =
+            parts.iter().map(|&(n, r)| grads.tensors.get(n).filter(|g| g.shape() == [r, k]).map(|g| (n, g))).collect();
+        if let Some(gs) = gs {
+            self.used.extend(parts.iter().map(|(n, _)| n.to_string()));
+            return self.opt.delta_packed(&gs, self.scale, self.cfg);
+        }
+        // Some part has no gradient: step the others, zeros for it, then stack and pack.
+        let steps = parts.iter().map(|&(n, r)| self.dense(n, &[r, k])).collect::<kernels::Result<Vec<_>>>()?;
+        let stacked = match steps.len() {
+            1 => steps.into_iter().next().expect("one"),
+            _ => ops::cat_rows(&steps.iter().collect::<Vec<_>>())?,
+        };
+        ops::pack_weight_keeping_rows(stacked)
     }
 }

@@ -10,7 +10,7 @@ use super::algos::grpo::{
     SampleLogprobs,
 };
 use super::algos::value_head::ValueHead;
-use super::optim::{AdamW, Schedule};
+use super::optim::{AdamW, Schedule, Steps};
 use super::{forward_batch, forward_batch_with, Grads, OutputGrads, SeqForward};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
@@ -560,16 +560,29 @@ impl Trainer {
         let t0 = Instant::now();
         let cfg = &self.config;
         let scale = self.optimizer.begin_step(grads, cfg)?;
-        let mut deltas = BTreeMap::new();
-        for (name, g) in &grads.tensors {
-            deltas.insert(name.as_str(), self.optimizer.delta(name, g, &scale, cfg)?);
-        }
-        let laid = model.read().lay_out(&mut |n| deltas.remove(n))?;
         let decay = AdamW::decay(&scale, cfg);
-        if let Some(head) = &mut self.value_head {
-            head.apply(decay, &mut |n| deltas.remove(n))?;
-        }
-        drop(deltas);
+        let laid = {
+            let m = model.read();
+            let mut steps = Steps {
+                opt: &mut self.optimizer,
+                grads,
+                scale: &scale,
+                cfg,
+                device: m.device().clone(),
+                used: Default::default(),
+            };
+            let laid = m.lay_out(&mut steps)?;
+            let used = steps.used;
+            // The gradients the model did not take are the value head's.
+            if let Some(head) = &mut self.value_head {
+                let mut deltas = BTreeMap::new();
+                for (n, g) in grads.tensors.iter().filter(|(n, _)| !used.contains(*n)) {
+                    deltas.insert(n.as_str(), self.optimizer.delta(n, g, &scale, cfg)?);
+                }
+                head.apply(decay, &mut |n| deltas.remove(n))?;
+            }
+            laid
+        };
         let optimizer_seconds = t0.elapsed().as_secs_f64();
         let t_write = Instant::now();
         let version = {

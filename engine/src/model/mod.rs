@@ -8,11 +8,13 @@
 pub mod config;
 mod kv_cache;
 mod shared;
+mod update;
 mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
 pub use shared::SharedModel;
+pub use update::{StepSource, WeightDelta};
 
 pub use weights::{write_f32_safetensors, WeightFiles};
 
@@ -200,101 +202,6 @@ impl Model {
         Ok(out)
     }
 
-    /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`].
-    fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
-        let mut out = vec![
-            WeightMut::Dense(&mut self.embed_tokens),
-            WeightMut::Dense(&mut self.norm),
-            WeightMut::Packed(&mut self.lm_head),
-        ];
-        for w in &mut self.layers {
-            out.push(WeightMut::Dense(&mut w.input_layernorm));
-            out.push(WeightMut::Dense(&mut w.post_attention_layernorm));
-            out.push(WeightMut::Packed(&mut w.qkv_proj));
-            if let Some(b) = &mut w.qkv_bias {
-                out.push(WeightMut::Dense(b));
-            }
-            out.push(WeightMut::Packed(&mut w.o_proj));
-            out.push(WeightMut::Packed(&mut w.gate_up_proj));
-            out.push(WeightMut::Packed(&mut w.down_proj));
-        }
-        out
-    }
-
-    /// HF-named tensors (`take(name)` hands each over once; `None` = zeros) laid out like
-    /// this model's weights: fused, packed by the backend, the tied LM head a packed copy of
-    /// the embedding. With [`Self::apply_deltas`] the optimizer's update is prepared outside
-    /// the write guard.
-    pub fn lay_out(&self, take: &mut dyn FnMut(&str) -> Option<Tensor>) -> Result<Vec<WeightDelta>> {
-        let c = &self.config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let mut get = |name: &str, shape: &[usize]| -> Result<Tensor> {
-            match take(name).filter(|t| t.shape() == shape) {
-                Some(t) => Ok(t),
-                None => Ok(Tensor::zeros(shape, &self.device)?),
-            }
-        };
-        // Fused rows (q/k/v, gate/up) are stacked, then packed like the weight; the stacked
-        // row-major step stays with it for the weight's row-major copy.
-        let packed = |mut parts: Vec<Tensor>| -> Result<WeightDelta> {
-            let rows = match parts.len() {
-                1 => parts.pop().expect("one part"),
-                _ => ops::cat_rows(&parts.iter().collect::<Vec<_>>())?,
-            };
-            Ok(WeightDelta::Packed(ops::pack_weight_keeping_rows(rows)?))
-        };
-        let embed = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
-        let head = if c.tie_word_embeddings {
-            WeightDelta::Packed(ops::pack_weight_keeping_rows(embed.clone())?)
-        } else {
-            packed(vec![get("lm_head.weight", &[c.vocab_size, h])?])?
-        };
-        let mut out = vec![WeightDelta::Dense(embed), WeightDelta::Dense(get("model.norm.weight", &[h])?), head];
-        for (l, w) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{l}.");
-            out.push(WeightDelta::Dense(get(&format!("{p}input_layernorm.weight"), &[h])?));
-            out.push(WeightDelta::Dense(get(&format!("{p}post_attention_layernorm.weight"), &[h])?));
-            let qkv = [("q", q), ("k", kv), ("v", kv)];
-            let rows = qkv.iter().map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.weight"), &[*r, h]));
-            out.push(packed(rows.collect::<Result<_>>()?)?);
-            if w.qkv_bias.is_some() {
-                let b = qkv
-                    .iter()
-                    .map(|(n, r)| get(&format!("{p}self_attn.{n}_proj.bias"), &[*r]))
-                    .collect::<Result<Vec<_>>>()?;
-                out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
-            }
-            out.push(packed(vec![get(&format!("{p}self_attn.o_proj.weight"), &[h, q])?])?);
-            let (gate, up) =
-                (get(&format!("{p}mlp.gate_proj.weight"), &[i, h])?, get(&format!("{p}mlp.up_proj.weight"), &[i, h])?);
-            out.push(packed(vec![gate, up])?);
-            out.push(packed(vec![get(&format!("{p}mlp.down_proj.weight"), &[h, i])?])?);
-        }
-        Ok(out)
-    }
-
-    /// `w ← scale · w + Δ` for every weight, `deltas` from [`Self::lay_out`]: one
-    /// elementwise pass over the weights, the shortest possible write-guard hold.
-    pub fn apply_deltas(&mut self, deltas: &[WeightDelta], scale: f32) -> Result<()> {
-        let weights = self.weights_mut();
-        if weights.len() != deltas.len() {
-            let detail = format!("{} deltas for {} weight buffers", deltas.len(), weights.len());
-            return Err(kernels::KernelError::Shape { op: "apply_deltas", detail }.into());
-        }
-        for (w, d) in weights.into_iter().zip(deltas) {
-            match (w, d) {
-                (WeightMut::Dense(w), WeightDelta::Dense(d)) => ops::scale_add_inplace(w, scale, d)?,
-                (WeightMut::Packed(w), WeightDelta::Packed(d)) => ops::scale_add_packed(w, scale, d)?,
-                _ => {
-                    let detail = "a dense delta for a packed weight, or the reverse".to_string();
-                    return Err(kernels::KernelError::Shape { op: "apply_deltas", detail }.into());
-                }
-            }
-        }
-        Ok(())
-    }
-
     /// RoPE `(cos, sin)` tables `[max_positions, head_dim/2]`.
     pub fn rope_tables(&self) -> (&Tensor, &Tensor) {
         (&self.rope_cos, &self.rope_sin)
@@ -346,19 +253,6 @@ impl Model {
         let x = ops::rms_norm(&x, &self.norm, c.rms_norm_eps)?;
         Ok(ops::linear(&x, &self.lm_head, None)?)
     }
-}
-
-/// A weight's update in the model's own layout, from [`Model::lay_out`].
-pub enum WeightDelta {
-    /// Norm weights, the embedding, biases.
-    Dense(Tensor),
-    /// A linear weight, packed like the one it updates.
-    Packed(PackedWeight),
-}
-
-enum WeightMut<'a> {
-    Dense(&'a mut Tensor),
-    Packed(&'a mut PackedWeight),
 }
 
 /// One sequence of a [`ForwardBatch`].

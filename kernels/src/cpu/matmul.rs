@@ -44,34 +44,50 @@ const INLINE_WORK: usize = 1 << 18;
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(w.len(), n * k);
     let mut out = vec![0.0f32; n.div_ceil(NP) * k * NP];
-    #[cfg(target_arch = "x86_64")]
-    let wide = Isa::detect() == Isa::Avx512;
+    let wide = wide_pack();
     out.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
         let live = NP.min(n - p * NP);
-        let row = |c: usize| &w[(p * NP + c) * k..(p * NP + c + 1) * k];
-        // Columns c0.. of the panel and reduction steps l0.. already moved in blocks.
-        let (mut c_done, mut l_done) = (0, 0);
-        #[cfg(target_arch = "x86_64")]
-        if wide && k >= 16 {
-            (c_done, l_done) = (live / 16 * 16, k / 16 * 16);
-            for c0 in (0..c_done).step_by(16) {
-                let rows: [&[f32]; 16] = std::array::from_fn(|i| row(c0 + i));
-                for l0 in (0..l_done).step_by(16) {
-                    // SAFETY: AVX-512 detected; rows hold k ≥ l0 + 16 values; the panel holds
-                    // k·NP ≥ (l0 + 15)·NP + c0 + 16 values.
-                    unsafe { super::simd::transpose16(&rows, l0, panel.as_mut_ptr().add(l0 * NP + c0), NP) };
-                }
-            }
-        }
-        for c in 0..live {
-            let r = row(c);
-            let from = if c < c_done { l_done } else { 0 };
-            for (l, &v) in r.iter().enumerate().skip(from) {
-                panel[l * NP + c] = v;
-            }
-        }
+        pack_panel(|c| &w[(p * NP + c) * k..(p * NP + c + 1) * k], live, k, panel, wide);
     });
     out
+}
+
+/// Whether [`pack_panel`] may move 16 × 16 register blocks (AVX-512 detected).
+pub(crate) fn wide_pack() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return Isa::detect() == Isa::Avx512;
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// One panel of [`pack`]: `panel [k, NP]` gets the transpose of the `live ≤ NP` rows
+/// `row(0..live)` (each `k` long); its columns past `live` are left as they are (zeros in a
+/// zeroed buffer). `wide` from [`wide_pack`].
+pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: usize, panel: &mut [f32], wide: bool) {
+    assert!(live <= NP && panel.len() == k * NP);
+    // Columns c0.. of the panel and reduction steps l0.. already moved in blocks.
+    let (mut c_done, mut l_done) = (0, 0);
+    #[cfg(target_arch = "x86_64")]
+    if wide && k >= 16 {
+        (c_done, l_done) = (live / 16 * 16, k / 16 * 16);
+        for c0 in (0..c_done).step_by(16) {
+            let rows: [&[f32]; 16] = std::array::from_fn(|i| row(c0 + i));
+            for l0 in (0..l_done).step_by(16) {
+                // SAFETY: AVX-512 detected (`wide`); rows hold k ≥ l0 + 16 values; the panel
+                // holds k·NP ≥ (l0 + 15)·NP + c0 + 16 values.
+                unsafe { super::simd::transpose16(&rows, l0, panel.as_mut_ptr().add(l0 * NP + c0), NP) };
+            }
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = wide;
+    for c in 0..live {
+        let r = row(c);
+        let from = if c < c_done { l_done } else { 0 };
+        for (l, &v) in r.iter().enumerate().skip(from) {
+            panel[l * NP + c] = v;
+        }
+    }
 }
 
 /// Inverse of [`pack`]: `w [n, k]` row-major.

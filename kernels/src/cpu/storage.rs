@@ -228,4 +228,14 @@ impl BackendStorage for CpuStorage {
         optim::adamw_delta(&self.0, &mut m.0, &mut v.0, &mut d, s);
         Ok(Self(d))
     }
+    fn adamw_delta_packed(
+        parts: &mut [(&Self, &mut Self, &mut Self)],
+        k: usize,
+        s: &AdamWStep,
+    ) -> Result<(Self, Option<Self>)> {
+        let mut ps: Vec<optim::Part> =
+            parts.iter_mut().map(|(g, m, v)| (&g.0[..], &mut m.0[..], &mut v.0[..])).collect();
+        let (packed, rows) = optim::adamw_delta_packed(&mut ps, k, s);
+        Ok((Self(packed), Some(Self(rows))))
+    }
 }

@@ -589,4 +589,13 @@ impl BackendStorage for CudaStorage {
         launch(b, stride_cfg(self.len))?;
         Ok(d)
     }
+    /// The packed layout is row-major here: each part's step, concatenated.
+    fn adamw_delta_packed(
+        parts: &mut [(&Self, &mut Self, &mut Self)],
+        _k: usize,
+        s: &AdamWStep,
+    ) -> Result<(Self, Option<Self>)> {
+        let steps = parts.iter_mut().map(|(g, m, v)| g.adamw_delta(m, v, s)).collect::<Result<Vec<_>>>()?;
+        Ok((Self::cat(&steps.iter().collect::<Vec<_>>())?, None))
+    }
 }

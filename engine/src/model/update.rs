@@ -1,0 +1,119 @@
+//! The optimizer's update of the served weights in their own layout (fused, packed): the
+//! learner lays its step out with [`Model::lay_out`] while the engine keeps serving, then
+//! [`Model::apply_deltas`] applies it under the write guard in one elementwise pass.
+
+use super::Model;
+use crate::error::Result;
+use kernels::ops::{self, PackedWeight};
+use kernels::Tensor;
+
+/// Where [`Model::lay_out`] gets each weight's step (the learner's optimizer), by HF name.
+pub trait StepSource {
+    /// The step of a dense weight (a norm, a bias, an untied embedding), `shape` as in HF.
+    fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor>;
+    /// The step of a linear weight stacking the rows of the HF weights `parts`
+    /// (`(name, rows)` in order, `k` columns each), laid out like the served weight:
+    /// [`ops::pack_weight_keeping_rows`] of the stacked steps (or [`ops::adamw_delta_packed`],
+    /// which is that in one pass).
+    fn packed(&mut self, parts: &[(&str, usize)], k: usize) -> kernels::Result<PackedWeight>;
+}
+
+/// A weight's update in the model's own layout, from [`Model::lay_out`].
+pub enum WeightDelta {
+    /// Norm weights, an untied embedding, biases.
+    Dense(Tensor),
+    /// A linear weight, packed like the one it updates (with its row-major step).
+    Packed(PackedWeight),
+    /// A tied embedding: its step is the LM head's, in row-major form (laid out once).
+    TiedToHead,
+}
+
+enum WeightMut<'a> {
+    Dense(&'a mut Tensor),
+    Packed(&'a mut PackedWeight),
+}
+
+/// Index of the LM head in [`Model::lay_out`]'s order.
+const HEAD: usize = 2;
+
+impl Model {
+    /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`].
+    fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
+        let mut out = vec![
+            WeightMut::Dense(&mut self.embed_tokens),
+            WeightMut::Dense(&mut self.norm),
+            WeightMut::Packed(&mut self.lm_head),
+        ];
+        for w in &mut self.layers {
+            out.push(WeightMut::Dense(&mut w.input_layernorm));
+            out.push(WeightMut::Dense(&mut w.post_attention_layernorm));
+            out.push(WeightMut::Packed(&mut w.qkv_proj));
+            if let Some(b) = &mut w.qkv_bias {
+                out.push(WeightMut::Dense(b));
+            }
+            out.push(WeightMut::Packed(&mut w.o_proj));
+            out.push(WeightMut::Packed(&mut w.gate_up_proj));
+            out.push(WeightMut::Packed(&mut w.down_proj));
+        }
+        out
+    }
+
+    /// The step of every weight from `src`, laid out like this model's weights: fused
+    /// (q/k/v, gate/up stacked), packed by the backend, the tied LM head laid out once for
+    /// both its uses. With [`Self::apply_deltas`] the optimizer's update is prepared outside
+    /// the write guard.
+    pub fn lay_out(&self, src: &mut dyn StepSource) -> Result<Vec<WeightDelta>> {
+        let c = &self.config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let (embed, head) = if c.tie_word_embeddings {
+            (WeightDelta::TiedToHead, src.packed(&[("model.embed_tokens.weight", c.vocab_size)], h)?)
+        } else {
+            let embed = src.dense("model.embed_tokens.weight", &[c.vocab_size, h])?;
+            (WeightDelta::Dense(embed), src.packed(&[("lm_head.weight", c.vocab_size)], h)?)
+        };
+        let mut out = vec![embed, WeightDelta::Dense(src.dense("model.norm.weight", &[h])?), WeightDelta::Packed(head)];
+        for (l, w) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}.");
+            let name = |n: &str| format!("{p}{n}");
+            out.push(WeightDelta::Dense(src.dense(&name("input_layernorm.weight"), &[h])?));
+            out.push(WeightDelta::Dense(src.dense(&name("post_attention_layernorm.weight"), &[h])?));
+            let qkv = [("q", q), ("k", kv), ("v", kv)].map(|(n, r)| (name(&format!("self_attn.{n}_proj.weight")), r));
+            out.push(WeightDelta::Packed(src.packed(&qkv.each_ref().map(|(n, r)| (n.as_str(), *r)), h)?));
+            if w.qkv_bias.is_some() {
+                let b = [("q", q), ("k", kv), ("v", kv)]
+                    .iter()
+                    .map(|(n, r)| src.dense(&name(&format!("self_attn.{n}_proj.bias")), &[*r]))
+                    .collect::<kernels::Result<Vec<_>>>()?;
+                out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
+            }
+            out.push(WeightDelta::Packed(src.packed(&[(&name("self_attn.o_proj.weight"), h)], q)?));
+            let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
+            out.push(WeightDelta::Packed(src.packed(&[(&gate, i), (&up, i)], h)?));
+            out.push(WeightDelta::Packed(src.packed(&[(&name("mlp.down_proj.weight"), h)], i)?));
+        }
+        Ok(out)
+    }
+
+    /// `w ← scale · w + Δ` for every weight, `deltas` from [`Self::lay_out`]: one
+    /// elementwise pass over the weights, the shortest possible write-guard hold.
+    pub fn apply_deltas(&mut self, deltas: &[WeightDelta], scale: f32) -> Result<()> {
+        let bad = |detail: String| kernels::KernelError::Shape { op: "apply_deltas", detail };
+        let weights = self.weights_mut();
+        if weights.len() != deltas.len() {
+            return Err(bad(format!("{} deltas for {} weight buffers", deltas.len(), weights.len())).into());
+        }
+        for (w, d) in weights.into_iter().zip(deltas) {
+            match (w, d) {
+                (WeightMut::Dense(w), WeightDelta::Dense(d)) => ops::scale_add_inplace(w, scale, d)?,
+                (WeightMut::Packed(w), WeightDelta::Packed(d)) => ops::scale_add_packed(w, scale, d)?,
+                (WeightMut::Dense(w), WeightDelta::TiedToHead) => match &deltas[HEAD] {
+                    WeightDelta::Packed(head) => ops::scale_add_rows_of(w, scale, head)?,
+                    _ => return Err(bad("a tied embedding without a packed LM head step".into()).into()),
+                },
+                _ => return Err(bad("a dense delta for a packed weight, or the reverse".into()).into()),
+            }
+        }
+        Ok(())
+    }
+}
