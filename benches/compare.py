@@ -8,7 +8,8 @@ median of each side and the ratio rlserve / peer (> 1: rlserve is faster; for s/
 ratio is peer / rlserve, so > 1 still means rlserve is faster).
 
 Work compared (the CPU-performance issue's table):
-- train: one learner step, 8 × (128 + 128) tokens, forward + backward + AdamW:
+- train: one learner step, 8 × (128 + 128) tokens, forward + backward + AdamW (the median of
+  `--train-steps` timed steps after a warm-up step, on both sides):
   `rlserve bench train` vs PyTorch with the transformers model class (`--hf`) and with
   benches/train_step_torch.py's functional model;
 - train-rl: the same at the GRPO job's shape, 8 generations of one 30-token prompt, 16
@@ -104,6 +105,10 @@ def main():
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--only", default="train,train-rl,latency,batched,serve")
     ap.add_argument("--max-load", type=float, default=0.5)
+    ap.add_argument("--train-steps", type=int, default=3,
+                    help="timed learner steps per run, after one warm-up step (both sides; the median is reported). "
+                         "The first steps of either side fault their working set in, which is slow on some VMs; "
+                         "more steps measure the steady state a training run sees")
     ap.add_argument("--port", type=int, default=8397)
     a = ap.parse_args()
     load = float(open("/proc/loadavg").read().split()[0])
@@ -121,10 +126,10 @@ def main():
     def train(name, n, p, c, g):
         sec = r"([\d.]+) s/step"
         torch_cmd = [py, "benches/train_step_torch.py", a.model, "--threads", t, "--num-seqs", str(n),
-                     "--prompt-len", str(p), "--completion-len", str(c), "--steps", "2"]
+                     "--prompt-len", str(p), "--completion-len", str(c), "--steps", str(a.train_steps)]
         what = f"learner step {n} × ({p} + {c}) tokens" + (f", {g} per prompt (rlserve shares it)" if g > 1 else "")
         cases.append((name, what, "s/step", False, [
-            ("rlserve", lambda: grab(sec, run(rl + ["bench", "train", "--model", a.model, "--num-seqs", str(n), "--prompt-len", str(p), "--completion-len", str(c), "--num-generations", str(g), "--steps", "2"]), "s/step")),
+            ("rlserve", lambda: grab(sec, run(rl + ["bench", "train", "--model", a.model, "--num-seqs", str(n), "--prompt-len", str(p), "--completion-len", str(c), "--num-generations", str(g), "--steps", str(a.train_steps)]), "s/step")),
             ("PyTorch + transformers (HF class)", lambda: grab(sec, run(torch_cmd + ["--hf"]), "s/step")),
             ("PyTorch (functional model)", lambda: grab(sec, run(torch_cmd), "s/step")),
         ]))
