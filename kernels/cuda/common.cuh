@@ -93,3 +93,21 @@ __device__ __forceinline__ unsigned short rls_bf16_rne(float f) {
     u += 0x7fffu + ((u >> 16) & 1u);
     return (unsigned short)(u >> 16);
 }
+
+/// `eˣ` exactly as the CPU backend's `simd::exp` (Cephes `expf`: `x = n·ln 2 + r` with
+/// `n = round(x·log₂e)` and `ln 2` split in two, then a degree-5 polynomial for `eʳ`; inputs
+/// clamped to [−87, 88]): the same f32 operations in the same order, so SiLU rounds like the
+/// CPU's bitwise (with `--fmad=false`).
+__device__ __forceinline__ float rls_exp(float x) {
+    x = x < -87.0f ? -87.0f : (x > 88.0f ? 88.0f : x);  // comparisons keep NaN
+    float n = rintf(x * 1.44269504088896340736f);
+    float r = fmaf(n, 2.1219444e-4f, fmaf(n, -0.6933594f, x));
+    float p = 1.9875691e-4f;
+    p = fmaf(p, r, 1.3981999e-3f);
+    p = fmaf(p, r, 8.333452e-3f);
+    p = fmaf(p, r, 4.1665796e-2f);
+    p = fmaf(p, r, 1.6666665e-1f);
+    p = fmaf(p, r, 0.5f);
+    float y = fmaf(p, r * r, r) + 1.0f;
+    return y * __int_as_float(((int)n + 127) << 23);
+}

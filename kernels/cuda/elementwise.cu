@@ -40,13 +40,13 @@ extern "C" __global__ void add_bias(float* y, const float* b, int m, int n) {
     RLS_GRID_STRIDE(i, (long long)m * n) y[i] += b[i % n];
 }
 
-// silu_mul(gate_up [m, 2i], out [m, i], m, i): out = silu(g)·u with silu(g) = g / (1 + e^-g),
+// silu_mul(gate_up [m, 2i], out [m, i], m, i): out = silu(g)·u with silu(g) = g / (1 + e^-g) (rls_exp),
 // g = gate_up[:, :i], u = gate_up[:, i:] (SwiGLU, Shazeer 2020, eq. 5; contract `silu_mul`).
 extern "C" __global__ void silu_mul(const float* gate_up, float* out, int m, int i) {
     RLS_GRID_STRIDE(idx, (long long)m * i) {
         long long r = idx / i, j = idx % i;
         float g = gate_up[r * 2 * i + j], u = gate_up[r * 2 * i + i + j];
-        out[idx] = g / (1.0f + expf(-g)) * u;
+        out[idx] = g / (1.0f + rls_exp(-g)) * u;
     }
 }
 
@@ -56,7 +56,7 @@ extern "C" __global__ void silu_mul_backward(const float* gate_up, const float* 
     RLS_GRID_STRIDE(idx, (long long)m * i) {
         long long r = idx / i, j = idx % i;
         float g = gate_up[r * 2 * i + j], u = gate_up[r * 2 * i + i + j], a = da[idx];
-        float s = 1.0f / (1.0f + expf(-g));
+        float s = 1.0f / (1.0f + rls_exp(-g));
         dgu[r * 2 * i + j] = a * u * s * (1.0f + g * (1.0f - s));
         dgu[r * 2 * i + i + j] = a * g * s;
     }

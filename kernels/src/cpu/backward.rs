@@ -2,7 +2,7 @@
 //! learner tests).
 
 use super::attention_rows::{dot, probs, scores_block, weighted_sum, Transposed, QB};
-use super::simd::SharedMut;
+use super::simd::{self, SharedMut};
 use crate::multiversion;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -23,15 +23,30 @@ pub fn rms_norm_backward(x: &[f32], w: &[f32], dy: &[f32], dx: &mut [f32], dw: &
     }
 }
 
-/// Backward of `silu(g)·u` on fused rows `[g | u]`: `dg = da·u·σ(g)(1 + g(1 − σ(g)))`, `du = da·silu(g)`.
+/// Backward of `silu(g)·u` on fused rows `[g | u]`: `dg = da·u·σ(g)(1 + g(1 − σ(g)))`,
+/// `du = da·silu(g)`, with `σ(g) = 1 / (1 + eᐨᵍ)` from the forward's [`simd::exp`]; rows in
+/// parallel.
 pub fn silu_mul_backward(gate_up: &[f32], da: &[f32], dgu: &mut [f32], i: usize) {
-    for ((row, dar), drow) in gate_up.chunks(2 * i).zip(da.chunks(i)).zip(dgu.chunks_mut(2 * i)) {
-        let (g, u) = row.split_at(i);
-        let (dg, du) = drow.split_at_mut(i);
-        for j in 0..i {
-            let s = 1.0 / (1.0 + (-g[j]).exp());
-            dg[j] = dar[j] * u[j] * s * (1.0 + g[j] * (1.0 - s));
-            du[j] = dar[j] * g[j] * s;
+    const ROWS: usize = 8;
+    if i == 0 {
+        return;
+    }
+    dgu.par_chunks_mut(2 * i * ROWS)
+        .zip(gate_up.par_chunks(2 * i * ROWS))
+        .zip(da.par_chunks(i * ROWS))
+        .for_each(|((d, gu), da)| silu_mul_backward_rows(gu, da, d, i));
+}
+
+multiversion! {
+    fn silu_mul_backward_rows(gate_up: &[f32], da: &[f32], dgu: &mut [f32], i: usize) {
+        for ((row, dar), drow) in gate_up.chunks_exact(2 * i).zip(da.chunks_exact(i)).zip(dgu.chunks_exact_mut(2 * i)) {
+            let (g, u) = row.split_at(i);
+            let (dg, du) = drow.split_at_mut(i);
+            for j in 0..i {
+                let s = 1.0 / (1.0 + simd::exp(-g[j]));
+                dg[j] = dar[j] * u[j] * s * (1.0 + g[j] * (1.0 - s));
+                du[j] = dar[j] * g[j] * s;
+            }
         }
     }
 }

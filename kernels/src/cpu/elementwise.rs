@@ -1,5 +1,7 @@
 //! Row-wise and elementwise ops.
 
+use super::simd;
+use crate::multiversion;
 use rayon::prelude::*;
 
 /// Rows per rayon task for cheap row-wise ops.
@@ -72,14 +74,30 @@ pub fn rope(x: &mut [f32], positions: &[usize], cos: &[f32], sin: &[f32], c: usi
     }
 }
 
-/// `silu(g) · u` with `silu(g) = g / (1 + exp(-g))`, for rows `[g (i) | u (i)]`.
+/// `silu(g) · u` with `silu(g) = g / (1 + eᐨᵍ)` (Elfwing et al. 2018, eq. 4; [`simd::exp`]),
+/// for rows `[g (i) | u (i)]` → `[i]`; rows in parallel, each element on its own.
 pub fn silu_mul(gate_up: &[f32], i: usize) -> Vec<f32> {
-    let mut y = Vec::with_capacity(gate_up.len() / 2);
-    for row in gate_up.chunks(2 * i) {
-        let (g, u) = row.split_at(i);
-        y.extend(g.iter().zip(u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u));
+    let mut y = vec![0.0f32; gate_up.len() / 2];
+    if i == 0 {
+    } else if y.len() <= i * ROWS_PER_TASK {
+        silu_mul_rows(gate_up, &mut y, i); // a decode step's few rows: no pool hand-off
+    } else {
+        y.par_chunks_mut(i * ROWS_PER_TASK)
+            .zip(gate_up.par_chunks(2 * i * ROWS_PER_TASK))
+            .for_each(|(y, gu)| silu_mul_rows(gu, y, i));
     }
     y
+}
+
+multiversion! {
+    fn silu_mul_rows(gate_up: &[f32], y: &mut [f32], i: usize) {
+        for (row, y) in gate_up.chunks_exact(2 * i).zip(y.chunks_exact_mut(i)) {
+            let (g, u) = row.split_at(i);
+            for ((y, &g), &u) in y.iter_mut().zip(g).zip(u) {
+                *y = g / (1.0 + simd::exp(-g)) * u;
+            }
+        }
+    }
 }
 
 /// In-place softmax of each row of width `n`.
