@@ -102,37 +102,46 @@ pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     w
 }
 
-/// `y = x · wᵀ` with `x [m, k]`, `packed` from [`pack`] of `w [n, k]`, `y [m, n]`.
-pub fn matmul_packed(x: &[f32], packed: &[f32], y: &mut [f32], m: usize, n: usize, k: usize) {
-    assert!(x.len() == m * k && packed.len() == n.div_ceil(NP) * k * NP && y.len() == m * n);
+/// `y [m, n] = x · wᵀ` with `x [m, k]`, `packed` from [`pack`] of `w [n, k]`.
+pub fn matmul_packed(x: &[f32], packed: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    assert!(x.len() == m * k && packed.len() == n.div_ceil(NP) * k * NP);
     // Row i of x is a[i·k ..] (step 1); panel p of the weights is packed[p·k·NP ..], its
     // row l at l·NP.
-    let g =
-        Gemm { a: x.as_ptr(), a_rs: k, a_ls: 1, b: packed.as_ptr(), b_ps: k * NP, ldb: NP, k, c: Out(y.as_mut_ptr()) };
     // SAFETY: the asserted lengths cover every element the strides name.
-    unsafe { g.run(m, n) };
+    output(m * n, |c| unsafe {
+        Gemm { a: x.as_ptr(), a_rs: k, a_ls: 1, b: packed.as_ptr(), b_ps: k * NP, ldb: NP, k, c }.run(m, n)
+    })
+}
+
+/// A GEMM's `len` outputs, written by `run` (given the buffer's pointer) without a zero fill
+/// first: [`Gemm::run`] stores every output of its `rows × cols` in the first reduction block
+/// (`accumulate: false`, also when `k = 0`) before anything reads it.
+fn output(len: usize, run: impl FnOnce(Out)) -> Vec<f32> {
+    let mut v: Vec<f32> = Vec::with_capacity(len);
+    run(Out(v.as_mut_ptr()));
+    // SAFETY: `run` initialised all `len` elements of the spare capacity (see above).
+    unsafe { v.set_len(len) };
+    v
 }
 
 /// `dW [n, k] = dyᵀ · x` for row-major `dy [m, n]`, `x [m, k]`, `dw [n, k]`: row `j` of the
 /// tile operand is column `j` of `dy` (stride `n` over the reduction), the column panels are
 /// `x`'s own rows: no transposes, no packing. `dW[j, l]`'s chain runs over `i = 0..m` in order.
-pub fn grad_weight(dy: &[f32], x: &[f32], dw: &mut [f32], m: usize, n: usize, k: usize) {
-    assert!(dy.len() == m * n && x.len() == m * k && dw.len() == n * k);
-    let g = Gemm { a: dy.as_ptr(), a_rs: 1, a_ls: n, b: x.as_ptr(), b_ps: NP, ldb: k, k: m, c: Out(dw.as_mut_ptr()) };
+pub fn grad_weight(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    assert!(dy.len() == m * n && x.len() == m * k);
     // SAFETY: the asserted lengths cover every element the strides name; the last panel's
     // columns past k are masked off by the tile.
-    unsafe { g.run(n, k) };
+    output(n * k, |c| unsafe { Gemm { a: dy.as_ptr(), a_rs: 1, a_ls: n, b: x.as_ptr(), b_ps: NP, ldb: k, k: m, c }.run(n, k) })
 }
 
 /// `dx [m, k] = dy · W` for row-major `dy [m, n]`, `w [n, k]`: the tile operand is `dy`'s
 /// rows, the column panels are 64-column strips of `w` read in place (row stride `k`): the
 /// weight is never transposed. `dx[i, l]`'s chain runs over `j = 0..n` in order.
-pub fn grad_input(dy: &[f32], w: &[f32], dx: &mut [f32], m: usize, n: usize, k: usize) {
-    assert!(dy.len() == m * n && w.len() == n * k && dx.len() == m * k);
-    let g = Gemm { a: dy.as_ptr(), a_rs: n, a_ls: 1, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c: Out(dx.as_mut_ptr()) };
+pub fn grad_input(dy: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    assert!(dy.len() == m * n && w.len() == n * k);
     // SAFETY: the asserted lengths cover every element the strides name; the last panel's
     // columns past k are masked off by the tile.
-    unsafe { g.run(m, k) };
+    output(m * k, |c| unsafe { Gemm { a: dy.as_ptr(), a_rs: n, a_ls: 1, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c }.run(m, k) })
 }
 
 /// The output pointer, shared by tasks that write disjoint tiles of it.

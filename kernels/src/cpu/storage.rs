@@ -47,22 +47,17 @@ impl BackendStorage for CpuStorage {
         false
     }
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
-        let mut y = vec![0.0f32; m * n];
-        matmul::matmul_packed(&self.0, &w.0, &mut y, m, n, k);
+        let mut y = matmul::matmul_packed(&self.0, &w.0, m, n, k);
         if let Some(b) = bias {
             elementwise::add_bias(&mut y, &b.0);
         }
         Ok(Self(y))
     }
     fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        let mut dw = vec![0.0f32; n * k];
-        matmul::grad_weight(&self.0, &x.0, &mut dw, m, n, k);
-        Ok(Self(dw))
+        Ok(Self(matmul::grad_weight(&self.0, &x.0, m, n, k)))
     }
     fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        let mut dx = vec![0.0f32; m * k];
-        matmul::grad_input(&self.0, &w.0, &mut dx, m, n, k);
-        Ok(Self(dx))
+        Ok(Self(matmul::grad_input(&self.0, &w.0, m, n, k)))
     }
 
     fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
