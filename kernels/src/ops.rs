@@ -684,30 +684,23 @@ pub fn adamw_delta_packed(parts: &mut [AdamWPart<'_>], step: &AdamWStep) -> Resu
         }
         n += r;
     }
-    let mismatch = || KernelError::DeviceMismatch { op };
-    let (storage, rows): (Storage, Option<Storage>) = match &first.g.storage {
-        Storage::Cpu(_) => {
+    // The parts as one backend's buffers, then that backend's method.
+    macro_rules! on {
+        ($backend:ident) => {{
             let mut ps = Vec::with_capacity(parts.len());
             for p in parts.iter_mut() {
                 match (&p.g.storage, &mut p.m.storage, &mut p.v.storage) {
-                    (Storage::Cpu(g), Storage::Cpu(m), Storage::Cpu(v)) => ps.push((g, m, v)),
-                    _ => return Err(mismatch()),
+                    (Storage::$backend(g), Storage::$backend(m), Storage::$backend(v)) => ps.push((g, m, v)),
+                    _ => return Err(KernelError::DeviceMismatch { op }),
                 }
             }
             let (a, b) = BackendStorage::adamw_delta_packed(&mut ps, k, step)?;
-            (a.into(), b.map(Storage::from))
-        }
-        Storage::Cuda(_) => {
-            let mut ps = Vec::with_capacity(parts.len());
-            for p in parts.iter_mut() {
-                match (&p.g.storage, &mut p.m.storage, &mut p.v.storage) {
-                    (Storage::Cuda(g), Storage::Cuda(m), Storage::Cuda(v)) => ps.push((g, m, v)),
-                    _ => return Err(mismatch()),
-                }
-            }
-            let (a, b) = BackendStorage::adamw_delta_packed(&mut ps, k, step)?;
-            (a.into(), b.map(Storage::from))
-        }
+            (Storage::from(a), b.map(Storage::from))
+        }};
+    }
+    let (storage, rows) = match &first.g.storage {
+        Storage::Cpu(_) => on!(Cpu),
+        Storage::Cuda(_) => on!(Cuda),
     };
     let kept = OnceLock::new();
     if let Some(r) = rows {

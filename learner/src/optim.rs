@@ -177,23 +177,13 @@ pub(crate) struct Steps<'a> {
     pub used: BTreeSet<String>,
 }
 
-impl Steps<'_> {
-    /// The step of `name` if it has a gradient shaped `shape`.
-    fn step(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Option<Tensor>> {
+impl engine::model::StepSource for Steps<'_> {
+    fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor> {
         match self.grads.tensors.get(name).filter(|g| g.shape() == shape) {
             Some(g) => {
                 self.used.insert(name.to_string());
-                self.opt.delta(name, g, self.scale, self.cfg).map(Some)
+                self.opt.delta(name, g, self.scale, self.cfg)
             }
-            None => Ok(None),
-        }
-    }
-}
-
-impl engine::model::StepSource for Steps<'_> {
-    fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor> {
-        match self.step(name, shape)? {
-            Some(d) => Ok(d),
             None => Tensor::zeros(shape, &self.device),
         }
     }

@@ -131,7 +131,9 @@ pub fn grad_weight(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f
     assert!(dy.len() == m * n && x.len() == m * k);
     // SAFETY: the asserted lengths cover every element the strides name; the last panel's
     // columns past k are masked off by the tile.
-    output(n * k, |c| unsafe { Gemm { a: dy.as_ptr(), a_rs: 1, a_ls: n, b: x.as_ptr(), b_ps: NP, ldb: k, k: m, c }.run(n, k) })
+    output(n * k, |c| unsafe {
+        Gemm { a: dy.as_ptr(), a_rs: 1, a_ls: n, b: x.as_ptr(), b_ps: NP, ldb: k, k: m, c }.run(n, k)
+    })
 }
 
 /// `dx [m, k] = dy · W` for row-major `dy [m, n]`, `w [n, k]`: the tile operand is `dy`'s
@@ -141,7 +143,9 @@ pub fn grad_input(dy: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f3
     assert!(dy.len() == m * n && w.len() == n * k);
     // SAFETY: the asserted lengths cover every element the strides name; the last panel's
     // columns past k are masked off by the tile.
-    output(m * k, |c| unsafe { Gemm { a: dy.as_ptr(), a_rs: n, a_ls: 1, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c }.run(m, k) })
+    output(m * k, |c| unsafe {
+        Gemm { a: dy.as_ptr(), a_rs: n, a_ls: 1, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c }.run(m, k)
+    })
 }
 
 /// The output pointer, shared by tasks that write disjoint tiles of it.
