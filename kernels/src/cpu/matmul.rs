@@ -1,6 +1,7 @@
 //! The CPU GEMMs, batch-invariant: `y [m, n] = x [m, k] · w [n, k]ᵀ` over weights packed in
-//! column panels ([`matmul_packed`]), and the weight gradient `dW [n, k] = dyᵀ · x` on
-//! row-major operands ([`grad_weight`]).
+//! column panels ([`matmul_packed`]), the weight gradient `dW [n, k] = dyᵀ · x` in the same
+//! layout after two copies ([`grad_weight`]), and `dx = dy · W` on the row-major weight
+//! ([`grad_input`]).
 //!
 //! Weights are packed once (at model load) into panels of `NP = 64` output columns:
 //! `packed[(p·k + l)·NP + c] = w[p·NP + c, l]` (zero-padded past `n`), so every kernel reads
@@ -16,7 +17,7 @@
 //! invariance and the learner's ℓ = μ check, DESIGN-NOTES §3, rest on; the approach of
 //! Thinking Machines' "Defeating Nondeterminism in LLM Inference", 2025).
 //!
-//! Both GEMMs are one driver over the register tile of [`super::gemm_tile`] (6 rows × 64
+//! All three are one driver over the register tile of [`super::gemm_tile`] (6 rows × 64
 //! columns): rayon tasks own (row block, column panel) pairs, panel-major, and sweep their
 //! tiles over the reduction in blocks of `KC` steps (each output's chain continued from
 //! memory, bitwise the same chain), so the operands of a block stay in L2.
@@ -32,8 +33,6 @@ const MB: usize = 8 * MR;
 /// in L2 while the tiles sweep them; the next pass continues the chains from the stored
 /// outputs, so each output is still one FMA chain in order.
 const KC: usize = 256;
-/// Row stride (floats) of a transposed `A` above which its blocks are packed (a 4 KiB page).
-const PACK_STRIDE: usize = 1024;
 /// Multiply-adds below which a GEMM runs on the calling thread.
 const INLINE_WORK: usize = 1 << 18;
 
@@ -65,7 +64,25 @@ pub(crate) fn wide_pack() -> bool {
 /// zeroed buffer). `wide` from [`wide_pack`].
 pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: usize, panel: &mut [f32], wide: bool) {
     assert!(live <= NP && panel.len() == k * NP);
-    // Columns c0.. of the panel and reduction steps l0.. already moved in blocks.
+    // SAFETY: the panel holds (k − 1)·NP + live values.
+    unsafe { transpose_into(row, live, k, panel.as_mut_ptr(), NP, wide) }
+}
+
+/// `dst[l·ld + c] = row(c)[l]` for `c < live`, `l < k`: the transpose of `live` rows (each
+/// `k` long), moved in 16 × 16 register blocks where `wide` (AVX-512) and by a scalar copy
+/// for the rest (data movement only: the same values either way).
+///
+/// # Safety
+/// `live ≤ ld`; `dst` is writable at every `l·ld + c` named, and no other thread writes there.
+unsafe fn transpose_into<'a>(
+    row: impl Fn(usize) -> &'a [f32],
+    live: usize,
+    k: usize,
+    dst: *mut f32,
+    ld: usize,
+    wide: bool,
+) {
+    // Columns c0.. of dst and reduction steps l0.. already moved in blocks.
     let (mut c_done, mut l_done) = (0, 0);
     #[cfg(target_arch = "x86_64")]
     if wide && k >= 16 {
@@ -73,9 +90,9 @@ pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: u
         for c0 in (0..c_done).step_by(16) {
             let rows: [&[f32]; 16] = std::array::from_fn(|i| row(c0 + i));
             for l0 in (0..l_done).step_by(16) {
-                // SAFETY: AVX-512 detected (`wide`); rows hold k ≥ l0 + 16 values; the panel
-                // holds k·NP ≥ (l0 + 15)·NP + c0 + 16 values.
-                unsafe { super::simd::transpose16(&rows, l0, panel.as_mut_ptr().add(l0 * NP + c0), NP) };
+                // SAFETY: AVX-512 detected (`wide`); rows hold k ≥ l0 + 16 values; dst is
+                // writable at (l0 + e)·ld + c0 + i for e, i < 16 (caller).
+                unsafe { super::simd::transpose16(&rows, l0, dst.add(l0 * ld + c0), ld) };
             }
         }
     }
@@ -84,8 +101,9 @@ pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: u
     for c in 0..live {
         let r = row(c);
         let from = if c < c_done { l_done } else { 0 };
-        for (l, &v) in r.iter().enumerate().skip(from) {
-            panel[l * NP + c] = v;
+        for (l, &v) in r.iter().enumerate().take(k).skip(from) {
+            // SAFETY: in dst's named range (caller).
+            unsafe { *dst.add(l * ld + c) = v };
         }
     }
 }
@@ -124,16 +142,60 @@ fn output(len: usize, run: impl FnOnce(Out)) -> Vec<f32> {
     v
 }
 
-/// `dW [n, k] = dyᵀ · x` for row-major `dy [m, n]`, `x [m, k]`, `dw [n, k]`: row `j` of the
-/// tile operand is column `j` of `dy` (stride `n` over the reduction), the column panels are
-/// `x`'s own rows: no transposes, no packing. `dW[j, l]`'s chain runs over `i = 0..m` in order.
+/// `dW [n, k] = dyᵀ · x` for row-major `dy [m, n]`, `x [m, k]`, `dw [n, k]`, in the
+/// forward's layout: the tile operand is `dyᵀ` (rows contiguous, transposed here in chunks of
+/// at most [`DYT_FLOATS`]) and the column panels are `x`'s 64-column strips, each copied
+/// into one contiguous `[m, NP]` block (the packing of `xᵀ`). Read in place, both operands
+/// have strides past what the hardware prefetchers follow (2 KiB); the two copies move
+/// `m·(n + k)` values for `2·m·n·k` flops and the GEMM runs at the forward's speed (about 2×
+/// at m = 2048 here). `dW[j, l]`'s chain runs over `i = 0..m` in order.
 pub fn grad_weight(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     assert!(dy.len() == m * n && x.len() == m * k);
-    // SAFETY: the asserted lengths cover every element the strides name; the last panel's
-    // columns past k are masked off by the tile.
-    output(n * k, |c| unsafe {
-        Gemm { a: dy.as_ptr(), a_rs: 1, a_ls: n, b: x.as_ptr(), b_ps: NP, ldb: k, k: m, c }.run(n, k)
+    let strips = column_strips(x, m, k);
+    let chunk = (DYT_FLOATS / m.max(1)).clamp(NP, n.max(NP));
+    let wide = wide_pack();
+    output(n * k, |c| {
+        let mut dyt: Vec<f32> = Vec::with_capacity(chunk.min(n) * m);
+        for j0 in (0..n).step_by(chunk) {
+            let rows = chunk.min(n - j0);
+            let t = Out(dyt.as_mut_ptr());
+            // dyt [rows, m] = dy[:, j0 .. j0 + rows]ᵀ, 64 rows of dy per task.
+            (0..m.div_ceil(NP)).into_par_iter().for_each(|b| {
+                let (i0, live) = (b * NP, NP.min(m - b * NP));
+                let row = |r: usize| &dy[(i0 + r) * n + j0..(i0 + r) * n + j0 + rows];
+                // SAFETY: columns i0 .. i0 + live of the rows × m block, this task's alone.
+                unsafe { transpose_into(row, live, rows, t.at(i0), m, wide) };
+            });
+            // SAFETY: the transpose wrote all rows · m values; `strips` holds k.div_ceil(NP)
+            // panels of m·NP (their columns past k are masked off by the tile); the output
+            // rows j0 .. j0 + rows are in bounds.
+            unsafe {
+                dyt.set_len(rows * m);
+                let out = Out(c.0.add(j0 * k));
+                Gemm { a: dyt.as_ptr(), a_rs: m, a_ls: 1, b: strips.as_ptr(), b_ps: m * NP, ldb: NP, k: m, c: out }
+                    .run(rows, k);
+            }
+        }
     })
+}
+
+/// Values of `dyᵀ` transposed at a time by [`grad_weight`] (16 MiB: all of it for the
+/// decoder layers at m = 2048, the LM head's in 85 chunks).
+const DYT_FLOATS: usize = 1 << 22;
+
+/// `x [m, k]`'s 64-column strips, strip `p` a contiguous `[m, NP]` block
+/// (`out[(p·m + i)·NP + c] = x[i, p·NP + c]`, zeros past `k`): the packing of `xᵀ`.
+fn column_strips(x: &[f32], m: usize, k: usize) -> Vec<f32> {
+    let mut out = vec![0.0f32; k.div_ceil(NP) * m * NP];
+    if m > 0 {
+        out.par_chunks_mut(m * NP).enumerate().for_each(|(p, strip)| {
+            let (c0, live) = (p * NP, NP.min(k - p * NP));
+            for (i, row) in strip.chunks_exact_mut(NP).enumerate() {
+                row[..live].copy_from_slice(&x[i * k + c0..i * k + c0 + live]);
+            }
+        });
+    }
+    out
 }
 
 /// `dx [m, k] = dy · W` for row-major `dy [m, n]`, `w [n, k]`: the tile operand is `dy`'s
@@ -151,6 +213,12 @@ pub fn grad_input(dy: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f3
 /// The output pointer, shared by tasks that write disjoint tiles of it.
 #[derive(Clone, Copy)]
 struct Out(*mut f32);
+impl Out {
+    /// The pointer `i` values in (a method, so that closures capture the whole `Out`).
+    fn at(self, i: usize) -> *mut f32 {
+        self.0.wrapping_add(i)
+    }
+}
 // SAFETY: tasks write disjoint (row block, panel) tiles of one buffer.
 unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
@@ -184,31 +252,15 @@ impl Gemm {
         let task = |task: usize| {
             let (p, rb) = (task / blocks, task % blocks);
             let (r0, r1) = (rb * MB, (rb * MB + MB).min(rows));
-            // A read across rows with a stride past a page (the weight gradient's dy columns
-            // when dy is wide: a TLB miss per step) is first copied into a contiguous
-            // [kc][r1 − r0] block.
-            let transposed = self.a_rs == 1 && self.a_ls > PACK_STRIDE;
-            let mut block = Vec::new();
             for k0 in (0..self.k.div_ceil(KC).max(1)).map(|c| c * KC) {
                 let kc = KC.min(self.k - k0);
-                let (a, a_rs, a_ls) = if transposed {
-                    block.clear();
-                    for l in k0..k0 + kc {
-                        // SAFETY: row l of the A operand, its columns r0..r1 (caller's bounds).
-                        block.extend_from_slice(unsafe {
-                            std::slice::from_raw_parts(self.a.add(l * self.a_ls + r0), r1 - r0)
-                        });
-                    }
-                    (block.as_ptr(), 1, r1 - r0)
-                } else {
-                    (self.a.wrapping_add(r0 * self.a_rs + k0 * self.a_ls), self.a_rs, self.a_ls)
-                };
+                let a = self.a.wrapping_add(r0 * self.a_rs + k0 * self.a_ls);
                 let mut i = r0;
                 while i < r1 {
                     let tile = Tile {
-                        a: a.wrapping_add((i - r0) * a_rs),
-                        a_rs,
-                        a_ls,
+                        a: a.wrapping_add((i - r0) * self.a_rs),
+                        a_rs: self.a_rs,
+                        a_ls: self.a_ls,
                         b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
                         ldb: self.ldb,
                         k: kc,
@@ -218,7 +270,7 @@ impl Gemm {
                         cols: NP.min(cols - p * NP),
                         accumulate: k0 > 0,
                     };
-                    // SAFETY: the tile lies inside the operands (caller) or `block`, `isa`
+                    // SAFETY: the tile lies inside the operands (caller), `isa`
                     // was detected, and no other task writes its outputs.
                     unsafe { gemm_tile::run(isa, &tile) };
                     i += tile.rows;
@@ -255,6 +307,27 @@ mod tests {
             }
             assert!(packed.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "pack {n} × {k}");
             assert_eq!(unpack(&packed, n, k), w, "unpack {n} × {k}");
+        }
+    }
+
+    /// [`grad_weight`] against the contract's chain (`acc = fma(dy[i, j], x[i, l], acc)` over
+    /// `i = 0..m` in order), bitwise: partial 16 × 16 transpose blocks and panels, several
+    /// reduction blocks (m = 300 > KC), tiny shapes, and a `dyᵀ` in two chunks (n past
+    /// `DYT_FLOATS / m`).
+    #[test]
+    fn grad_weight_is_the_sequential_chain() {
+        let vals = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len as u32).map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+        };
+        for (m, n, k) in [(300, 150, 100), (3, 5, 7), (1, 1, 1), (64, DYT_FLOATS / 64 + 70, 20)] {
+            let (dy, x) = (vals(m * n, 1), vals(m * k, 2));
+            let got = grad_weight(&dy, &x, m, n, k);
+            for j in 0..n {
+                for l in 0..k {
+                    let want = (0..m).fold(0.0f32, |acc, i| dy[i * n + j].mul_add(x[i * k + l], acc));
+                    assert_eq!(got[j * k + l].to_bits(), want.to_bits(), "{m}x{n}x{k}: dW[{j}, {l}]");
+                }
+            }
         }
     }
 }
