@@ -45,13 +45,28 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> (V
         }
     }
     let n = stack.len();
-    let (mut packed, mut rows) = (vec![0.0f32; n.div_ceil(NP) * k * NP], vec![0.0f32; n * k]);
     if k == 0 {
-        return (packed, rows);
+        return (Vec::new(), Vec::new());
+    }
+    // Both buffers are written in full below (every row by `chunk`, every panel column by
+    // `pack_panel` or the padding fill), so neither is zero-filled first: at 2 × 540 MB per
+    // step for the default model, the fill was a tenth of the optimizer's time.
+    let (mut packed, mut rows) = (Vec::with_capacity(n.div_ceil(NP) * k * NP), Vec::with_capacity(n * k));
+    // SAFETY: f32 has no invalid bit patterns and nothing reads an element before the loop
+    // below writes it.
+    unsafe {
+        packed.set_len(n.div_ceil(NP) * k * NP);
+        rows.set_len(n * k);
     }
     let wide = matmul::wide_pack();
     rows.par_chunks_mut(NP * k).zip(packed.par_chunks_mut(k * NP)).enumerate().for_each(|(p, (d, panel))| {
         let live = d.len() / k;
+        if live < NP {
+            // The last panel's columns past n: zeros, as `matmul::pack` leaves them.
+            for row in panel.chunks_exact_mut(NP) {
+                row[live..].fill(0.0);
+            }
+        }
         for (c, d) in d.chunks_mut(k).enumerate() {
             let [g, m, v] = stack[p * NP + c];
             // SAFETY: the pointers name row p·NP + c of the parts (k values each, asserted
