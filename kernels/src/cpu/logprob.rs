@@ -12,13 +12,20 @@ pub fn token_logprob(logits: &[f32], token: usize, temperature: f32) -> f32 {
     ((logits[token] as f64 - max) / t - z.ln()) as f32
 }
 
-/// Entropy `−Σ p log p` of `softmax(row / T)`, in f64 (nats).
-pub fn entropy(row: &[f32], temperature: f32) -> f32 {
+/// [`token_logprob`] (bitwise: the same exponentials, summed in the same order) and the
+/// entropy `−Σ p log p` of `softmax(row / T)` (f64, nats) of one row from one pass of exponentials. With `w_j = exp((z_j − max)/T)`,
+/// `Z = Σ w_j` and `ln p_j = (z_j − max)/T − ln Z`, the entropy is
+/// `H = −Σ p_j ln p_j = ln Z − Σ_j p_j·(z_j − max)/T` (terms with `w_j = 0` skipped): no
+/// logarithm per element.
+fn logprob_and_entropy(row: &[f32], token: usize, temperature: f32) -> (f32, f32) {
     let t = temperature as f64;
     let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
     let w: Vec<f64> = row.iter().map(|&v| ((v as f64 - max) / t).exp()).collect();
     let z: f64 = w.iter().sum();
-    -w.iter().filter(|&&x| x > 0.0).map(|&x| (x / z) * (x / z).ln()).sum::<f64>() as f32
+    let ln_z = z.ln();
+    let mean_logit: f64 =
+        row.iter().zip(&w).filter(|(_, &wj)| wj > 0.0).map(|(&v, &wj)| wj / z * ((v as f64 - max) / t)).sum();
+    (((row[token] as f64 - max) / t - ln_z) as f32, (ln_z - mean_logit) as f32)
 }
 
 /// `(ℓ, H)` per row of `logits [m, v]`.
@@ -26,12 +33,13 @@ pub fn token_logprobs(logits: &[f32], v: usize, tokens: &[u32], temperature: f32
     logits
         .par_chunks(v)
         .zip(tokens.par_iter())
-        .map(|(row, &tok)| (token_logprob(row, tok as usize, temperature), entropy(row, temperature)))
+        .map(|(row, &tok)| logprob_and_entropy(row, tok as usize, temperature))
         .unzip()
 }
 
 /// `dz = g·(onehot − p)/T + e·dH/dz` per row with `p = softmax(z/T)` and
-/// `dH/dz_j = −(1/T)·p_j·(ln p_j + H)` (entropy bonus), in f64 per element.
+/// `dH/dz_j = −(1/T)·p_j·(ln p_j + H)` (entropy bonus, only when `dl_dentropy` is given;
+/// `ln p_j = (z_j − max)/T − ln Z`, no logarithm per element), in f64 per element.
 pub fn token_logprobs_backward(
     logits: &[f32],
     v: usize,
@@ -46,13 +54,25 @@ pub fn token_logprobs_backward(
     dz.par_chunks_mut(v).zip(logits.par_chunks(v)).enumerate().for_each(|(i, (out, row))| {
         let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
         let w: Vec<f64> = row.iter().map(|&x| ((x as f64 - max) * tinv).exp()).collect();
-        let zinv = 1.0 / w.iter().sum::<f64>();
-        let (g, e, hh) = (dl_dlogp[i] as f64, dl_dentropy.map_or(0.0, |d| d[i] as f64), entropies[i] as f64);
-        for (j, (o, &wj)) in out.iter_mut().zip(&w).enumerate() {
-            let p = wj * zinv;
-            let onehot = if j == tokens[i] as usize { 1.0 } else { 0.0 };
-            let dh = if p > 0.0 { -tinv * p * (p.ln() + hh) } else { 0.0 };
-            *o = (g * tinv * (onehot - p) + e * dh) as f32;
+        let z: f64 = w.iter().sum();
+        let (zinv, ln_z) = (1.0 / z, z.ln());
+        let (g, hh) = (dl_dlogp[i] as f64, entropies[i] as f64);
+        let tok = tokens[i] as usize;
+        match dl_dentropy.map(|d| d[i] as f64) {
+            None => {
+                for (o, &wj) in out.iter_mut().zip(&w) {
+                    *o = (g * tinv * -(wj * zinv)) as f32;
+                }
+                out[tok] = (g * tinv * (1.0 - w[tok] * zinv)) as f32;
+            }
+            Some(e) => {
+                for (j, ((o, &wj), &x)) in out.iter_mut().zip(&w).zip(row).enumerate() {
+                    let p = wj * zinv;
+                    let onehot = if j == tok { 1.0 } else { 0.0 };
+                    let dh = if p > 0.0 { -tinv * p * ((x as f64 - max) * tinv - ln_z + hh) } else { 0.0 };
+                    *o = (g * tinv * (onehot - p) + e * dh) as f32;
+                }
+            }
         }
     });
     dz
