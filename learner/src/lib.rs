@@ -279,7 +279,14 @@ impl SeqForward {
             grads.add(&format!("{p}input_layernorm.weight"), dw_in)?;
             ops::add_inplace(&mut dx, &d_in)?;
         }
-        // Embedding: scatter-add rows (into the tied LM head's gradient when there is one).
+        // Embedding: scatter-add rows (into the tied LM head's gradient when there is one),
+        // none for the pad token (HF's `nn.Embedding(padding_idx = pad_token_id)`).
+        if let Some(pad) = c.pad_token_id {
+            let at: Vec<u32> = (0..t as u32).filter(|&i| self.layout.inputs[i as usize] == pad).collect();
+            if !at.is_empty() {
+                ops::scatter_rows(&mut dx, &at, &Tensor::zeros(&[at.len(), h], model.device())?)?;
+            }
+        }
         grads.scatter_add_rows("model.embed_tokens.weight", &[c.vocab_size, h], &self.layout.inputs, &dx)?;
         Ok(())
     }

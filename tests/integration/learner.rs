@@ -99,6 +99,47 @@ fn gradients_match_jax_autodiff() {
     }
 }
 
+/// HF Llama/Qwen2 embed with `nn.Embedding(vocab, hidden, padding_idx = pad_token_id)`, whose
+/// lookup passes no gradient to the pad row (PyTorch's documented semantics). On the untied
+/// fixture with `pad_token_id` set to a token of its prompts: that row of the embedding
+/// gradient is exactly 0 (and nonzero without `pad_token_id`), every other gradient value is
+/// bitwise what it is without it.
+#[test]
+fn the_pad_tokens_embedding_row_gets_no_lookup_gradient() {
+    let src = tests::fixture("learner/llama_untied");
+    let b: Batch = serde_json::from_str(&std::fs::read_to_string(src.join("batch.json")).unwrap()).unwrap();
+    let pad = b.batch[0].prompt[0];
+    let config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(src.join("config.json")).unwrap()).unwrap();
+    let h = config["hidden_size"].as_u64().unwrap() as usize;
+    let grads = |pad_token_id: Option<u32>| -> Vec<(String, Vec<f32>)> {
+        let dir = tests::temp_dir(&format!("pad-{pad_token_id:?}"));
+        let mut config = config.clone();
+        config["pad_token_id"] = pad_token_id.map_or(serde_json::Value::Null, |p| p.into());
+        std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+        std::fs::copy(src.join("model.safetensors"), dir.join("model.safetensors")).unwrap();
+        let model = Model::load(&dir, &Device::Cpu).unwrap();
+        let seqs: Vec<(&[u32], &[u32])> = b.batch.iter().map(|s| (&s.prompt[..], &s.completion[..])).collect();
+        let w: Vec<f32> = b.batch.iter().flat_map(|s| s.weights.clone()).collect();
+        let f = learner::forward_batch(&model, &seqs, b.temperature).unwrap();
+        let mut g = Grads::default();
+        f.backward(&model, &learner::OutputGrads::logprobs(&w), &mut g).unwrap();
+        g.tensors.iter().map(|(n, t)| (n.clone(), t.to_vec().unwrap())).collect()
+    };
+    let (with, without) = (grads(Some(pad)), grads(None));
+    let row = |g: &[f32]| g[pad as usize * h..(pad as usize + 1) * h].to_vec();
+    for ((name, a), (_, b)) in with.iter().zip(&without) {
+        if name == "model.embed_tokens.weight" {
+            assert!(row(a).iter().all(|&x| x == 0.0), "the pad row gets no lookup gradient");
+            assert!(row(b).iter().any(|&x| x != 0.0), "without pad_token_id it does (token {pad} is an input)");
+            let rest = |g: &[f32]| [&g[..pad as usize * h], &g[(pad as usize + 1) * h..]].concat();
+            assert_eq!(rest(a), rest(b), "the other rows are unchanged");
+        } else {
+            assert_eq!(a, b, "{name} does not depend on pad_token_id");
+        }
+    }
+}
+
 /// Prefix sharing: samples with the same prompt share its rows in the packed batch (a GRPO
 /// group). ℓ and the entropies equal the per-sample forward bitwise (each row's reductions
 /// are unchanged), and the gradients equal the sum of per-sample gradients (the path checked

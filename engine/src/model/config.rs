@@ -43,6 +43,11 @@ pub struct ModelConfig {
     pub qkv_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// `pad_token_id`: HF Llama/Qwen2 build `nn.Embedding(vocab, hidden, padding_idx =
+    /// pad_token_id)`, whose lookup passes no gradient to that row, so the learner's
+    /// embedding backward skips it too (a tied LM head still trains the row as an output).
+    /// SmolLM2's pad is `<|im_end|>`, the chat template's turn end.
+    pub pad_token_id: Option<u32>,
 }
 
 #[derive(Deserialize)]
@@ -63,6 +68,7 @@ struct RawConfig {
     attention_bias: Option<bool>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<serde_json::Value>,
+    pad_token_id: Option<u32>,
 }
 
 impl ModelConfig {
@@ -151,6 +157,7 @@ impl ModelConfig {
             qkv_bias: architecture == Architecture::Qwen2 || raw.attention_bias.unwrap_or(false),
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
+            pad_token_id: raw.pad_token_id,
         })
     }
 
