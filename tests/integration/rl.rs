@@ -623,6 +623,11 @@ fn job_configs_reject_unknown_keys_and_keep_the_job_learner_defaults() {
     let example = JobConfig::from_toml(&text).unwrap();
     assert_eq!((example.learner.max_completion_length, example.learner.max_staleness), (16, Some(1)));
     assert_eq!((example.max_steps, example.learner.log_kl_to_initial), (20, true));
+    // The TRL-parity example: TRL's on-policy settings (benches/trl_compare).
+    let text = std::fs::read_to_string(tests::workspace_root().join("examples/trl_parity.toml")).unwrap();
+    let parity = JobConfig::from_toml(&text).unwrap();
+    let l = &parity.learner;
+    assert_eq!((parity.max_steps, l.max_staleness, l.log_kl_to_initial, l.beta), (80, Some(0), false, 0.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
