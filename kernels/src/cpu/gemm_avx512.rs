@@ -1,8 +1,8 @@
 //! AVX-512 variant of the GEMM register tile ([`super::gemm_tile`]): `R ≤ 6` rows × 4
 //! zmm vectors of 16 columns, 24 accumulators in registers; columns past `cols` are masked
-//! off in loads and stores.
+//! off in loads and stores. A [`Tile::prefetch`] tile prefetches `b` ahead of its loads.
 
-use super::gemm_tile::{Tile, NR};
+use super::gemm_tile::{Tile, NR, PREFETCH_ROWS};
 use std::arch::x86_64::*;
 
 /// Vectors of 16 per tile row.
@@ -15,29 +15,44 @@ const V: usize = NR / 16;
 pub unsafe fn tile(t: &Tile) {
     // SAFETY: forwarded.
     unsafe {
-        match (t.rows, t.cols == NR) {
-            (6, true) => kernel::<6, true>(t),
-            (5, true) => kernel::<5, true>(t),
-            (4, true) => kernel::<4, true>(t),
-            (3, true) => kernel::<3, true>(t),
-            (2, true) => kernel::<2, true>(t),
-            (1, true) => kernel::<1, true>(t),
-            (6, false) => kernel::<6, false>(t),
-            (5, false) => kernel::<5, false>(t),
-            (4, false) => kernel::<4, false>(t),
-            (3, false) => kernel::<3, false>(t),
-            (2, false) => kernel::<2, false>(t),
-            _ => kernel::<1, false>(t),
+        if t.prefetch {
+            by_shape::<true>(t)
+        } else {
+            by_shape::<false>(t)
         }
     }
 }
 
-/// `R` rows; `FULL`: `t.cols == NR` (no masks).
+/// [`tile`] for one value of `t.prefetch`.
+///
+/// # Safety
+/// As [`tile`].
+unsafe fn by_shape<const PREFETCH: bool>(t: &Tile) {
+    // SAFETY: forwarded.
+    unsafe {
+        match (t.rows, t.cols == NR) {
+            (6, true) => kernel::<6, true, PREFETCH>(t),
+            (5, true) => kernel::<5, true, PREFETCH>(t),
+            (4, true) => kernel::<4, true, PREFETCH>(t),
+            (3, true) => kernel::<3, true, PREFETCH>(t),
+            (2, true) => kernel::<2, true, PREFETCH>(t),
+            (1, true) => kernel::<1, true, PREFETCH>(t),
+            (6, false) => kernel::<6, false, PREFETCH>(t),
+            (5, false) => kernel::<5, false, PREFETCH>(t),
+            (4, false) => kernel::<4, false, PREFETCH>(t),
+            (3, false) => kernel::<3, false, PREFETCH>(t),
+            (2, false) => kernel::<2, false, PREFETCH>(t),
+            _ => kernel::<1, false, PREFETCH>(t),
+        }
+    }
+}
+
+/// `R` rows; `FULL`: `t.cols == NR` (no masks); `PREFETCH`: `t.prefetch`.
 ///
 /// # Safety
 /// As [`tile`], with `t.rows == R`.
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
+unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Tile) {
     // Lane masks of the four vectors: bit i of mask v is column 16v + i < cols.
     let mask = |v: usize| -> __mmask16 {
         let live = t.cols.saturating_sub(16 * v).min(16);
@@ -61,6 +76,12 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
         }
         let (mut a, mut b) = (t.a, t.b);
         for _ in 0..t.k {
+            if PREFETCH {
+                // A hint: prefetches never fault, also past the end of `b`.
+                for v in 0..V {
+                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_ROWS * t.ldb + 16 * v).cast());
+                }
+            }
             let mut bv = [_mm512_setzero_ps(); V];
             for v in 0..V {
                 bv[v] = if FULL {

@@ -265,6 +265,9 @@ impl Gemm {
                         rows: (r1 - i).min(MR),
                         cols: NP.min(cols - p * NP),
                         accumulate: k0 > 0,
+                        // The first tile over this block of B streams it from memory; the
+                        // other tiles (and row blocks) find it in cache.
+                        prefetch: rb == 0 && i == r0,
                     };
                     // SAFETY: the tile lies inside the operands (caller), `isa`
                     // was detected, and no other task writes its outputs.
