@@ -3,7 +3,8 @@
 # (trl_grpo.py) and the rlserve job, STEPS steps each, alternating REPS times (TRL, rlserve,
 # TRL, rlserve, ...). Per run: the mean seconds per step after the first (model load and
 # warm-up excluded on both sides); then the medians and the ratio rlserve / TRL (the
-# parity issue's target: ≤ 1/3). Refuses to start above MAX_LOAD (a peer timed on a busy
+# parity issue's target: ≤ 1/3), and the same for the steady state (per-step medians from
+# step 3 on). Refuses to start above MAX_LOAD (a peer timed on a busy
 # machine is not a comparison). Set-up as run.sh (a venv with torch, transformers, trl):
 #   VENV=.venv-trl STEPS=8 REPS=2 SEED=2 benches/trl_compare/wall.sh
 set -euo pipefail
@@ -38,15 +39,22 @@ out, reps = sys.argv[1], int(sys.argv[2])
 def lines(p, kind=None):
     rows = [json.loads(l) for l in open(p)]
     return [r for r in rows if kind is None or r.get("kind") == kind]
-trl, ours = [], []
+trl, ours, trl_steady, ours_steady = [], [], [], []
 for r in range(1, reps + 1):
     t = lines(f"{out}/trl-{r}.jsonl")
     trl.append(sum(x["seconds"] for x in t[1:]) / (len(t) - 1))
+    trl_steady += [x["seconds"] for x in t[2:]]
     o = lines(f"{out}/rlserve-{r}.jsonl", "train")
     ours.append((o[-1]["elapsed_seconds"] - o[0]["elapsed_seconds"]) / (len(o) - 1))
+    ours_steady += [b["elapsed_seconds"] - a["elapsed_seconds"] for a, b in zip(o[1:], o[2:])]
 print("s/step after the first step, in alternation order:")
 print("  TRL GRPOTrainer:", ", ".join(f"{x:.2f}" for x in trl))
 print("  rlserve job:    ", ", ".join(f"{x:.2f}" for x in ours))
 mt, mo = statistics.median(trl), statistics.median(ours)
 print(f"medians: TRL {mt:.2f} s/step, rlserve {mo:.2f} s/step; rlserve / TRL = {mo / mt:.3f} (target ≤ 0.333)")
+# Steps 1 and 2 of a process pay for its first touch of fresh memory (slow on some VMs: the
+# learner's buffers are allocated in step 1, the second set of optimizer steps in step 2).
+st, so = statistics.median(trl_steady), statistics.median(ours_steady)
+print(f"steady state (median of the per-step times from step 3 on, all runs): TRL {st:.2f} s, "
+      f"rlserve {so:.2f} s; rlserve / TRL = {so / st:.3f}")
 PY
