@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # The parity task (examples/trl_parity.toml) on several seeds, TRL's GRPOTrainer and the
 # rlserve job back to back per seed, then one table: per seed and side, the first step at
-# which the rolling 10-step mean reward reaches 0.9 and the mean over the last 20 steps, and
-# whether rlserve reaches it within 1.2× TRL's steps (the parity issue's target). Not run by
+# which the rolling 10-step mean reward reaches 0.9, the mean over the last 20 steps and over
+# the run, and whether rlserve reaches it within 1.2× TRL's steps (the parity issue's target). Not run by
 # CI; set-up as run.sh (a venv with torch, transformers, trl). STALENESS overrides the
 # example's max_staleness on the rlserve side.
 #   VENV=.venv-trl SEEDS="0 1 2" STEPS=80 benches/trl_compare/seeds.sh
