@@ -46,7 +46,7 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
         _mm256_cmpgt_epi32(_mm256_set1_epi32(live), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
     };
     let masks = [lanes(0), lanes(1)];
-    // SAFETY: reads a[r·a_rs + l·a_ls] (r < R, l < k) and the live columns of b[l·ldb ..],
+    // SAFETY: reads a[r·a_rs + l] (r < R, l < k) and the live columns of b[l·ldb ..],
     // reads (if accumulating) and writes the live columns of c[r·ldc ..]: all in bounds per the caller.
     unsafe {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
@@ -77,7 +77,7 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
                     acc[r][v] = _mm256_fmadd_ps(x, bv[v], acc[r][v]);
                 }
             }
-            a = a.wrapping_add(t.a_ls);
+            a = a.wrapping_add(1);
             b = b.wrapping_add(t.ldb);
         }
         for r in 0..R {

@@ -59,7 +59,7 @@ unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Til
         ((1u32 << live) - 1) as __mmask16
     };
     let masks = [mask(0), mask(1), mask(2), mask(3)];
-    // SAFETY: reads a[r·a_rs + l·a_ls] (r < R, l < k) and the live columns of b[l·ldb ..],
+    // SAFETY: reads a[r·a_rs + l] (r < R, l < k) and the live columns of b[l·ldb ..],
     // reads (if accumulating) and writes the live columns of c[r·ldc ..]: all in bounds per the caller.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); V]; R];
@@ -96,7 +96,7 @@ unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Til
                     acc[r][v] = _mm512_fmadd_ps(x, bv[v], acc[r][v]);
                 }
             }
-            a = a.wrapping_add(t.a_ls);
+            a = a.wrapping_add(1);
             b = b.wrapping_add(t.ldb);
         }
         for r in 0..R {

@@ -1,10 +1,10 @@
 //! The GEMM register tile: the one computation every CPU GEMM is made of, with its
 //! instruction-set variants (AVX-512, AVX2+FMA, portable) chosen at run time.
 //!
-//! A [`Tile`] computes `c[r·ldc + j] = Σ_{l<k} a[r·a_rs + l·a_ls] · b[l·ldb + j]` for
-//! `r < rows ≤ MR`, `j < cols ≤ NP`. The strides let one kernel read both the forward's
-//! operands (`x` rows, packed weight panels) and the weight gradient's (`dy` columns, `x`
-//! rows) in place, without transposes.
+//! A [`Tile`] computes `c[r·ldc + j] = Σ_{l<k} a[r·a_rs + l] · b[l·ldb + j]` for
+//! `r < rows ≤ MR`, `j < cols ≤ NP`: `a` has contiguous rows (the forward's `x`, the weight
+//! gradient's transposed `dy`, `dx`'s `dy`), `b` rows `ldb` apart (packed panels, strips of
+//! `x`, the row-major weight).
 //!
 //! Reduction order (the contract of [`super::matmul`]): every output is one sequential FMA
 //! chain from zero, `acc = 0; for l in 0..k { acc = fma(a[r, l], b[l, j], acc) }`; vector
@@ -24,7 +24,6 @@ pub const NR: usize = 64;
 pub struct Tile {
     pub a: *const f32,
     pub a_rs: usize,
-    pub a_ls: usize,
     pub b: *const f32,
     pub ldb: usize,
     pub k: usize,
@@ -115,7 +114,7 @@ unsafe fn portable(t: &Tile) {
             unsafe {
                 let mut acc = if t.accumulate { *t.c.add(r * t.ldc + j) } else { 0.0 };
                 for l in 0..t.k {
-                    acc = (*t.a.add(r * t.a_rs + l * t.a_ls)).mul_add(*t.b.add(l * t.ldb + j), acc);
+                    acc = (*t.a.add(r * t.a_rs + l)).mul_add(*t.b.add(l * t.ldb + j), acc);
                 }
                 *t.c.add(r * t.ldc + j) = acc;
             }
@@ -142,25 +141,20 @@ mod tests {
     }
 
     /// Every variant this CPU runs gives the portable chain's bits, for every tile height,
-    /// partial widths (masked loads and stores), odd `k`, and both stride patterns (the
-    /// forward's row-major `a`, the weight gradient's transposed `a`); and the portable chain
+    /// partial widths (masked loads and stores), odd `k`, padded strides, with and without
+    /// [`Tile::prefetch`]; and the portable chain
     /// itself matches an f64 sum to f32 accuracy (an independent check of the formula).
     #[test]
     fn variants_are_bitwise_equal() {
-        for (case, &(k, cols, transposed)) in
-            [(1, 64, false), (7, 64, true), (37, 13, false), (64, 1, true), (129, 47, false), (301, 64, true)]
-                .iter()
-                .enumerate()
-        {
+        for (case, &(k, cols)) in [(1, 64), (7, 64), (37, 13), (64, 1), (129, 47), (301, 64)].iter().enumerate() {
             for rows in 1..=MR {
                 let (lda, ldb, ldc) = (k + 3, cols + 5, cols + 2);
-                let a = vals(MR.max(k) * lda, case as u64);
+                let a = vals(MR * lda, case as u64);
                 let b = vals(k * ldb, 100 + case as u64);
-                let (a_rs, a_ls) = if transposed { (1, lda) } else { (lda, 1) };
+                let a_rs = lda;
                 let tile = |c: &mut Vec<f32>| Tile {
                     a: a.as_ptr(),
                     a_rs,
-                    a_ls,
                     b: b.as_ptr(),
                     ldb,
                     k,
@@ -176,7 +170,7 @@ mod tests {
                 unsafe { run(Isa::Portable, &tile(&mut want)) };
                 for r in 0..rows {
                     for j in 0..cols {
-                        let exact: f64 = (0..k).map(|l| a[r * a_rs + l * a_ls] as f64 * b[l * ldb + j] as f64).sum();
+                        let exact: f64 = (0..k).map(|l| a[r * a_rs + l] as f64 * b[l * ldb + j] as f64).sum();
                         assert!((want[r * ldc + j] as f64 - exact).abs() < 1e-5 * k as f64, "k {k} r {r} j {j}");
                     }
                 }
@@ -187,7 +181,7 @@ mod tests {
                     // The chains split at l = k/2 and continued (`accumulate`) give the same bits.
                     let mut split = vec![f32::NAN; MR * ldc];
                     let first = Tile { k: k / 2, ..tile(&mut split) };
-                    let a_rest = a[(k / 2) * a_ls..].as_ptr();
+                    let a_rest = a[k / 2..].as_ptr();
                     let second =
                         Tile { a: a_rest, b: b[(k / 2) * ldb..].as_ptr(), k: k - k / 2, accumulate: true, ..first };
                     // SAFETY: as above; both halves lie inside a and b.

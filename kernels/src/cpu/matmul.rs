@@ -256,7 +256,6 @@ impl Gemm {
                     let tile = Tile {
                         a: a.wrapping_add((i - r0) * self.a_rs),
                         a_rs: self.a_rs,
-                        a_ls: 1,
                         b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
                         ldb: self.ldb,
                         k: kc,
