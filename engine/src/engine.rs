@@ -288,6 +288,7 @@ impl LLMEngine {
         let model = shared.read();
         if model.version != self.version {
             self.version = model.version;
+            self.blocks.retire_salts_below(self.version);
             if self.kv_on_update == KvOnUpdate::Recompute {
                 self.recompute_running();
             }

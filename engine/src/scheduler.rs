@@ -140,7 +140,7 @@ impl Scheduler {
         while seq.block_hashes.len() < seq.num_computed / bs {
             let b = seq.block_hashes.len();
             let h = block_hash(seq.block_hashes.last().copied(), &seq.tokens[b * bs..(b + 1) * bs], seq.cache_salt);
-            blocks.register(&seq.blocks[b], h);
+            blocks.register(&seq.blocks[b], h, seq.cache_salt);
             seq.block_hashes.push(h);
         }
     }

@@ -445,3 +445,58 @@ fn a_failed_step_aborts_the_requests_it_ran_and_the_engine_keeps_serving() {
     assert!(out.last().unwrap().request_finished);
     assert_eq!(h.stats().unwrap().num_free_blocks, 64);
 }
+
+/// Runs a script of block-pool operations and checks the id each `alloc` hands out.
+/// Ops: `a` alloc (pushes the block), `f i` drop the i-th held block, `r i h s` register the
+/// i-th held block as content `h` under salt `s`, `l h` lookup (pushes on a hit; `-` on a
+/// miss), `x s` retire salts below `s`.
+fn check_blocks(num_blocks: usize, script: &str, expected: &str) {
+    use engine::block_manager::BlockManager;
+    let bm = BlockManager::new(num_blocks, 4);
+    let mut held = Vec::new();
+    let mut got = Vec::new();
+    for op in script.split(',') {
+        let w: Vec<&str> = op.split_whitespace().collect();
+        let n = |k: usize| w[k].parse::<u64>().unwrap();
+        match w[0] {
+            "a" => {
+                let b = bm.allocate().expect("a free block");
+                got.push(b.id().to_string());
+                held.push(Some(b));
+            }
+            "f" => held[n(1) as usize] = None,
+            "r" => bm.register(held[n(1) as usize].as_ref().unwrap(), n(2), n(3)),
+            "l" => match bm.lookup(n(1)) {
+                Some(b) => {
+                    got.push(format!("l{}", b.id()));
+                    held.push(Some(b));
+                }
+                None => got.push("-".into()),
+            },
+            "x" => bm.retire_salts_below(n(1)),
+            op => panic!("unknown op {op}"),
+        }
+    }
+    assert_eq!(got.join(" "), expected, "script: {script}");
+    let live = held.iter().flatten().map(|b| b.id()).collect::<std::collections::HashSet<_>>().len();
+    assert_eq!(bm.num_free(), num_blocks - live, "free count after: {script}");
+    drop(held);
+    assert_eq!(bm.num_free(), num_blocks, "every block free again");
+}
+
+#[test]
+fn kv_blocks_are_reused_before_untouched_ones_and_cached_ones_evicted_last() {
+    // A freed plain block is handed out again (most recent first), not a never-used one.
+    check_blocks(4, "a,a,a,f 0,f 2,a,a,a", "0 1 2 2 0 3");
+    // A freed cached block stays cached while never-used blocks remain; then a hit.
+    check_blocks(3, "a,r 0 7 0,f 0,a,a,l 7", "0 1 2 l0");
+    // Full pool: the least recently freed cached block is evicted first.
+    check_blocks(2, "a,a,r 0 7 0,r 1 8 0,f 1,f 0,a,l 7,l 8", "0 1 1 l0 -");
+    // Retiring a salt turns its free cached blocks into plain ones (reused first, no hit)
+    // and keeps that salt out of the cache.
+    check_blocks(3, "a,r 0 7 0,f 0,x 1,l 7,a,r 1 9 0,l 9", "0 - 0 -");
+    // A retired block still in use is uncached, and becomes plain when freed.
+    check_blocks(3, "a,r 0 7 0,x 1,f 0,a,l 7", "0 0 -");
+    // The newer salt's entries survive the retirement.
+    check_blocks(3, "a,a,r 0 7 0,r 1 8 1,f 0,f 1,x 1,l 7,l 8", "0 1 - l1");
+}
