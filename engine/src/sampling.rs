@@ -13,6 +13,7 @@
 //!   feed greedy samples to the learner as on-policy.
 
 use crate::validation::ValidationError;
+use kernels::cpu::logprob;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::borrow::Cow;
@@ -222,13 +223,15 @@ pub fn argmax(x: &[f32]) -> usize {
     best
 }
 
-/// `ln Σ exp(x)` in f64 (max-subtracted); `-inf` when every entry is `-inf`.
+/// `ln Σ exp(x)` in f64 (max-subtracted, the sampler's pass: [`logprob::exp_weights`]);
+/// `-inf` when every entry is `-inf`.
 pub fn logsumexp(x: &[f32]) -> f64 {
-    let max = x.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let max = logprob::row_max(x);
     if max == f64::NEG_INFINITY {
         return max;
     }
-    max + x.iter().map(|&v| (v as f64 - max).exp()).sum::<f64>().ln()
+    let mut w = vec![0.0f64; x.len()];
+    max + logprob::exp_weights(x, max, 1.0, &mut w).ln()
 }
 
 /// The `k` largest entries of `x` as `(index, value)`, largest first (ties: lower index first).
@@ -255,9 +258,9 @@ pub fn top_k_of(x: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// the row as it is (no bias, penalty or `min_tokens` mask), T = 1 and nothing truncates,
 /// those same terms are the draw's weights, so a row costs one pass of exponentials.
 pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> SampledToken {
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let raw_w: Vec<f64> = logits.iter().map(|&v| (v as f64 - max).exp()).collect();
-    let ln_z = raw_w.iter().sum::<f64>().ln();
+    let max = logprob::row_max(logits);
+    let mut raw_w = vec![0.0f64; logits.len()];
+    let ln_z = logprob::exp_weights(logits, max, 1.0, &mut raw_w).ln();
     let raw_lse = if max == f64::NEG_INFINITY { max } else { max + ln_z };
     let raw_lp = |t: usize| (logits[t] as f64 - raw_lse) as f32;
     let mut l = Cow::Borrowed(logits);

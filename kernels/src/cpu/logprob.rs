@@ -1,27 +1,64 @@
 //! Token log-probabilities, entropies and their gradient w.r.t. the logits.
 
+use super::simd::exp64;
 use rayon::prelude::*;
+
+crate::multiversion! {
+    /// `w[j] = exp((x[j] − max) / t)` in f64 for every `j < x.len()` ([`exp64`]; `w` at least
+    /// as long as `x`), returning `Σ w` summed in 8 interleaved partial sums (`j mod 8`) folded
+    /// pairwise (lane `i` with `i + 4`, then `+ 2`, `+ 1`). The one exponential pass of a
+    /// softmax row: the sampler's `raw_logprob`, the learner's ℓ and entropy, the prompt
+    /// logprobs all take it, so equal logits give bitwise-equal log-probabilities
+    /// (DESIGN-NOTES §3). `max` is the row's maximum (so every exponent is ≤ 0); `t > 0`.
+    pub fn exp_weights(x: &[f32], max: f64, t: f64, w: &mut [f64]) -> f64 {
+        let w = &mut w[..x.len()];
+        let mut acc = [0.0f64; 8];
+        let mut xs = x.chunks_exact(8);
+        let mut ws = w.chunks_exact_mut(8);
+        for (xc, wc) in (&mut xs).zip(&mut ws) {
+            for l in 0..8 {
+                let e = exp64((xc[l] as f64 - max) / t);
+                wc[l] = e;
+                acc[l] += e;
+            }
+        }
+        for (l, (&v, o)) in xs.remainder().iter().zip(ws.into_remainder()).enumerate() {
+            let e = exp64((v as f64 - max) / t);
+            *o = e;
+            acc[l] += e;
+        }
+        for l in 0..4 {
+            acc[l] += acc[l + 4];
+        }
+        for l in 0..2 {
+            acc[l] += acc[l + 2];
+        }
+        acc[0] + acc[1]
+    }
+}
+
+/// The largest entry of `row` as f64 (NaN entries are skipped; `−∞` for an empty or all-`−∞` row).
+pub fn row_max(row: &[f32]) -> f64 {
+    row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64
+}
 
 /// `log softmax(logits / T)[token]`, in f64 with the max subtracted: the one formula for the
 /// sampler's `raw_logprob` (T = 1) and the learner's ℓ (DESIGN-NOTES §3), so equal logits
 /// give bitwise-equal log-probabilities.
 pub fn token_logprob(logits: &[f32], token: usize, temperature: f32) -> f32 {
-    let t = temperature as f64;
-    let max = logits.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let z: f64 = logits.iter().map(|&v| ((v as f64 - max) / t).exp()).sum();
-    ((logits[token] as f64 - max) / t - z.ln()) as f32
+    logprob_and_entropy(logits, token, temperature).0
 }
 
-/// [`token_logprob`] (bitwise: the same exponentials, summed in the same order) and the
-/// entropy `−Σ p log p` of `softmax(row / T)` (f64, nats) of one row from one pass of exponentials. With `w_j = exp((z_j − max)/T)`,
+/// [`token_logprob`] and the entropy `−Σ p log p` of `softmax(row / T)` (f64, nats) of one
+/// row from one pass of exponentials ([`exp_weights`]). With `w_j = exp((z_j − max)/T)`,
 /// `Z = Σ w_j` and `ln p_j = (z_j − max)/T − ln Z`, the entropy is
-/// `H = −Σ p_j ln p_j = ln Z − Σ_j p_j·(z_j − max)/T` (terms with `w_j = 0` skipped): no
+/// `H = −Σ p log p = ln Z − Σ_j p_j·(z_j − max)/T` (terms with `w_j = 0` skipped): no
 /// logarithm per element.
 fn logprob_and_entropy(row: &[f32], token: usize, temperature: f32) -> (f32, f32) {
     let t = temperature as f64;
-    let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-    let w: Vec<f64> = row.iter().map(|&v| ((v as f64 - max) / t).exp()).collect();
-    let z: f64 = w.iter().sum();
+    let max = row_max(row);
+    let mut w = vec![0.0f64; row.len()];
+    let z = exp_weights(row, max, t, &mut w);
     let ln_z = z.ln();
     let mean_logit: f64 =
         row.iter().zip(&w).filter(|(_, &wj)| wj > 0.0).map(|(&v, &wj)| wj / z * ((v as f64 - max) / t)).sum();
@@ -49,12 +86,13 @@ pub fn token_logprobs_backward(
     dl_dentropy: Option<&[f32]>,
     entropies: &[f32],
 ) -> Vec<f32> {
-    let tinv = 1.0 / temperature as f64;
+    let t = temperature as f64;
+    let tinv = 1.0 / t;
     let mut dz = vec![0.0f32; logits.len()];
     dz.par_chunks_mut(v).zip(logits.par_chunks(v)).enumerate().for_each(|(i, (out, row))| {
-        let max = row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
-        let w: Vec<f64> = row.iter().map(|&x| ((x as f64 - max) * tinv).exp()).collect();
-        let z: f64 = w.iter().sum();
+        let max = row_max(row);
+        let mut w = vec![0.0f64; row.len()];
+        let z = exp_weights(row, max, t, &mut w);
         let (zinv, ln_z) = (1.0 / z, z.ln());
         let (g, hh) = (dl_dlogp[i] as f64, entropies[i] as f64);
         let tok = tokens[i] as usize;

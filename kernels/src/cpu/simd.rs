@@ -1,7 +1,7 @@
 //! What the vectorised CPU kernels share: compiling one body for the widest instruction set
 //! at run time ([`multiversion!`](crate::multiversion)), an output pointer shared by rayon
-//! tasks that write disjoint parts ([`SharedMut`]), and the exponential of the softmaxes
-//! ([`exp`]).
+//! tasks that write disjoint parts ([`SharedMut`]), and the exponentials of the softmaxes
+//! ([`exp`] in f32 for attention, [`exp64`] for the f64 log-probability passes).
 //!
 //! Bodies compiled by `multiversion!` are plain Rust over `f32` (`mul_add`, `round_ties_even`,
 //! comparisons), which Rust never reassociates or contracts; each variant therefore computes
@@ -17,17 +17,17 @@ pub use super::gemm_tile::Isa;
 #[macro_export]
 #[doc(hidden)]
 macro_rules! multiversion {
-    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $body:block) => {
+    ($(#[$m:meta])* $vis:vis fn $name:ident($($arg:ident: $ty:ty),* $(,)?) $(-> $ret:ty)? $body:block) => {
         $(#[$m])*
-        $vis fn $name($($arg: $ty),*) {
+        $vis fn $name($($arg: $ty),*) $(-> $ret)? {
             #[inline(always)]
-            fn body($($arg: $ty),*) $body
+            fn body($($arg: $ty),*) $(-> $ret)? $body
             #[cfg(target_arch = "x86_64")]
             {
                 #[target_feature(enable = "avx512f,avx512vl,avx2,fma")]
-                unsafe fn avx512($($arg: $ty),*) { body($($arg),*) }
+                unsafe fn avx512($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
                 #[target_feature(enable = "avx2,fma")]
-                unsafe fn avx2($($arg: $ty),*) { body($($arg),*) }
+                unsafe fn avx2($($arg: $ty),*) $(-> $ret)? { body($($arg),*) }
                 match $crate::cpu::simd::Isa::detect() {
                     // SAFETY: the CPU has the variant's features (detected at run time).
                     $crate::cpu::simd::Isa::Avx512 => return unsafe { avx512($($arg),*) },
@@ -79,6 +79,54 @@ pub fn exp(x: f32) -> f32 {
     }
     let y = p.mul_add(r * r, r) + 1.0;
     y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+}
+
+/// `eˣ` in f64 to within 2 ulp for `−708 ≤ x ≤ 709`, and exactly 0 below −708 (so `−∞`
+/// gives 0): `x = n·ln 2 + r` with `n = round(x·log₂e)` (the 1.5·2⁵² rounding trick, whose
+/// low bits are `n`), `ln 2` split in two (fdlibm's `ln2_hi`, `ln2_lo`) for an exact
+/// reduction, then `eʳ` on `|r| ≤ ln 2 / 2` by its Taylor series to degree 13 (remainder
+/// `r¹⁴/14! < 5·10⁻¹⁸`) in FMA Horner form, scaled by `2ⁿ` built in the exponent bits.
+/// NaN stays NaN. Vectorises (unlike `f64::exp`, a libm call); only FMA, IEEE arithmetic
+/// and integer bit operations, so every variant of a [`multiversion!`] body agrees bitwise.
+#[inline(always)]
+pub fn exp64(x: f64) -> f64 {
+    const LOG2E: f64 = std::f64::consts::LOG2_E;
+    const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000); // 6.93147180369123816490e-01
+    const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76); // 1.90821492927058770002e-10
+    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5·2⁵²
+                                                // 1/k! for k = 13 down to 2.
+    const C: [f64; 12] = [
+        1.0 / 6_227_020_800.0,
+        1.0 / 479_001_600.0,
+        1.0 / 39_916_800.0,
+        1.0 / 3_628_800.0,
+        1.0 / 362_880.0,
+        1.0 / 40_320.0,
+        1.0 / 5_040.0,
+        1.0 / 720.0,
+        1.0 / 120.0,
+        1.0 / 24.0,
+        1.0 / 6.0,
+        0.5,
+    ];
+    // (`clamp` keeps NaN, unlike min/max.)
+    let xc = x.clamp(-708.0, 709.0);
+    let big = xc * LOG2E + ROUND;
+    let n = big - ROUND;
+    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, xc));
+    let mut p = C[0];
+    for c in &C[1..] {
+        p = p.mul_add(r, *c);
+    }
+    let e_r = p.mul_add(r, 1.0).mul_add(r, 1.0);
+    // `big`'s low bits hold n (two's complement): 2ⁿ has exponent field n + 1023.
+    let k = big.to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(1023);
+    let y = e_r * f64::from_bits(k << 52);
+    if x < -708.0 {
+        0.0
+    } else {
+        y
+    }
 }
 
 /// `dst[e·ld + i] = rows[i][e0 + e]` for `i, e < 16`: a 16 × 16 block transposed through
@@ -165,6 +213,29 @@ mod tests {
         }
         assert!(exp(f32::NAN).is_nan());
         assert_eq!(exp(f32::NEG_INFINITY), exp(-87.0));
+    }
+
+    /// [`exp64`] against libm's `exp` at every 1/64 step of [−745, 709] and the edges:
+    /// within 2 ulp (relative 4.5e−16) on [−708, 709], 0 below; `exp64(0) = 1` exactly.
+    #[test]
+    fn exp64_matches_libm() {
+        let xs = (-745 * 64..=709 * 64).map(|i| i as f64 / 64.0).chain([-1e-300, -0.0, 1e-10, -707.99, -708.0]);
+        let mut worst = 0.0f64;
+        for x in xs {
+            let got = exp64(x);
+            if x < -708.0 {
+                assert_eq!(got, 0.0, "exp64({x})");
+                continue;
+            }
+            let want = x.exp();
+            let rel = ((got - want) / want).abs();
+            worst = worst.max(rel);
+            assert!(rel < 4.5e-16, "exp64({x}) = {got:e}, want {want:e} (rel {rel:e})");
+        }
+        eprintln!("exp64: worst relative error {worst:e}");
+        assert_eq!(exp64(0.0), 1.0);
+        assert_eq!(exp64(f64::NEG_INFINITY), 0.0);
+        assert!(exp64(f64::NAN).is_nan());
     }
 
     /// The register transpose against the scalar copy.
