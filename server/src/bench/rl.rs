@@ -1,7 +1,9 @@
 //! `rlserve bench rl`: the same short training job on the built-in arithmetic task with
 //! `max_staleness` 0 (synchronous) and 2 (generation overlaps training), each from the
-//! freshly loaded model: RL steps/s, rollout and train tokens/s, the engine's pause per
-//! update (write-guard hold: mean, max), and the learner's and the engine's idle fractions.
+//! freshly loaded model: RL steps/s, seconds per step after the first (whose first touches
+//! of the learner's fresh buffers take seconds on some VMs), rollout and train tokens/s, the
+//! engine's pause per update (write-guard hold: mean, max), and the learner's and the
+//! engine's idle fractions; then the per-step split of the steps after the first.
 
 use crate::cli::ModelArgs;
 use anyhow::Result;
@@ -16,7 +18,8 @@ use std::time::Instant;
 pub struct RlBenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    /// Steps per job (the first is included: it builds the learner's caches).
+    /// Steps per job (the first, which builds the learner's caches, counts in steps/s but not
+    /// in the seconds per step after it or the split).
     #[arg(long, default_value_t = 6)]
     pub steps: u64,
     #[arg(long, default_value_t = 4)]
@@ -44,9 +47,9 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         rayon::current_num_threads()
     );
     println!(
-        "| max_staleness | steps/s | rollout tok/s | train tok/s | pause mean (s) | pause max (s) | learner idle | engine idle | staleness max |"
+        "| max_staleness | steps/s | s/step after step 1 | rollout tok/s | train tok/s | pause mean (s) | pause max (s) | learner idle | engine idle | staleness max |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|");
     let mut splits = Vec::new();
     for &k in &a.max_staleness {
         let model = SharedModel::new(Model::load(&dir, &device)?);
@@ -78,8 +81,14 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         let h = &st.history;
         let sum = |f: &dyn Fn(&rl::report::StepRecord) -> f64| h.iter().map(f).sum::<f64>();
         let pauses: Vec<f64> = h.iter().filter(|r| r.updated).map(|r| r.learner.pause_seconds).collect();
+        let after_first = match (h.first(), h.last()) {
+            (Some(a), Some(b)) if h.len() > 1 => {
+                format!("{:.2}", (b.elapsed_seconds - a.elapsed_seconds) / (h.len() - 1) as f64)
+            }
+            _ => "-".into(),
+        };
         println!(
-            "| {k} | {:.3} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
+            "| {k} | {:.3} | {after_first} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
             h.len() as f64 / wall,
             sum(&|r| r.timing.rollout_tokens as f64) / wall,
             sum(&|r| r.learner.tokens_per_s * r.learner.step_seconds) / wall,
@@ -89,20 +98,27 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             sum(&|r| r.timing.admission_wait_seconds) / wall,
             h.iter().map(|r| r.learner.staleness_max).max().unwrap_or(0),
         );
-        let n = h.len().max(1) as f64;
+        // The split over the steps after the first (all of them when there is one).
+        let rest = if h.len() > 1 { &h[1..] } else { &h[..] };
+        let n = rest.len().max(1) as f64;
+        let mean = |f: &dyn Fn(&rl::report::StepRecord) -> f64| rest.iter().map(f).sum::<f64>() / n;
+        let step_wall = match (h.first(), h.last()) {
+            (Some(a), Some(b)) if h.len() > 1 => (b.elapsed_seconds - a.elapsed_seconds) / n,
+            _ => wall / n,
+        };
         splits.push(format!(
             "| {k} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |",
-            wall / n,
-            sum(&|r| r.timing.generation_seconds) / n,
-            sum(&|r| r.learner.forward_seconds) / n,
-            sum(&|r| r.learner.backward_seconds) / n,
-            sum(&|r| r.learner.optimizer_seconds) / n,
-            sum(&|r| r.learner.pause_seconds) / n,
-            sum(&|r| r.learner.step_seconds) / n,
+            step_wall,
+            mean(&|r| r.timing.generation_seconds),
+            mean(&|r| r.learner.forward_seconds),
+            mean(&|r| r.learner.backward_seconds),
+            mean(&|r| r.learner.optimizer_seconds),
+            mean(&|r| r.learner.pause_seconds),
+            mean(&|r| r.learner.step_seconds),
         ));
         let _ = std::fs::remove_dir_all(&out);
     }
-    println!("\nper step, seconds (means):");
+    println!("\nper step after the first, seconds (means):");
     println!(
         "| max_staleness | wall | generation | learner forward | learner backward | optimizer | pause | learner step |"
     );
