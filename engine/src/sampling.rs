@@ -320,13 +320,13 @@ fn apply_penalties(l: &mut Cow<'_, [f32]>, p: &SamplingParams, ctx: &SampleConte
 }
 
 /// Temperature, truncation, renormalisation and one draw. Returns `(token, ln p(token))`.
-/// Probabilities are `exp((l - max) / T)` in f64, so the most likely token has weight 1:
-/// no overflow, no NaN, and a sampled token always has p > 0, even for a tiny T. `weights`,
-/// when given, are those values already computed for every token (T = 1).
+/// Probabilities are `exp((l - max) / T)` in f64 ([`logprob::exp_weights`]), so the most
+/// likely token has weight 1: no overflow, no NaN, and a sampled token always has p > 0,
+/// even for a tiny T. `weights`, when given, are those values already computed for every
+/// token (T = 1).
 fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<&[f64]>) -> (usize, f32) {
-    let max = l.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64;
+    let max = logprob::row_max(l);
     let t = p.temperature as f64;
-    let weight = |i: usize| ((l[i] as f64 - max) / t).exp();
     let truncated = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
     // Candidates in a fixed order: index order without truncation (`ids` = None), else most
     // likely first.
@@ -335,14 +335,19 @@ fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<&
         match weights {
             Some(w) => (None, w),
             None => {
-                owned = (0..l.len()).map(weight).collect();
+                let mut w = vec![0.0f64; l.len()];
+                logprob::exp_weights(l, max, t, &mut w);
+                owned = w;
                 (None, &owned)
             }
         }
     } else {
         let k = if p.top_k > 0 { p.top_k as usize } else { l.len() };
-        let mut c: Vec<(usize, f64)> =
-            top_k_of(l, k).into_iter().map(|(i, _)| (i as usize, weight(i as usize))).collect();
+        let top = top_k_of(l, k);
+        let values: Vec<f32> = top.iter().map(|&(_, v)| v).collect();
+        let mut ws = vec![0.0f64; values.len()];
+        logprob::exp_weights(&values, max, t, &mut ws);
+        let mut c: Vec<(usize, f64)> = top.iter().zip(ws).map(|(&(i, _), w)| (i as usize, w)).collect();
         if p.top_p < 1.0 {
             let total: f64 = c.iter().map(|x| x.1).sum();
             let (mut cum, mut keep) = (0.0, c.len());
