@@ -81,15 +81,15 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         let h = &st.history;
         let sum = |f: &dyn Fn(&rl::report::StepRecord) -> f64| h.iter().map(f).sum::<f64>();
         let pauses: Vec<f64> = h.iter().filter(|r| r.updated).map(|r| r.learner.pause_seconds).collect();
+        // Seconds per step after the first (None for a one-step job).
         let after_first = match (h.first(), h.last()) {
-            (Some(a), Some(b)) if h.len() > 1 => {
-                format!("{:.2}", (b.elapsed_seconds - a.elapsed_seconds) / (h.len() - 1) as f64)
-            }
-            _ => "-".into(),
+            (Some(a), Some(b)) if h.len() > 1 => Some((b.elapsed_seconds - a.elapsed_seconds) / (h.len() - 1) as f64),
+            _ => None,
         };
         println!(
-            "| {k} | {:.3} | {after_first} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
+            "| {k} | {:.3} | {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
             h.len() as f64 / wall,
+            after_first.map_or("-".into(), |x| format!("{x:.2}")),
             sum(&|r| r.timing.rollout_tokens as f64) / wall,
             sum(&|r| r.learner.tokens_per_s * r.learner.step_seconds) / wall,
             pauses.iter().sum::<f64>() / pauses.len().max(1) as f64,
@@ -102,13 +102,9 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         let rest = if h.len() > 1 { &h[1..] } else { &h[..] };
         let n = rest.len().max(1) as f64;
         let mean = |f: &dyn Fn(&rl::report::StepRecord) -> f64| rest.iter().map(f).sum::<f64>() / n;
-        let step_wall = match (h.first(), h.last()) {
-            (Some(a), Some(b)) if h.len() > 1 => (b.elapsed_seconds - a.elapsed_seconds) / n,
-            _ => wall / n,
-        };
         splits.push(format!(
             "| {k} | {:.2} | {:.2} | {:.2} | {:.2} | {:.2} | {:.3} | {:.2} |",
-            step_wall,
+            after_first.unwrap_or(wall / n),
             mean(&|r| r.timing.generation_seconds),
             mean(&|r| r.learner.forward_seconds),
             mean(&|r| r.learner.backward_seconds),
