@@ -5,8 +5,8 @@
 # warm-up excluded on both sides); then the medians and the ratio rlserve / TRL (the
 # parity issue's target: ≤ 1/3), and the same for the steady state: the per-step medians
 # from step FROM on (default 13). TRL's first dozen steps run about 40 % slower than its
-# later ones at the same completion length (8.5–9.8 s against about 6 s on 80-step runs of
-# seeds 0 and 2), so a short run overstates rlserve's lead: use STEPS ≥ 40 for the steady
+# later ones, even where those are longer (seed 0: 8.5 s at 11 tokens in steps 2–12, 6.0 s at
+# 16 tokens in steps 41–80), so a short run overstates rlserve's lead: use STEPS ≥ 40 for the steady
 # figure (below FROM + 5 steps it falls back to step 3). Refuses to start above MAX_LOAD
 # (a peer timed on a busy machine is not a comparison). Set-up as run.sh (a venv with
 # torch, transformers, trl):
