@@ -10,9 +10,10 @@
 //! Conventions (all backends):
 //! - Buffers are row-major `[rows, cols]` f32 unless a method says otherwise; the only
 //!   backend-owned layout is a *packed* linear weight ([`BackendStorage::pack_weight`]),
-//!   which only [`BackendStorage::linear`], [`BackendStorage::unpack_weight`] and the
+//!   which only [`BackendStorage::linear`], [`BackendStorage::linear_grad_input`],
+//!   [`BackendStorage::unpack_weight`], [`BackendStorage::scale_add_unpacked`] and the
 //!   elementwise [`BackendStorage::scale_add_inplace`] (between two buffers packed alike)
-//!   read. The input gradient reads the weight row-major ([`BackendStorage::linear_grad_input`]).
+//!   read: it is the only copy of a linear weight.
 //! - Index arguments (token ids, positions, KV slots, block tables, row lists) are host
 //!   slices; a device backend uploads them.
 //! - Results that the host consumes as a few numbers per row (log-probabilities,
@@ -47,15 +48,12 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn pack_weight(&self, n: usize, k: usize) -> Result<Self>;
     /// Row-major `[n, k]` back from [`Self::pack_weight`]'s layout.
     fn unpack_weight(&self, n: usize, k: usize) -> Result<Self>;
-    /// Whether [`Self::pack_weight`]'s layout is the row-major one (then the packed weight
-    /// is what [`Self::linear_grad_input`] reads, and no row-major copy is kept).
-    fn packed_is_row_major(&self) -> bool;
     /// `y [m, n] = x [m, k] · Wᵀ (+ bias [n])`, `w` packed `[n, k]`. Batch-invariant.
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self>;
     /// `dW [n, k] = dyᵀ [n, m] · x [m, k]` (row-major; `self` is `dy`).
     fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self>;
-    /// `dx [m, k] = dy [m, n] · W [n, k]` with `w` row-major (`self` is `dy`); each output one
-    /// fixed-order reduction over `n`.
+    /// `dx [m, k] = dy [m, n] · W [n, k]` with `w` packed `[n, k]` (`self` is `dy`); each
+    /// output one fixed-order reduction over `n`.
     fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self>;
 
     // Row-wise and elementwise ops.
@@ -74,6 +72,9 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn add_inplace(&mut self, b: &Self) -> Result<()>;
     /// `self ← s · self + d` (equal lengths, same layout: packed weights too).
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()>;
+    /// `self ← s·self + d` with `self` row-major `[n, k]` and `d` packed `[n, k]`
+    /// ([`Self::pack_weight`]'s layout): a tied embedding updated with its LM head's step.
+    fn scale_add_unpacked(&mut self, s: f32, d: &Self, n: usize, k: usize) -> Result<()>;
     /// `s · self`.
     fn scale(&self, s: f32) -> Result<Self>;
     /// `Σ x²` in f64.
@@ -149,12 +150,6 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     /// the step `Δ` (see [`AdamWStep`]).
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, step: &AdamWStep) -> Result<Self>;
     /// [`Self::adamw_delta`] over a weight stacked from row blocks `parts = (g, m, v)`
-    /// (`[r_i, k]` each, in order): the stacked step in [`Self::pack_weight`]'s layout, and,
-    /// when that layout is not row-major, the row-major step too.
-    #[allow(clippy::type_complexity)]
-    fn adamw_delta_packed(
-        parts: &mut [(&Self, &mut Self, &mut Self)],
-        k: usize,
-        step: &AdamWStep,
-    ) -> Result<(Self, Option<Self>)>;
+    /// (`[r_i, k]` each, in order): the stacked step in [`Self::pack_weight`]'s layout.
+    fn adamw_delta_packed(parts: &mut [(&Self, &mut Self, &mut Self)], k: usize, step: &AdamWStep) -> Result<Self>;
 }

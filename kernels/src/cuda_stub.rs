@@ -49,9 +49,6 @@ impl BackendStorage for CudaStorage {
     fn unpack_weight(&self, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }
-    fn packed_is_row_major(&self) -> bool {
-        match *self {}
-    }
     fn linear_grad_input(&self, _: &Self, _: usize, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }
@@ -80,6 +77,9 @@ impl BackendStorage for CudaStorage {
         match *self {}
     }
     fn scale_add_inplace(&mut self, _: f32, _: &Self) -> Result<()> {
+        match *self {}
+    }
+    fn scale_add_unpacked(&mut self, _: f32, _: &Self, _: usize, _: usize) -> Result<()> {
         match *self {}
     }
     fn scale(&self, _: f32) -> Result<Self> {
@@ -165,11 +165,7 @@ impl BackendStorage for CudaStorage {
     fn adamw_delta(&self, _: &mut Self, _: &mut Self, _: &AdamWStep) -> Result<Self> {
         match *self {}
     }
-    fn adamw_delta_packed(
-        _: &mut [(&Self, &mut Self, &mut Self)],
-        _: usize,
-        _: &AdamWStep,
-    ) -> Result<(Self, Option<Self>)> {
+    fn adamw_delta_packed(_: &mut [(&Self, &mut Self, &mut Self)], _: usize, _: &AdamWStep) -> Result<Self> {
         Err(KernelError::CudaUnavailable)
     }
 }

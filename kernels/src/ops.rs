@@ -10,7 +10,6 @@ use crate::error::shape_err;
 use crate::tensor::Storage;
 use crate::{Device, KernelError, Result, Tensor};
 use std::ops::Range;
-use std::sync::OnceLock;
 
 /// Runs `$body` with each named `&Storage` / `&mut Storage` bound to the same backend's
 /// storage type; tensors on different devices are [`KernelError::DeviceMismatch`].
@@ -58,17 +57,14 @@ fn out<S: Into<Storage>>(r: Result<S>, shape: &[usize]) -> Result<Tensor> {
 }
 
 /// A linear layer's weight `[n, k]` in its backend's packed layout (see `cpu::matmul` for
-/// the CPU's 64-column panels); only [`linear`], [`linear_grad_input`],
-/// [`unpack_weight`] and [`scale_add_packed`] read it.
+/// the CPU's 64-column panels), the only copy of the weight the engine and learner keep;
+/// only [`linear`], [`linear_grad_input`], [`unpack_weight`], [`scale_add_packed`] and
+/// [`scale_add_unpacked`] read it.
 #[derive(Debug, Clone)]
 pub struct PackedWeight {
     storage: Storage,
     n: usize,
     k: usize,
-    /// The row-major `[n, k]` copy the input gradient reads, when the packed layout is not
-    /// row-major: made on the first backward use (the learner's), then kept equal to the
-    /// weight by [`scale_add_packed`] (which applies the step to both), never rebuilt.
-    rows: OnceLock<Storage>,
 }
 
 impl PackedWeight {
@@ -80,21 +76,6 @@ impl PackedWeight {
     pub fn device(&self) -> Device {
         self.storage.device()
     }
-
-    /// The weight row-major `[n, k]`: the packed storage itself when its layout is
-    /// row-major, else the kept copy (made by unpacking on the first call).
-    fn rows(&self) -> Result<&Storage> {
-        let s = &self.storage;
-        if backend!("packed_is_row_major"; s => Ok(s.packed_is_row_major()))? {
-            return Ok(s);
-        }
-        if let Some(r) = self.rows.get() {
-            return Ok(r);
-        }
-        let (n, k) = (self.n, self.k);
-        let r: Storage = backend!("unpack_weight"; s => s.unpack_weight(n, k).map(Storage::from))?;
-        Ok(self.rows.get_or_init(|| r))
-    }
 }
 
 /// Packs a `[n, k]` weight once, for many [`linear`] calls.
@@ -102,18 +83,7 @@ pub fn pack_weight(w: &Tensor) -> Result<PackedWeight> {
     let (n, k) = w.dims2("pack_weight")?;
     let s = &w.storage;
     let storage = backend!("pack_weight"; s => s.pack_weight(n, k).map(Storage::from))?;
-    Ok(PackedWeight { storage, n, k, rows: OnceLock::new() })
-}
-
-/// [`pack_weight`] that also keeps `w` itself as the row-major copy: an optimizer step laid
-/// out this way updates a weight's copy too ([`scale_add_packed`]) instead of dropping it.
-pub fn pack_weight_keeping_rows(w: Tensor) -> Result<PackedWeight> {
-    let p = pack_weight(&w)?;
-    let s = &p.storage;
-    if !backend!("packed_is_row_major"; s => Ok(s.packed_is_row_major()))? {
-        let _ = p.rows.set(w.storage);
-    }
-    Ok(p)
+    Ok(PackedWeight { storage, n, k })
 }
 
 /// The `[n, k]` row-major weight back from its packed form.
@@ -123,30 +93,24 @@ pub fn unpack_weight(w: &PackedWeight) -> Result<Tensor> {
 }
 
 /// `w ← s·w + d` for two weights packed alike (the optimizer's in-place update: `d` is the
-/// step packed outside the write guard). `w`'s row-major copy, if it has one, gets the same
-/// update from `d`'s ([`pack_weight_keeping_rows`]); without one it is dropped (made again
-/// on its next use).
+/// step packed outside the write guard).
 pub fn scale_add_packed(w: &mut PackedWeight, s: f32, d: &PackedWeight) -> Result<()> {
     if w.shape() != d.shape() {
         return Err(shape_err("scale_add_packed", format!("{:?} vs {:?}", w.shape(), d.shape())));
-    }
-    match (w.rows.get_mut(), d.rows.get()) {
-        (Some(a), Some(b)) => backend!("scale_add_rows"; a, b => a.scale_add_inplace(s, b))?,
-        (Some(_), None) => w.rows = OnceLock::new(),
-        (None, _) => {}
     }
     let (a, b) = (&mut w.storage, &d.storage);
     backend!("scale_add_packed"; a, b => a.scale_add_inplace(s, b))
 }
 
-/// `a ← s·a + d` with `d` the row-major form of a packed step (a tied embedding updated
-/// with its LM head's step, laid out once): same `[n, k]` shapes.
-pub fn scale_add_rows_of(a: &mut Tensor, s: f32, d: &PackedWeight) -> Result<()> {
+/// `a ← s·a + d` for a row-major `a` and a packed step `d` of the same `[n, k]` shape (a
+/// tied embedding updated with its LM head's step, laid out once): bitwise
+/// `scale_add_inplace(a, s, unpack_weight(d))`.
+pub fn scale_add_unpacked(a: &mut Tensor, s: f32, d: &PackedWeight) -> Result<()> {
     if a.shape() != d.shape() {
-        return Err(shape_err("scale_add_rows_of", format!("{:?} vs {:?}", a.shape(), d.shape())));
+        return Err(shape_err("scale_add_unpacked", format!("{:?} vs {:?}", a.shape(), d.shape())));
     }
-    let (a, b) = (&mut a.storage, d.rows()?);
-    backend!("scale_add_rows_of"; a, b => a.scale_add_inplace(s, b))
+    let (a, b, n, k) = (&mut a.storage, &d.storage, d.n, d.k);
+    backend!("scale_add_unpacked"; a, b => a.scale_add_unpacked(s, b, n, k))
 }
 
 /// `a ← s·a + d` elementwise (same shapes).
@@ -510,8 +474,8 @@ pub fn linear_grad_input(dy: &Tensor, w: &PackedWeight) -> Result<Tensor> {
         return Err(shape_err("linear_grad_input", format!("dy has {n} columns, w is [{}, {}]", w.n, w.k)));
     }
     let k = w.k;
-    let (a, rows) = (&dy.storage, w.rows()?);
-    out(backend!("linear_grad_input"; a, rows => a.linear_grad_input(rows, m, n, k).map(Storage::from)), &[m, k])
+    let (a, b) = (&dy.storage, &w.storage);
+    out(backend!("linear_grad_input"; a, b => a.linear_grad_input(b, m, n, k).map(Storage::from)), &[m, k])
 }
 
 /// Gradient of [`linear`] w.r.t. its weight: `dW [n, k] = dyᵀ · x` (HF layout).
@@ -666,8 +630,8 @@ pub struct AdamWPart<'a> {
 }
 
 /// [`adamw_delta`] for a linear weight stacked from row blocks (fused q/k/v, gate/up),
-/// returned laid out like the served weight ([`pack_weight_keeping_rows`] of the stacked
-/// steps) in one pass over the moments: bitwise `pack_weight_keeping_rows(cat_rows(Δ_i))`.
+/// returned laid out like the served weight in one pass over the moments: bitwise
+/// `pack_weight(cat_rows(Δ_i))`.
 /// Errors: no parts, parts with different column counts, moments shaped unlike their
 /// gradient, parts on different backends.
 pub fn adamw_delta_packed(parts: &mut [AdamWPart<'_>], step: &AdamWStep) -> Result<PackedWeight> {
@@ -694,17 +658,12 @@ pub fn adamw_delta_packed(parts: &mut [AdamWPart<'_>], step: &AdamWStep) -> Resu
                     _ => return Err(KernelError::DeviceMismatch { op }),
                 }
             }
-            let (a, b) = BackendStorage::adamw_delta_packed(&mut ps, k, step)?;
-            (Storage::from(a), b.map(Storage::from))
+            Storage::from(BackendStorage::adamw_delta_packed(&mut ps, k, step)?)
         }};
     }
-    let (storage, rows) = match &first.g.storage {
+    let storage = match &first.g.storage {
         Storage::Cpu(_) => on!(Cpu),
         Storage::Cuda(_) => on!(Cuda),
     };
-    let kept = OnceLock::new();
-    if let Some(r) = rows {
-        let _ = kept.set(r);
-    }
-    Ok(PackedWeight { storage, n, k, rows: kept })
+    Ok(PackedWeight { storage, n, k })
 }

@@ -202,6 +202,6 @@ impl engine::model::StepSource for Steps<'_> {
             1 => steps.into_iter().next().expect("one"),
             _ => ops::cat_rows(&steps.iter().collect::<Vec<_>>())?,
         };
-        ops::pack_weight_keeping_rows(stacked)
+        ops::pack_weight(&stacked)
     }
 }

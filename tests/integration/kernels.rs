@@ -97,11 +97,9 @@ fn cuda_is_reported_unavailable_without_the_feature() {
     assert!(e.to_string().contains("without the `cuda` feature"), "{e}");
 }
 
-/// The input gradient reads the weight's row-major copy, which the optimizer's in-place
-/// update keeps equal to the weight: after `w ← s·w + Δ` with a step laid out by
-/// `pack_weight_keeping_rows`, `dy · W` is bitwise what a freshly packed updated weight
-/// gives, and by hand on a 2 × 3 weight; a step packed without its rows drops the copy,
-/// which is then made again from the updated weight.
+/// The input gradient reads the packed weight itself, so it sees every in-place update:
+/// after `w ← s·w + Δ`, `dy · W` is bitwise what a freshly packed updated weight gives, and
+/// by hand on a 2 × 3 weight.
 #[test]
 fn the_input_gradient_sees_every_update_of_the_weight() {
     let w0 = [1.0, 2.0, 3.0, -1.0, 0.5, 0.0];
@@ -111,19 +109,34 @@ fn the_input_gradient_sees_every_update_of_the_weight() {
     let dx = ops::linear_grad_input(&dy, &w).unwrap();
     assert_close(dx.as_slice().unwrap(), &[-1.0, 3.0, 3.0, -1.5, -1.75, -3.0], 0.0, "dx before");
     let step = [0.5, 0.0, -1.0, 1.0, 0.0, 2.0];
-    for keep in [true, false] {
-        let d = if keep {
-            ops::pack_weight_keeping_rows(t(&step, &[2, 3])).unwrap()
-        } else {
-            ops::pack_weight(&t(&step, &[2, 3])).unwrap()
-        };
-        ops::scale_add_packed(&mut w, 2.0, &d).unwrap();
-        let updated = ops::unpack_weight(&w).unwrap();
-        let fresh = ops::pack_weight(&updated).unwrap();
+    for update in 1..=2 {
+        ops::scale_add_packed(&mut w, 2.0, &ops::pack_weight(&t(&step, &[2, 3])).unwrap()).unwrap();
+        let fresh = ops::pack_weight(&ops::unpack_weight(&w).unwrap()).unwrap();
         let (got, want) = (ops::linear_grad_input(&dy, &w).unwrap(), ops::linear_grad_input(&dy, &fresh).unwrap());
-        assert_eq!(got.as_slice().unwrap(), want.as_slice().unwrap(), "keep rows: {keep}");
+        assert_eq!(got.as_slice().unwrap(), want.as_slice().unwrap(), "after update {update}");
     }
-    // Two updates w ← 2w + Δ: W = 4·W0 + 3·Δ.
+    // Two updates w ← 2w + Δ: W = 4·W0 + 3·Δ, and dx = dy · W by hand:
+    // W = [5.5, 8, 9; −1, 2, 6], dx = [5.5 − 2, 8 + 4, 9 + 12; −5.5 − 0.5, −8 + 1, −9 + 3].
     let want: Vec<f64> = w0.iter().zip(&step).map(|(a, b)| 4.0 * *a as f64 + 3.0 * *b as f64).collect();
     assert_close(ops::unpack_weight(&w).unwrap().as_slice().unwrap(), &want, 0.0, "W after two updates");
+    let dx = ops::linear_grad_input(&dy, &w).unwrap();
+    assert_close(dx.as_slice().unwrap(), &[3.5, 12.0, 21.0, -6.0, -7.0, -6.0], 0.0, "dx after two updates");
+}
+
+/// A tied embedding's update from its LM head's packed step: bitwise the elementwise
+/// update with the unpacked step, on a shape with partial panels and 16 × 16 blocks.
+#[test]
+fn a_packed_step_updates_a_row_major_weight() {
+    let (n, k) = (70, 37);
+    let vals =
+        |seed: usize| -> Vec<f32> { (0..n * k).map(|i| ((i * 7919 + seed) % 2003) as f32 / 1000.0 - 1.0).collect() };
+    let (a0, d) = (t(&vals(1), &[n, k]), t(&vals(2), &[n, k]));
+    let mut want = a0.clone();
+    ops::scale_add_inplace(&mut want, 0.75, &d).unwrap();
+    let mut got = a0;
+    ops::scale_add_unpacked(&mut got, 0.75, &ops::pack_weight(&d).unwrap()).unwrap();
+    let bits = |x: &Tensor| x.as_slice().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&got), bits(&want));
+    let e = ops::scale_add_unpacked(&mut t(&vals(1), &[k, n]), 1.0, &ops::pack_weight(&d).unwrap()).unwrap_err();
+    assert!(e.to_string().contains("scale_add_unpacked"), "{e}");
 }

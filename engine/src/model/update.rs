@@ -13,8 +13,8 @@ pub trait StepSource {
     fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor>;
     /// The step of a linear weight stacking the rows of the HF weights `parts`
     /// (`(name, rows)` in order, `k` columns each), laid out like the served weight:
-    /// [`ops::pack_weight_keeping_rows`] of the stacked steps (or [`ops::adamw_delta_packed`],
-    /// which is that in one pass).
+    /// [`ops::pack_weight`] of the stacked steps (or [`ops::adamw_delta_packed`], which is
+    /// that in one pass).
     fn packed(&mut self, parts: &[(&str, usize)], k: usize) -> kernels::Result<PackedWeight>;
 }
 
@@ -22,9 +22,9 @@ pub trait StepSource {
 pub enum WeightDelta {
     /// Norm weights, an untied embedding, biases.
     Dense(Tensor),
-    /// A linear weight, packed like the one it updates (with its row-major step).
+    /// A linear weight, packed like the one it updates.
     Packed(PackedWeight),
-    /// A tied embedding: its step is the LM head's, in row-major form (laid out once).
+    /// A tied embedding: its step is the LM head's (laid out once, unpacked as it is added).
     TiedToHead,
 }
 
@@ -108,7 +108,7 @@ impl Model {
                 (WeightMut::Dense(w), WeightDelta::Dense(d)) => ops::scale_add_inplace(w, scale, d)?,
                 (WeightMut::Packed(w), WeightDelta::Packed(d)) => ops::scale_add_packed(w, scale, d)?,
                 (WeightMut::Dense(w), WeightDelta::TiedToHead) => match &deltas[HEAD] {
-                    WeightDelta::Packed(head) => ops::scale_add_rows_of(w, scale, head)?,
+                    WeightDelta::Packed(head) => ops::scale_add_unpacked(w, scale, head)?,
                     _ => return Err(bad("a tied embedding without a packed LM head step".into()).into()),
                 },
                 _ => return Err(bad("a dense delta for a packed weight, or the reverse".into()).into()),

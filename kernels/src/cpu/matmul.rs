@@ -1,7 +1,7 @@
 //! The CPU GEMMs, batch-invariant: `y [m, n] = x [m, k] · w [n, k]ᵀ` over weights packed in
 //! column panels ([`matmul_packed`]), the weight gradient `dW [n, k] = dyᵀ · x` in the same
-//! layout after two copies ([`grad_weight`]), and `dx = dy · W` on the row-major weight
-//! ([`grad_input`]).
+//! layout after two copies ([`grad_weight`]), and `dx = dy · W` from the same panels
+//! ([`grad_input`]): the packed weight is the only copy of a linear weight.
 //!
 //! Weights are packed once (at model load) into panels of `NP = 64` output columns:
 //! `packed[(p·k + l)·NP + c] = w[p·NP + c, l]` (zero-padded past `n`), so every kernel reads
@@ -110,14 +110,47 @@ unsafe fn transpose_into<'a>(
 
 /// Inverse of [`pack`]: `w [n, k]` row-major.
 pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
-    let mut w = vec![0.0f32; n * k];
-    w.par_chunks_mut(k).enumerate().for_each(|(j, row)| {
-        let (p, c) = (j / NP, j % NP);
-        for (l, v) in row.iter_mut().enumerate() {
-            *v = packed[(p * k + l) * NP + c];
+    assert_eq!(packed.len(), n.div_ceil(NP) * k * NP);
+    let wide = wide_pack();
+    output(n * k, |w| {
+        (0..n.div_ceil(NP)).into_par_iter().for_each(|p| {
+            // SAFETY: rows p·NP .. of the output, this task's alone.
+            unsafe {
+                unpack_panel(&packed[p * k * NP..(p + 1) * k * NP], NP.min(n - p * NP), k, w.at(p * NP * k), wide)
+            };
+        });
+    })
+}
+
+/// `a ← s·a + d` for row-major `a [n, k]` and `d` packed from [`pack`] of `[n, k]`: each
+/// panel of `d` unpacked into a cache-sized scratch, then the elementwise `a·s + d` of
+/// `CpuStorage::scale_add_inplace` (so bitwise `scale_add_inplace(a, s, unpack(d))`).
+pub fn scale_add_unpacked(a: &mut [f32], s: f32, d: &[f32], n: usize, k: usize) {
+    assert!(a.len() == n * k && d.len() == n.div_ceil(NP) * k * NP);
+    let wide = wide_pack();
+    a.par_chunks_mut(NP * k.max(1)).enumerate().for_each(|(p, rows)| {
+        let live = rows.len() / k.max(1);
+        let mut scratch: Vec<f32> = Vec::with_capacity(live * k);
+        // SAFETY: unpack_panel writes all live·k values of the scratch.
+        unsafe {
+            unpack_panel(&d[p * k * NP..(p + 1) * k * NP], live, k, scratch.as_mut_ptr(), wide);
+            scratch.set_len(live * k);
+        }
+        for (a, d) in rows.iter_mut().zip(&scratch) {
+            *a = *a * s + d;
         }
     });
-    w
+}
+
+/// The `live ≤ NP` rows (each `k` long) of one [`pack`] panel into `dst` row-major.
+///
+/// # Safety
+/// `dst` is writable for `live · k` values that no other thread writes.
+unsafe fn unpack_panel(panel: &[f32], live: usize, k: usize, dst: *mut f32, wide: bool) {
+    assert!(live <= NP && panel.len() == k * NP);
+    // dst[c·k + l] = panel[l·NP + c]: the transpose of the panel's k rows (each NP long).
+    // SAFETY: forwarded (the caller's dst range).
+    unsafe { transpose_into(|l| &panel[l * NP..(l + 1) * NP], k, live, dst, k, wide) }
 }
 
 /// `y [m, n] = x · wᵀ` with `x [m, k]`, `packed` from [`pack`] of `w [n, k]`.
@@ -127,7 +160,7 @@ pub fn matmul_packed(x: &[f32], packed: &[f32], m: usize, n: usize, k: usize) ->
     // row l at l·NP.
     // SAFETY: the asserted lengths cover every element the strides name.
     output(m * n, |c| unsafe {
-        Gemm { a: x.as_ptr(), a_rs: k, b: packed.as_ptr(), b_ps: k * NP, ldb: NP, k, c }.run(m, n)
+        Gemm { a: x.as_ptr(), a_rs: k, a_ks: 0, b: packed.as_ptr(), b_ps: k * NP, ldb: NP, k, c }.run(m, n)
     })
 }
 
@@ -172,7 +205,8 @@ pub fn grad_weight(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f
             unsafe {
                 dyt.set_len(rows * m);
                 let out = Out(c.0.add(j0 * k));
-                Gemm { a: dyt.as_ptr(), a_rs: m, b: strips.as_ptr(), b_ps: m * NP, ldb: NP, k: m, c: out }.run(rows, k);
+                Gemm { a: dyt.as_ptr(), a_rs: m, a_ks: 0, b: strips.as_ptr(), b_ps: m * NP, ldb: NP, k: m, c: out }
+                    .run(rows, k);
             }
         }
     })
@@ -197,14 +231,37 @@ fn column_strips(x: &[f32], m: usize, k: usize) -> Vec<f32> {
     out
 }
 
-/// `dx [m, k] = dy · W` for row-major `dy [m, n]`, `w [n, k]`: the tile operand is `dy`'s
-/// rows, the column panels are 64-column strips of `w` read in place (row stride `k`): the
-/// weight is never transposed. `dx[i, l]`'s chain runs over `j = 0..n` in order.
-pub fn grad_input(dy: &[f32], w: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
-    assert!(dy.len() == m * n && w.len() == n * k);
-    // SAFETY: the asserted lengths cover every element the strides name; the last panel's
-    // columns past k are masked off by the tile.
-    output(m * k, |c| unsafe { Gemm { a: dy.as_ptr(), a_rs: n, b: w.as_ptr(), b_ps: NP, ldb: k, k: n, c }.run(m, k) })
+/// `dx [m, k] = dy · W` for row-major `dy [m, n]` and `packed` from [`pack`] of `w [n, k]`,
+/// as `dxᵀ [k, m] = Wᵀ · dyᵀ`: the tile operand is the weight itself, read in place from its
+/// panels (row `l` of `Wᵀ` is contiguous for the 64 reduction steps of each panel, the
+/// panels `k·NP` apart), and the column panels are `dyᵀ`'s, packed like a weight (`pack(dy)`:
+/// `[n, NP]` blocks of 64 rows of `dy`). Each task streams a block of the weight's rows
+/// once for every column panel ([`Gemm::a_ks`]); the small `dxᵀ` is transposed at the end.
+/// No row-major copy of the weight is needed. `dx[i, l]`'s chain runs over `j = 0..n` in
+/// order.
+pub fn grad_input(dy: &[f32], packed: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    assert!(dy.len() == m * n && packed.len() == n.div_ceil(NP) * k * NP);
+    let dyt = pack(dy, m, n);
+    // SAFETY: `Wᵀ`'s row l of reduction block p is packed[p·k·NP + l·NP ..][..NP] (the last
+    // block's steps past n are not read: the reduction stops at n); dyt holds m.div_ceil(NP)
+    // panels of n·NP (columns past m masked off by the tile).
+    let dxt = output(k * m, |c| unsafe {
+        Gemm { a: packed.as_ptr(), a_rs: NP, a_ks: k * NP, b: dyt.as_ptr(), b_ps: n * NP, ldb: NP, k: n, c }.run(k, m)
+    });
+    transpose(&dxt, k, m)
+}
+
+/// `xᵀ [cols, rows]` of row-major `x [rows, cols]`, 64 rows of `x` per task.
+fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let wide = wide_pack();
+    output(rows * cols, |t| {
+        (0..rows.div_ceil(NP)).into_par_iter().for_each(|b| {
+            let (r0, live) = (b * NP, NP.min(rows - b * NP));
+            // SAFETY: columns r0 .. r0 + live of the cols × rows output, this task's alone;
+            // every output is written by exactly one task.
+            unsafe { transpose_into(|r| &x[(r0 + r) * cols..(r0 + r + 1) * cols], live, cols, t.at(r0), rows, wide) };
+        });
+    })
 }
 
 /// The output pointer, shared by tasks that write disjoint tiles of it.
@@ -221,11 +278,18 @@ unsafe impl Send for Out {}
 unsafe impl Sync for Out {}
 
 /// `c [rows, cols] = A · B` (row-major `c`, `ldc = cols`) over the reduction length `k`:
-/// `A[i, l] = a[i·a_rs + l]` (every caller's `A` has contiguous rows), and column panel `p` of `B` (columns `p·NP ..`) has its
+/// `A[i, l] = a[i·a_rs + l]` when `a_ks = 0` (contiguous rows), else
+/// `A[i, l] = a[(l / NP)·a_ks + i·a_rs + l % NP]` (a packed weight read as `Wᵀ`: its rows are
+/// contiguous for `NP` steps at a time); column panel `p` of `B` (columns `p·NP ..`) has its
 /// row `l` at `b[p·b_ps + l·ldb ..]`.
 struct Gemm {
     a: *const f32,
     a_rs: usize,
+    /// Stride between `A`'s reduction blocks of `NP` steps (0: `A`'s rows are contiguous).
+    /// Then `A` is the large, streamed operand: a task owns a row block and sweeps every
+    /// column panel per reduction block, so each of the weight's values is read from memory
+    /// once.
+    a_ks: usize,
     b: *const f32,
     b_ps: usize,
     ldb: usize,
@@ -245,42 +309,52 @@ impl Gemm {
         }
         let (panels, blocks) = (cols.div_ceil(NP), rows.div_ceil(MB));
         let isa = Isa::detect();
+        // A streamed `A` (a packed weight as `Wᵀ`): reduction blocks of its NP-step runs, and
+        // one task per row block over every panel; otherwise one task per (panel, row block).
+        let streamed = self.a_ks != 0;
+        let (kc_max, tasks) = if streamed { (NP, blocks) } else { (KC, panels * blocks) };
         let task = |task: usize| {
-            let (p, rb) = (task / blocks, task % blocks);
+            let (rb, ps) = if streamed { (task, 0..panels) } else { (task % blocks, task / blocks..task / blocks + 1) };
             let (r0, r1) = (rb * MB, (rb * MB + MB).min(rows));
-            for k0 in (0..self.k.div_ceil(KC).max(1)).map(|c| c * KC) {
-                let kc = KC.min(self.k - k0);
-                let a = self.a.wrapping_add(r0 * self.a_rs + k0);
-                let mut i = r0;
-                while i < r1 {
-                    let tile = Tile {
-                        a: a.wrapping_add((i - r0) * self.a_rs),
-                        a_rs: self.a_rs,
-                        b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
-                        ldb: self.ldb,
-                        k: kc,
-                        c: self.c.0.wrapping_add(i * cols + p * NP),
-                        ldc: cols,
-                        rows: (r1 - i).min(MR),
-                        cols: NP.min(cols - p * NP),
-                        accumulate: k0 > 0,
-                        // The first tile over this block of B streams it from memory; the
-                        // other tiles (and row blocks) find it in cache.
-                        prefetch: rb == 0 && i == r0,
-                    };
-                    // SAFETY: the tile lies inside the operands (caller), `isa`
-                    // was detected, and no other task writes its outputs.
-                    unsafe { gemm_tile::run(isa, &tile) };
-                    i += tile.rows;
+            for k0 in (0..self.k.div_ceil(kc_max).max(1)).map(|c| c * kc_max) {
+                let kc = kc_max.min(self.k - k0);
+                let a = match streamed {
+                    true => self.a.wrapping_add(k0 / NP * self.a_ks + r0 * self.a_rs),
+                    false => self.a.wrapping_add(r0 * self.a_rs + k0),
+                };
+                for p in ps.clone() {
+                    let mut i = r0;
+                    while i < r1 {
+                        let tile = Tile {
+                            a: a.wrapping_add((i - r0) * self.a_rs),
+                            a_rs: self.a_rs,
+                            b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
+                            ldb: self.ldb,
+                            k: kc,
+                            c: self.c.0.wrapping_add(i * cols + p * NP),
+                            ldc: cols,
+                            rows: (r1 - i).min(MR),
+                            cols: NP.min(cols - p * NP),
+                            accumulate: k0 > 0,
+                            // The first tile over this block of B streams it from memory; the
+                            // other tiles (and row blocks) find it in cache. A streamed A's
+                            // B is small and stays in cache.
+                            prefetch: !streamed && rb == 0 && i == r0,
+                        };
+                        // SAFETY: the tile lies inside the operands (caller), `isa`
+                        // was detected, and no other task writes its outputs.
+                        unsafe { gemm_tile::run(isa, &tile) };
+                        i += tile.rows;
+                    }
                 }
             }
         };
         // Small products (a decode step's projections) run on the calling thread: waking the
         // pool costs more than the work.
         if rows * cols * self.k < INLINE_WORK {
-            (0..panels * blocks).for_each(task);
+            (0..tasks).for_each(task);
         } else {
-            (0..panels * blocks).into_par_iter().for_each(task);
+            (0..tasks).into_par_iter().for_each(task);
         }
     }
 }
@@ -305,6 +379,26 @@ mod tests {
             }
             assert!(packed.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "pack {n} × {k}");
             assert_eq!(unpack(&packed, n, k), w, "unpack {n} × {k}");
+        }
+    }
+
+    /// [`grad_input`] from the panels against the contract's chain (`acc = fma(dy[i, j],
+    /// w[j, l], acc)` over `j = 0..n` in order), bitwise: partial panels in every dimension,
+    /// reductions of several panels and a partial last one, tiny shapes.
+    #[test]
+    fn grad_input_is_the_sequential_chain() {
+        let vals = |len: usize, seed: u32| -> Vec<f32> {
+            (0..len as u32).map(|i| ((i.wrapping_mul(2654435761) ^ seed) % 2001) as f32 / 1000.0 - 1.0).collect()
+        };
+        for (m, n, k) in [(150, 200, 70), (3, 5, 7), (1, 1, 1), (70, 64, 130), (7, 300, 49)] {
+            let (dy, w) = (vals(m * n, 1), vals(n * k, 2));
+            let got = grad_input(&dy, &pack(&w, n, k), m, n, k);
+            for i in 0..m {
+                for l in 0..k {
+                    let want = (0..n).fold(0.0f32, |acc, j| dy[i * n + j].mul_add(w[j * k + l], acc));
+                    assert_eq!(got[i * k + l].to_bits(), want.to_bits(), "{m}x{n}x{k}: dx[{i}, {l}]");
+                }
+            }
         }
     }
 

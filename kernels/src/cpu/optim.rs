@@ -29,11 +29,10 @@ pub fn adamw_delta(g: &[f32], m: &mut [f32], v: &mut [f32], d: &mut [f32], s: &A
 pub type Part<'a> = (&'a [f32], &'a mut [f32], &'a mut [f32]);
 
 /// [`adamw_delta`] over a linear weight stacked from row blocks (`parts`, in order, `k`
-/// columns each), written in one pass both row-major (`[Σ r, k]`, the second result) and in
-/// [`matmul::pack`]'s panel layout (the first): each panel's 64 rows are stepped into the
-/// row-major buffer, then transposed from cache into the panel. Bitwise the per-part
-/// [`adamw_delta`], concatenated and packed.
-pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> (Vec<f32>, Vec<f32>) {
+/// columns each), written in [`matmul::pack`]'s panel layout in one pass: each panel's 64
+/// rows are stepped into a cache-sized row-major scratch, then transposed from cache into
+/// the panel. Bitwise the per-part [`adamw_delta`], concatenated and packed.
+pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> Vec<f32> {
     let coeffs = Coeffs::new(s);
     // Row j of the stack: (g, m, v) pointers into its part.
     let mut stack: Vec<[usize; 3]> = Vec::new();
@@ -46,21 +45,22 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> (V
     }
     let n = stack.len();
     if k == 0 {
-        return (Vec::new(), Vec::new());
+        return Vec::new();
     }
-    // Both buffers are written in full below (every row by `chunk`, every panel column by
-    // `pack_panel` or the padding fill), so neither is zero-filled first: at 2 × 540 MB per
-    // step for the default model, the fill was a tenth of the optimizer's time.
-    let (mut packed, mut rows) = (Vec::with_capacity(n.div_ceil(NP) * k * NP), Vec::with_capacity(n * k));
+    // Written in full below (every panel column by `pack_panel` or the padding fill), so not
+    // zero-filled first: at 540 MB per step for the default model, a fill was a tenth of the
+    // optimizer's time.
+    let mut packed = Vec::with_capacity(n.div_ceil(NP) * k * NP);
     // SAFETY: f32 has no invalid bit patterns and nothing reads an element before the loop
     // below writes it.
+    #[allow(clippy::uninit_vec)]
     unsafe {
-        packed.set_len(n.div_ceil(NP) * k * NP);
-        rows.set_len(n * k);
-    }
+        packed.set_len(n.div_ceil(NP) * k * NP)
+    };
     let wide = matmul::wide_pack();
-    rows.par_chunks_mut(NP * k).zip(packed.par_chunks_mut(k * NP)).enumerate().for_each(|(p, (d, panel))| {
-        let live = d.len() / k;
+    packed.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
+        let live = NP.min(n - p * NP);
+        let mut d = vec![0.0f32; live * k];
         if live < NP {
             // The last panel's columns past n: zeros, as `matmul::pack` leaves them.
             for row in panel.chunks_exact_mut(NP) {
@@ -84,7 +84,7 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> (V
         let d = &*d;
         matmul::pack_panel(|c| &d[c * k..(c + 1) * k], live, k, panel, wide);
     });
-    (packed, rows)
+    packed
 }
 
 struct Coeffs {
@@ -181,9 +181,8 @@ mod tests {
                 .zip(v.iter_mut())
                 .map(|((g, m), v)| (&g[..], &mut m[..], &mut v[..]))
                 .collect();
-            let (packed, d) = adamw_delta_packed(&mut parts, k, &s);
+            let packed = adamw_delta_packed(&mut parts, k, &s);
             let bits = |x: &[f32]| x.iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&d), bits(&d_want), "row-major step, clip {clip}");
             assert_eq!(bits(&packed), bits(&matmul::pack(&d_want, 100, k)), "packed step, clip {clip}");
             assert_eq!((m, v), (m_want, v_want), "moments, clip {clip}");
         }

@@ -43,9 +43,6 @@ impl BackendStorage for CpuStorage {
     fn unpack_weight(&self, n: usize, k: usize) -> Result<Self> {
         Ok(Self(matmul::unpack(&self.0, n, k)))
     }
-    fn packed_is_row_major(&self) -> bool {
-        false
-    }
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
         let mut y = matmul::matmul_packed(&self.0, &w.0, m, n, k);
         if let Some(b) = bias {
@@ -92,6 +89,10 @@ impl BackendStorage for CpuStorage {
                 *p = *p * s + d;
             }
         });
+        Ok(())
+    }
+    fn scale_add_unpacked(&mut self, s: f32, d: &Self, n: usize, k: usize) -> Result<()> {
+        matmul::scale_add_unpacked(&mut self.0, s, &d.0, n, k);
         Ok(())
     }
     fn scale(&self, s: f32) -> Result<Self> {
@@ -223,14 +224,9 @@ impl BackendStorage for CpuStorage {
         optim::adamw_delta(&self.0, &mut m.0, &mut v.0, &mut d, s);
         Ok(Self(d))
     }
-    fn adamw_delta_packed(
-        parts: &mut [(&Self, &mut Self, &mut Self)],
-        k: usize,
-        s: &AdamWStep,
-    ) -> Result<(Self, Option<Self>)> {
+    fn adamw_delta_packed(parts: &mut [(&Self, &mut Self, &mut Self)], k: usize, s: &AdamWStep) -> Result<Self> {
         let mut ps: Vec<optim::Part> =
             parts.iter_mut().map(|(g, m, v)| (&g.0[..], &mut m.0[..], &mut v.0[..])).collect();
-        let (packed, rows) = optim::adamw_delta_packed(&mut ps, k, s);
-        Ok((Self(packed), Some(Self(rows))))
+        Ok(Self(optim::adamw_delta_packed(&mut ps, k, s)))
     }
 }

@@ -251,9 +251,6 @@ impl BackendStorage for CudaStorage {
     fn unpack_weight(&self, _n: usize, _k: usize) -> Result<Self> {
         Ok(Self::new(self.dev.clone(), self.buf.clone(), self.len))
     }
-    fn packed_is_row_major(&self) -> bool {
-        true
-    }
     /// Row-major `y [m, n] = x [m, k] · Wᵀ`. Batch-invariant mode: gemm.cu's `linear_bi` (the
     /// CPU's FMA chains). bf16 mode: a cuBLAS bf16 GEMM over the weight's serving copy.
     /// Otherwise column-major `yᵀ = W · xᵀ`: cuBLAS SGEMM with A = W read transposed
@@ -372,6 +369,10 @@ impl BackendStorage for CudaStorage {
         let mut b = stream.launch_builder(&f);
         b.arg(&mut self.buf).arg(&other.buf).arg(&n);
         launch(b, stride_cfg(self.len))
+    }
+    /// The packed layout is row-major here: [`Self::scale_add_inplace`].
+    fn scale_add_unpacked(&mut self, s: f32, d: &Self, _n: usize, _k: usize) -> Result<()> {
+        self.scale_add_inplace(s, d)
     }
     /// `a ← s·a + d`; a weight with a bf16 serving copy gets both rewritten in one launch
     /// (`scale_add_inplace_bf16`).
@@ -590,12 +591,8 @@ impl BackendStorage for CudaStorage {
         Ok(d)
     }
     /// The packed layout is row-major here: each part's step, concatenated.
-    fn adamw_delta_packed(
-        parts: &mut [(&Self, &mut Self, &mut Self)],
-        _k: usize,
-        s: &AdamWStep,
-    ) -> Result<(Self, Option<Self>)> {
+    fn adamw_delta_packed(parts: &mut [(&Self, &mut Self, &mut Self)], _k: usize, s: &AdamWStep) -> Result<Self> {
         let steps = parts.iter_mut().map(|(g, m, v)| g.adamw_delta(m, v, s)).collect::<Result<Vec<_>>>()?;
-        Ok((Self::cat(&steps.iter().collect::<Vec<_>>())?, None))
+        Self::cat(&steps.iter().collect::<Vec<_>>())
     }
 }
