@@ -302,7 +302,7 @@ impl LLMEngine {
             return Ok(vec![]);
         }
         self.steps += 1;
-        let (logits, plan) = match self.runner.run(&model, &self.sched.running, &scheduled) {
+        let (logits, plan) = match self.runner.run(&model, &self.sched.running, &scheduled, &self.sched.kv_copies) {
             Ok(r) => r,
             Err(cause) => {
                 drop(model);

@@ -30,13 +30,16 @@ impl ModelRunner {
     }
 
     /// Runs `scheduled` (indices into `running`, with their token counts) through `model`
-    /// in one forward; returns the host logits `[rows, vocab]` and each sequence's rows.
+    /// in one forward, after copying the K/V slots `kv_copies` (`(from, to)`, the
+    /// scheduler's forks); returns the host logits `[rows, vocab]` and each sequence's rows.
     pub fn run(
         &mut self,
         model: &Model,
         running: &[Sequence],
         scheduled: &[Scheduled],
+        kv_copies: &[(u32, u32)],
     ) -> Result<(Vec<f32>, Vec<RowPlan>)> {
+        self.kv.copy_slots(kv_copies)?;
         let (batch, plan) = self.build_batch(running, scheduled);
         let logits = model.forward_batch(&batch, &mut self.kv)?;
         Ok((logits.to_vec()?, plan))

@@ -32,6 +32,10 @@ pub struct Scheduler {
     pub num_preemptions: u64,
     pub prefix_queries: u64,
     pub prefix_hits: u64,
+    /// K/V slot copies `(from, to)` the last [`Self::schedule`] asked for, to run before its
+    /// step's forward: a sample admitted after a sibling has computed their common prompt
+    /// takes the prompt's tail past the cached full blocks from it ([`Self::fork_tail`]).
+    pub kv_copies: Vec<(u32, u32)>,
 }
 
 /// Allocates blocks until `seq` can hold `len` tokens; false (nothing kept) if the pool is short.
@@ -58,6 +62,7 @@ impl Scheduler {
     ) -> Vec<Scheduled> {
         let mut budget = cfg.max_num_batched_tokens;
         let mut out = Vec::new();
+        self.kv_copies.clear();
         let mut preempted = false;
         let mut i = 0;
         while i < self.running.len() && budget > 0 {
@@ -93,15 +98,24 @@ impl Scheduler {
             }
             let seq = &mut self.waiting[w];
             seq.cache_salt = version;
-            if cfg.enable_prefix_caching && !seq.wants_prompt_logprobs() {
+            let shares = cfg.enable_prefix_caching && !seq.wants_prompt_logprobs();
+            if shares {
                 self.lookup_prefix(w, blocks);
             }
+            let donor = if shares { self.fork_donor(&self.waiting[w]) } else { None };
             let seq = &mut self.waiting[w];
+            let cached = seq.num_computed;
+            if donor.is_some() {
+                seq.num_computed = seq.prompt_len - 1;
+            }
             let n = seq.num_uncomputed().min(budget);
             let target = seq.num_computed + n;
             if !grow(seq, target, blocks) {
                 seq.reset_kv();
                 break;
+            }
+            if let Some(d) = donor {
+                self.fork_tail(w, d, cached, blocks.block_size());
             }
             let seq = self.waiting.remove(w).expect("index in range");
             budget -= n;
@@ -132,6 +146,37 @@ impl Scheduler {
         }
         seq.num_computed = seq.blocks.len() * bs;
         self.prefix_hits += seq.num_computed as u64;
+    }
+
+    /// A running sibling of the waiting `seq` (same request) whose K/V holds `seq`'s prompt
+    /// up to its last token computed at the same version (`cache_salt`), when the prefix
+    /// cache left some of those positions to compute: the tail past the last full block,
+    /// which the cache (full blocks only, as vLLM's) cannot share.
+    fn fork_donor(&self, seq: &Sequence) -> Option<usize> {
+        let p = seq.prompt_len.checked_sub(1)?;
+        if seq.num_computed >= p {
+            return None;
+        }
+        self.running.iter().position(|d| {
+            d.request_id == seq.request_id
+                && d.cache_salt == seq.cache_salt
+                && d.num_computed >= p
+                && d.tokens.get(..p) == seq.tokens.get(..p)
+        })
+    }
+
+    /// Gives the waiting sequence `w` (its blocks grown to its prompt) the K/V of prompt
+    /// positions `from .. prompt_len − 1` by copying them from `running[donor]`
+    /// ([`Self::kv_copies`]), so only its last prompt token runs (for its logits). The copy
+    /// is exact: every position's K/V is a fixed-order computation of the same tokens and
+    /// weights (batch invariance), so the sample's logits are bitwise those it would have
+    /// computed itself, and 8 samples of a 30-token prompt prefill 37 tokens instead of 128.
+    fn fork_tail(&mut self, w: usize, donor: usize, from: usize, bs: usize) {
+        let (seq, d) = (&self.waiting[w], &self.running[donor]);
+        let slot = |s: &Sequence, p: usize| s.blocks[p / bs].id() * bs as u32 + (p % bs) as u32;
+        let to = seq.prompt_len - 1;
+        self.kv_copies.extend((from..to).map(|p| (slot(d, p), slot(seq, p))));
+        self.prefix_hits += (to - from) as u64;
     }
 
     /// Registers the newly full, computed blocks of `seq` in the prefix cache.

@@ -174,14 +174,34 @@ fn prefix_cache_hits_match_a_cold_run_and_are_salted_by_version() {
 #[test]
 fn a_group_of_n_pays_for_one_prefill() {
     let m = tiny(43);
-    let prompt: Vec<u32> = (0..100).map(|i| (i * 3 % 250) as u32).collect();
-    let mut e = engine(&m, EngineConfig { block_size: 4, num_blocks: Some(256), ..Default::default() });
-    let params = SamplingParams { n: 8, seed: Some(5), max_tokens: Some(4), ignore_eos: true, ..Default::default() };
-    let out = run(&mut e, &[(prompt, params)]);
-    // Sample 0 prefills 100 tokens; each sibling reuses (100 − 1)/4 = 24 blocks and computes 4.
-    assert_eq!(e.stats().prefill_tokens, 100 + 7 * 4);
+    let prompt: Vec<u32> = (0..101).map(|i| (i * 3 % 250) as u32).collect();
+    let params = SamplingParams {
+        n: 8,
+        seed: Some(5),
+        max_tokens: Some(6),
+        ignore_eos: true,
+        logprobs: Some(2),
+        ..Default::default()
+    };
+    let cfg = EngineConfig { block_size: 4, num_blocks: Some(256), ..Default::default() };
+    let mut e = engine(&m, cfg.clone());
+    let out = run(&mut e, &[(prompt.clone(), params.clone())]);
+    // Sample 0 prefills 101 tokens; each sibling reuses (101 − 1)/4 = 25 cached blocks, copies
+    // nothing more (the tail is empty), and computes its last prompt token.
+    assert_eq!((e.stats().prefill_tokens, e.stats().prefix_cache_hits), (101 + 7, 7 * 100));
     let distinct: std::collections::HashSet<_> = out[0].iter().map(|s| s.tokens.clone()).collect();
     assert!(distinct.len() > 1, "samples of one request differ");
+    // A prompt whose last block is partial: the siblings copy its tail (positions 100..102)
+    // from sample 0 and compute only position 102. Tokens and μ are bitwise those of samples
+    // that each computed their whole prompt (no prefix caching).
+    let prompt = [prompt, vec![7, 8]].concat();
+    let mut e = engine(&m, cfg.clone());
+    let forked = run(&mut e, &[(prompt.clone(), params.clone())]);
+    assert_eq!((e.stats().prefill_tokens, e.stats().prefix_cache_hits), (103 + 7, 7 * 102));
+    let mut cold = engine(&m, EngineConfig { enable_prefix_caching: false, ..cfg });
+    let alone = run(&mut cold, &[(prompt, params)]);
+    assert_eq!(cold.stats().prefill_tokens, 8 * 103);
+    assert_eq!(forked, alone);
 }
 
 #[test]
@@ -332,8 +352,10 @@ fn invalid_requests_are_rejected_and_the_engine_keeps_serving() {
 
 #[test]
 fn dropping_a_stream_aborts_and_frees_blocks() {
-    let m = tiny(46);
-    let h = EngineHandle::spawn(engine(&m, EngineConfig { block_size: 4, num_blocks: Some(64), ..Default::default() }));
+    // The default model: 100 tokens take seconds, so the request is still running when the
+    // first token arrives (the tiny model could finish them before `stats` is read).
+    let h =
+        EngineHandle::spawn(engine(real(), EngineConfig { block_size: 4, num_blocks: Some(64), ..Default::default() }));
     let mut s = h
         .add_request(
             vec![1, 2, 3, 4, 5, 6, 7],

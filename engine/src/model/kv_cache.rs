@@ -3,7 +3,7 @@
 //! [`super::Model::forward`] uses it as a contiguous cache and tracks `len`.
 
 use super::ModelConfig;
-use kernels::{Device, Tensor};
+use kernels::{ops, Device, Tensor};
 
 pub struct KvCache {
     layers: Vec<(Tensor, Tensor)>,
@@ -48,6 +48,20 @@ impl KvCache {
     pub(crate) fn layer_mut(&mut self, l: usize) -> (&mut Tensor, &mut Tensor) {
         let (k, v) = &mut self.layers[l];
         (k, v)
+    }
+
+    /// Copies the K and V of slot `from` into slot `to` in every layer, for each pair.
+    pub(crate) fn copy_slots(&mut self, pairs: &[(u32, u32)]) -> kernels::Result<()> {
+        if pairs.is_empty() {
+            return Ok(());
+        }
+        let (from, to): (Vec<u32>, Vec<u32>) = pairs.iter().copied().unzip();
+        for (k, v) in &mut self.layers {
+            let (ks, vs) = (ops::embedding(k, &from)?, ops::embedding(v, &from)?);
+            ops::scatter_rows(k, &to, &ks)?;
+            ops::scatter_rows(v, &to, &vs)?;
+        }
+        Ok(())
     }
 
     pub(crate) fn advance(&mut self, n: usize) {
