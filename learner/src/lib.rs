@@ -193,10 +193,65 @@ impl SeqForward {
     /// Accumulates into `grads` the gradient of a loss whose derivatives w.r.t. the
     /// forward's outputs are `g` (HF tensor names and layouts), and the time it took into
     /// `grads.backward_seconds`.
+    ///
+    /// When every derivative is zero (a GRPO step whose groups all have zero reward variance:
+    /// every advantage is 0) and the forward is finite, every weight's gradient is exactly
+    /// zero: they are added as zeros ([`Self::add_zero_grads`]) without running the backward,
+    /// so AdamW still takes its step (momentum, moment decay), bitwise as after a backward
+    /// (a −0 gradient steps AdamW exactly like +0).
     pub fn backward(&self, model: &Model, g: &OutputGrads, grads: &mut Grads) -> Result<()> {
         let t0 = std::time::Instant::now();
-        rayon::scope(|_| self.backward_inner(model, g, grads))?;
+        let zero = |d: &[f32]| d.iter().all(|&x| x == 0.0);
+        if zero(g.dl_dlogp)
+            && g.dl_dentropy.is_none_or(zero)
+            && g.dl_dhidden.is_none()
+            && self.logprobs.iter().chain(&self.entropies).all(|x| x.is_finite())
+        {
+            Self::add_zero_grads(model, grads)?;
+        } else {
+            rayon::scope(|_| self.backward_inner(model, g, grads))?;
+        }
         grads.backward_seconds += t0.elapsed().as_secs_f64();
+        Ok(())
+    }
+
+    /// Zeros for every weight [`Self::backward_inner`] gives a gradient, by the same HF names
+    /// and shapes (those `grads` already holds are left as they are).
+    fn add_zero_grads(model: &Model, grads: &mut Grads) -> Result<()> {
+        let c = &model.config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let mut shapes: Vec<(String, Vec<usize>)> =
+            vec![("model.embed_tokens.weight".into(), vec![c.vocab_size, h]), ("model.norm.weight".into(), vec![h])];
+        if !c.tie_word_embeddings {
+            shapes.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
+        }
+        for l in 0..c.num_hidden_layers {
+            let p = format!("model.layers.{l}.");
+            for (n, shape) in [
+                ("mlp.down_proj.weight", vec![h, i]),
+                ("mlp.gate_proj.weight", vec![i, h]),
+                ("mlp.up_proj.weight", vec![i, h]),
+                ("post_attention_layernorm.weight", vec![h]),
+                ("self_attn.o_proj.weight", vec![h, q]),
+                ("self_attn.q_proj.weight", vec![q, h]),
+                ("self_attn.k_proj.weight", vec![kv, h]),
+                ("self_attn.v_proj.weight", vec![kv, h]),
+                ("input_layernorm.weight", vec![h]),
+            ] {
+                shapes.push((format!("{p}{n}"), shape));
+            }
+            if c.qkv_bias {
+                for (n, len) in [("q", q), ("k", kv), ("v", kv)] {
+                    shapes.push((format!("{p}self_attn.{n}_proj.bias"), vec![len]));
+                }
+            }
+        }
+        for (name, shape) in shapes {
+            if let std::collections::btree_map::Entry::Vacant(e) = grads.tensors.entry(name) {
+                e.insert(Tensor::zeros(&shape, model.device())?);
+            }
+        }
         Ok(())
     }
 

@@ -2,7 +2,7 @@
 //! (fixtures from tests/fixtures/make_learner_reference.py), and ℓ = the engine's logprob.
 
 use engine::{EngineConfig, LLMEngine, Model, SamplingParams};
-use kernels::Device;
+use kernels::{Device, Tensor};
 use learner::{self, Grads};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
@@ -137,6 +137,39 @@ fn the_pad_tokens_embedding_row_gets_no_lookup_gradient() {
         } else {
             assert_eq!(a, b, "{name} does not depend on pad_token_id");
         }
+    }
+}
+
+/// A loss whose derivatives are all zero (a GRPO batch of zero-variance groups) skips the
+/// backward: its zeros have exactly the names and shapes the backward gives, and equal the
+/// backward's own output for zero derivatives (forced through it by a zero `dL/dh`), tied
+/// and untied, with q/k/v biases and without.
+#[test]
+fn an_all_zero_loss_gradient_gives_the_backwards_zeros_without_running_it() {
+    use tests::tiny::TinySpec;
+    for (tied, architecture) in [(true, "LlamaForCausalLM"), (false, "Qwen2ForCausalLM")] {
+        let dir = tests::temp_dir(&format!("learner-zero-{tied}"));
+        TinySpec { seed: 64, tied, architecture, ..Default::default() }.write(&dir);
+        let model = Model::load(&dir, &Device::Cpu).unwrap();
+        let (prompt, c1, c2) = (vec![1u32, 2, 3], vec![4u32, 5, 6], vec![7u32, 8]);
+        let f = learner::forward_batch(&model, &[(&prompt, &c1), (&prompt, &c2)], 1.0).unwrap();
+        let grads = |g: &learner::OutputGrads| -> Vec<(String, Vec<usize>, Vec<f32>)> {
+            let mut out = Grads::default();
+            f.backward(&model, g, &mut out).unwrap();
+            out.tensors.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), t.to_vec().unwrap())).collect()
+        };
+        let (dl, zeros) = (vec![0.5f32, -1.0, 0.25, 2.0, -0.5], vec![0.0f32, -0.0, 0.0, 0.0, -0.0]);
+        let full = grads(&learner::OutputGrads::logprobs(&dl));
+        let skipped = grads(&learner::OutputGrads::logprobs(&zeros));
+        let h = model.config.hidden_size;
+        let dh = Tensor::zeros(&[5, h], &Device::Cpu).unwrap();
+        let run = grads(&learner::OutputGrads { dl_dhidden: Some(&dh), ..learner::OutputGrads::logprobs(&zeros) });
+        let names =
+            |g: &[(String, Vec<usize>, Vec<f32>)]| g.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect::<Vec<_>>();
+        assert_eq!(names(&skipped), names(&full), "{architecture}: names and shapes");
+        assert!(full.iter().any(|(_, _, v)| v.iter().any(|&x| x != 0.0)));
+        assert_eq!(skipped, run, "{architecture}: the backward of zero derivatives is zeros");
+        assert!(skipped.iter().all(|(_, _, v)| v.iter().all(|&x| x == 0.0)));
     }
 }
 
