@@ -215,39 +215,10 @@ impl SeqForward {
         Ok(())
     }
 
-    /// Zeros for every weight [`Self::backward_inner`] gives a gradient, by the same HF names
-    /// and shapes (those `grads` already holds are left as they are).
+    /// Zeros for every weight [`Self::backward_inner`] gives a gradient (all of
+    /// [`Model::weight_shapes`]; those `grads` already holds are left as they are).
     fn add_zero_grads(model: &Model, grads: &mut Grads) -> Result<()> {
-        let c = &model.config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let mut shapes: Vec<(String, Vec<usize>)> =
-            vec![("model.embed_tokens.weight".into(), vec![c.vocab_size, h]), ("model.norm.weight".into(), vec![h])];
-        if !c.tie_word_embeddings {
-            shapes.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
-        }
-        for l in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{l}.");
-            for (n, shape) in [
-                ("mlp.down_proj.weight", vec![h, i]),
-                ("mlp.gate_proj.weight", vec![i, h]),
-                ("mlp.up_proj.weight", vec![i, h]),
-                ("post_attention_layernorm.weight", vec![h]),
-                ("self_attn.o_proj.weight", vec![h, q]),
-                ("self_attn.q_proj.weight", vec![q, h]),
-                ("self_attn.k_proj.weight", vec![kv, h]),
-                ("self_attn.v_proj.weight", vec![kv, h]),
-                ("input_layernorm.weight", vec![h]),
-            ] {
-                shapes.push((format!("{p}{n}"), shape));
-            }
-            if c.qkv_bias {
-                for (n, len) in [("q", q), ("k", kv), ("v", kv)] {
-                    shapes.push((format!("{p}self_attn.{n}_proj.bias"), vec![len]));
-                }
-            }
-        }
-        for (name, shape) in shapes {
+        for (name, shape) in model.weight_shapes() {
             if let std::collections::btree_map::Entry::Vacant(e) = grads.tensors.entry(name) {
                 e.insert(Tensor::zeros(&shape, model.device())?);
             }

@@ -167,6 +167,11 @@ fn an_all_zero_loss_gradient_gives_the_backwards_zeros_without_running_it() {
         let names =
             |g: &[(String, Vec<usize>, Vec<f32>)]| g.iter().map(|(n, s, _)| (n.clone(), s.clone())).collect::<Vec<_>>();
         assert_eq!(names(&skipped), names(&full), "{architecture}: names and shapes");
+        let mut shapes = model.weight_shapes();
+        shapes.sort();
+        let weights: Vec<_> =
+            model.named_weights().unwrap().into_iter().map(|(n, t)| (n, t.shape().to_vec())).collect();
+        assert_eq!(shapes, weights, "{architecture}: weight_shapes lists named_weights");
         assert!(full.iter().any(|(_, _, v)| v.iter().any(|&x| x != 0.0)));
         assert_eq!(skipped, run, "{architecture}: the backward of zero derivatives is zeros");
         assert!(skipped.iter().all(|(_, _, v)| v.iter().all(|&x| x == 0.0)));

@@ -166,6 +166,43 @@ impl Model {
         Ok(logits)
     }
 
+    /// The HF name and shape of every weight [`Self::named_weights`] returns, without
+    /// touching the weights (what a gradient of the whole model is keyed by).
+    pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
+        let c = &self.config;
+        let (h, i) = (c.hidden_size, c.intermediate_size);
+        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let mut out = vec![
+            ("model.embed_tokens.weight".to_string(), vec![c.vocab_size, h]),
+            ("model.norm.weight".to_string(), vec![h]),
+        ];
+        if !c.tie_word_embeddings {
+            out.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
+        }
+        for (l, w) in self.layers.iter().enumerate() {
+            let p = format!("model.layers.{l}.");
+            for (n, shape) in [
+                ("input_layernorm.weight", vec![h]),
+                ("post_attention_layernorm.weight", vec![h]),
+                ("self_attn.q_proj.weight", vec![q, h]),
+                ("self_attn.k_proj.weight", vec![kv, h]),
+                ("self_attn.v_proj.weight", vec![kv, h]),
+                ("self_attn.o_proj.weight", vec![h, q]),
+                ("mlp.gate_proj.weight", vec![i, h]),
+                ("mlp.up_proj.weight", vec![i, h]),
+                ("mlp.down_proj.weight", vec![h, i]),
+            ] {
+                out.push((format!("{p}{n}"), shape));
+            }
+            if w.qkv_bias.is_some() {
+                for (n, len) in [("q", q), ("k", kv), ("v", kv)] {
+                    out.push((format!("{p}self_attn.{n}_proj.bias"), vec![len]));
+                }
+            }
+        }
+        out
+    }
+
     /// Every weight under its HF name and shape (the fused and packed projections split
     /// back), on the model's device. With tied embeddings there is no `lm_head.weight`.
     pub fn named_weights(&self) -> Result<BTreeMap<String, Tensor>> {

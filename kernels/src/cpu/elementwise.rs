@@ -29,6 +29,14 @@ pub fn sum_squares(x: &[f32]) -> f64 {
     acc.iter().sum::<f64>() + tail.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>()
 }
 
+/// `a ← a·s + d` elementwise (no FMA contraction: the optimizer's update, bitwise the same
+/// wherever it runs).
+pub fn scale_add(a: &mut [f32], s: f32, d: &[f32]) {
+    for (a, d) in a.iter_mut().zip(d) {
+        *a = *a * s + d;
+    }
+}
+
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;

@@ -123,8 +123,8 @@ pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
 }
 
 /// `a ← s·a + d` for row-major `a [n, k]` and `d` packed from [`pack`] of `[n, k]`: each
-/// panel of `d` unpacked into a cache-sized scratch, then the elementwise `a·s + d` of
-/// `CpuStorage::scale_add_inplace` (so bitwise `scale_add_inplace(a, s, unpack(d))`).
+/// panel of `d` unpacked into a cache-sized scratch, then [`super::elementwise::scale_add`]
+/// (so bitwise `scale_add_inplace(a, s, unpack(d))`).
 pub fn scale_add_unpacked(a: &mut [f32], s: f32, d: &[f32], n: usize, k: usize) {
     assert!(a.len() == n * k && d.len() == n.div_ceil(NP) * k * NP);
     let wide = wide_pack();
@@ -136,9 +136,7 @@ pub fn scale_add_unpacked(a: &mut [f32], s: f32, d: &[f32], n: usize, k: usize) 
             unpack_panel(&d[p * k * NP..(p + 1) * k * NP], live, k, scratch.as_mut_ptr(), wide);
             scratch.set_len(live * k);
         }
-        for (a, d) in rows.iter_mut().zip(&scratch) {
-            *a = *a * s + d;
-        }
+        super::elementwise::scale_add(rows, s, &scratch);
     });
 }
 

@@ -84,11 +84,7 @@ impl BackendStorage for CpuStorage {
         Ok(())
     }
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()> {
-        self.0.par_chunks_mut(CHUNK).zip(d.0.par_chunks(CHUNK)).for_each(|(p, d)| {
-            for (p, d) in p.iter_mut().zip(d) {
-                *p = *p * s + d;
-            }
-        });
+        self.0.par_chunks_mut(CHUNK).zip(d.0.par_chunks(CHUNK)).for_each(|(p, d)| elementwise::scale_add(p, s, d));
         Ok(())
     }
     fn scale_add_unpacked(&mut self, s: f32, d: &Self, n: usize, k: usize) -> Result<()> {
