@@ -389,7 +389,7 @@ impl Trainer {
         };
         Ok(Self {
             config,
-            optimizer: AdamW::default(),
+            optimizer: AdamW::for_weights(&model.weight_shapes(), model.device())?,
             reference,
             value_head,
             ref_cache: Default::default(),
