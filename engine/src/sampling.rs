@@ -258,9 +258,21 @@ pub fn top_k_of(x: &[f32], k: usize) -> Vec<(u32, f32)> {
 /// the row as it is (no bias, penalty or `min_tokens` mask), T = 1 and nothing truncates,
 /// those same terms are the draw's weights, so a row costs one pass of exponentials.
 pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> SampledToken {
+    RAW_WEIGHTS.with_borrow_mut(|raw_w| sample_with(logits, p, ctx, raw_w))
+}
+
+thread_local! {
+    /// Each sampling thread's `exp(z − max)` buffer, one vocabulary long, reused across rows
+    /// (a fresh 384 KiB zeroed allocation per row cost more than its exponentials).
+    static RAW_WEIGHTS: std::cell::RefCell<Vec<f64>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// [`sample`] with the caller's weight buffer (resized to the row).
+fn sample_with(logits: &[f32], p: &SamplingParams, ctx: &SampleContext, raw_w: &mut Vec<f64>) -> SampledToken {
     let max = logprob::row_max(logits);
-    let mut raw_w = vec![0.0f64; logits.len()];
-    let ln_z = logprob::exp_weights(logits, max, 1.0, &mut raw_w).ln();
+    raw_w.resize(logits.len(), 0.0);
+    let raw_z = logprob::exp_weights(logits, max, 1.0, raw_w);
+    let ln_z = raw_z.ln();
     let raw_lse = if max == f64::NEG_INFINITY { max } else { max + ln_z };
     let raw_lp = |t: usize| (logits[t] as f64 - raw_lse) as f32;
     let mut l = Cow::Borrowed(logits);
@@ -277,17 +289,20 @@ pub fn sample(logits: &[f32], p: &SamplingParams, ctx: &SampleContext) -> Sample
             }
         }
     }
+    let untouched = matches!(l, Cow::Borrowed(_)) && p.temperature == 1.0;
     let (token, behavior_logprob) = if p.is_greedy() {
-        (argmax(&l), 0.0)
+        (argmax(&l), Some(0.0))
     } else {
-        let reuse = matches!(l, Cow::Borrowed(_)) && p.temperature == 1.0;
-        draw(&l, p, ctx.seed, ctx.output_ids.len(), reuse.then_some(&raw_w[..]))
+        draw(&l, p, ctx.seed, ctx.output_ids.len(), untouched.then_some((&raw_w[..], raw_z)))
     };
     let top_logprobs = match p.logprobs {
         Some(k) if k > 0 => top_k_of(logits, k).into_iter().map(|(i, _)| (i, raw_lp(i as usize))).collect(),
         _ => vec![],
     };
     let raw_logprob = ((logits[token] as f64 - max) - ln_z) as f32;
+    // A draw from the raw weights (the row untouched, T = 1, nothing truncated) has μ = the
+    // raw log-probability, by the same formula: the learner's ℓ equals it bitwise.
+    let behavior_logprob = behavior_logprob.unwrap_or(raw_logprob);
     SampledToken { token: token as u32, behavior_logprob, raw_logprob, top_logprobs }
 }
 
@@ -319,26 +334,27 @@ fn apply_penalties(l: &mut Cow<'_, [f32]>, p: &SamplingParams, ctx: &SampleConte
     }
 }
 
-/// Temperature, truncation, renormalisation and one draw. Returns `(token, ln p(token))`.
-/// Probabilities are `exp((l - max) / T)` in f64 ([`logprob::exp_weights`]), so the most
-/// likely token has weight 1: no overflow, no NaN, and a sampled token always has p > 0,
-/// even for a tiny T. `weights`, when given, are those values already computed for every
-/// token (T = 1).
-fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<&[f64]>) -> (usize, f32) {
-    let max = logprob::row_max(l);
+/// Temperature, truncation, renormalisation and one draw. Returns the token and `ln p(token)`,
+/// `None` for the latter when the draw used `weights` unchanged (μ is then the raw
+/// log-probability, [`sample`]). Probabilities are `exp((l - max) / T)` in f64
+/// ([`logprob::exp_weights`]), so the most likely token has weight 1: no overflow, no NaN,
+/// and a sampled token always has p > 0, even for a tiny T. `weights`, when given, are those
+/// values already computed for every token (T = 1) with their sum.
+fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<(&[f64], f64)>) -> (usize, Option<f32>) {
     let t = p.temperature as f64;
     let truncated = p.top_k > 0 || p.top_p < 1.0 || p.min_p > 0.0;
+    let given = weights.is_some() && !truncated;
     // Candidates in a fixed order: index order without truncation (`ids` = None), else most
-    // likely first.
+    // likely first; and their total weight.
     let owned: Vec<f64>;
-    let (ids, w): (Option<Vec<usize>>, &[f64]) = if !truncated {
+    let (ids, w, total): (Option<Vec<usize>>, &[f64], f64) = if !truncated {
         match weights {
-            Some(w) => (None, w),
+            Some((w, z)) => (None, w, z),
             None => {
                 let mut w = vec![0.0f64; l.len()];
-                logprob::exp_weights(l, max, t, &mut w);
+                let z = logprob::exp_weights(l, logprob::row_max(l), t, &mut w);
                 owned = w;
-                (None, &owned)
+                (None, &owned, z)
             }
         }
     } else {
@@ -346,7 +362,7 @@ fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<&
         let top = top_k_of(l, k);
         let values: Vec<f32> = top.iter().map(|&(_, v)| v).collect();
         let mut ws = vec![0.0f64; values.len()];
-        logprob::exp_weights(&values, max, t, &mut ws);
+        logprob::exp_weights(&values, logprob::row_max(l), t, &mut ws);
         let mut c: Vec<(usize, f64)> = top.iter().zip(ws).map(|(&(i, _), w)| (i as usize, w)).collect();
         if p.top_p < 1.0 {
             let total: f64 = c.iter().map(|x| x.1).sum();
@@ -367,19 +383,81 @@ fn draw(l: &[f32], p: &SamplingParams, seed: u64, step: usize, weights: Option<&
         }
         let (ids, ws): (Vec<usize>, Vec<f64>) = c.into_iter().unzip();
         owned = ws;
-        (Some(ids), &owned)
+        let total = owned.iter().sum();
+        (Some(ids), &owned, total)
     };
     let token = |j: usize| ids.as_ref().map_or(j, |ids| ids[j]);
-    let total: f64 = w.iter().sum();
     let mut rng = StdRng::seed_from_u64(splitmix64(seed ^ splitmix64(step as u64)));
-    let mut u = rng.gen::<f64>() * total;
-    let mut chosen = w.iter().rposition(|&x| x > 0.0).map_or((argmax(l), 1.0), |j| (token(j), w[j]));
-    for (j, &wj) in w.iter().enumerate() {
-        if wj > 0.0 && u < wj {
-            chosen = (token(j), wj);
-            break;
+    let u = rng.gen::<f64>() * total;
+    let chosen = inverse_cdf(w, u)
+        .or_else(|| w.iter().rposition(|&x| x > 0.0))
+        .map_or_else(|| (argmax(l), 1.0), |j| (token(j), w[j]));
+    (chosen.0, (!given).then(|| (chosen.1 / total).ln() as f32))
+}
+
+/// The first `j` with `w_j > 0` and `u < w_j` once `w_0 .. w_{j−1}` are subtracted from `u`
+/// (inverse-CDF sampling of `u ∈ [0, Σ w)`); `None` if `u` runs past the end (rounding).
+/// Blocks of [`CDF_BLOCK`] weights whose sum does not exceed the rest of `u` are skipped
+/// whole, so a 49,152-token row takes 768 dependent subtractions, not 49,152.
+fn inverse_cdf(w: &[f64], mut u: f64) -> Option<usize> {
+    for (b, blk) in w.chunks(CDF_BLOCK).enumerate() {
+        let s = block_sum(blk);
+        if u >= s {
+            u -= s;
+            continue;
         }
-        u -= wj;
+        for (i, &wj) in blk.iter().enumerate() {
+            if wj > 0.0 && u < wj {
+                return Some(b * CDF_BLOCK + i);
+            }
+            u -= wj;
+        }
     }
-    (chosen.0, (chosen.1 / total).ln() as f32)
+    None
+}
+
+/// Weights per block of [`inverse_cdf`].
+const CDF_BLOCK: usize = 64;
+
+/// `Σ blk` in 8 interleaved partial sums (vectorisable).
+fn block_sum(blk: &[f64]) -> f64 {
+    let mut acc = [0.0f64; 8];
+    let mut it = blk.chunks_exact(8);
+    for c in &mut it {
+        for l in 0..8 {
+            acc[l] += c[l];
+        }
+    }
+    acc.iter().sum::<f64>() + it.remainder().iter().sum::<f64>()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`inverse_cdf`] against the definition (one subtraction per weight, in order), on
+    /// weights in eighths, whose sums are exact in f64, so both must give the same index for
+    /// every `u`: zero weights (never picked), a block of zeros, a partial last block, and
+    /// `u` on block boundaries and past the end.
+    #[test]
+    fn inverse_cdf_is_the_sequential_scan() {
+        let w: Vec<f64> =
+            (0..300).map(|i| if (64..128).contains(&i) { 0.0 } else { ((i * 5) % 9) as f64 / 8.0 }).collect();
+        let sequential = |mut u: f64| {
+            for (j, &wj) in w.iter().enumerate() {
+                if wj > 0.0 && u < wj {
+                    return Some(j);
+                }
+                u -= wj;
+            }
+            None
+        };
+        let total: f64 = w.iter().sum();
+        let block0: f64 = w[..64].iter().sum();
+        for u in (0..=(total * 8.0) as usize + 2).map(|q| q as f64 / 8.0).chain([block0, 0.3, total - 1e-9]) {
+            assert_eq!(inverse_cdf(&w, u), sequential(u), "u = {u}");
+        }
+        assert_eq!(inverse_cdf(&w, total), None);
+        assert_eq!(inverse_cdf(&w, 0.0), Some(1), "w[0] = 0 is never drawn");
+    }
 }

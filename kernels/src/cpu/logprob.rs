@@ -15,6 +15,28 @@ crate::multiversion! {
         let mut acc = [0.0f64; 8];
         let mut xs = x.chunks_exact(8);
         let mut ws = w.chunks_exact_mut(8);
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::Isa::detect() == super::simd::Isa::Avx512 {
+            // The loop below in zmm registers: the same operations lane by lane ([`exp64x8`]),
+            // so the same bits. `y / 1` is `y` exactly: at T = 1 (sampling's default, every
+            // raw log-probability) the division is skipped.
+            // SAFETY: AVX-512F detected; 8 values read from each chunk of x, written to w.
+            unsafe {
+                use std::arch::x86_64::*;
+                let (m, tv) = (_mm512_set1_pd(max), _mm512_set1_pd(t));
+                let mut a = _mm512_setzero_pd();
+                for (xc, wc) in (&mut xs).zip(&mut ws) {
+                    let mut y = _mm512_sub_pd(_mm512_cvtps_pd(_mm256_loadu_ps(xc.as_ptr())), m);
+                    if t != 1.0 {
+                        y = _mm512_div_pd(y, tv);
+                    }
+                    let e = super::simd::exp64x8(y);
+                    _mm512_storeu_pd(wc.as_mut_ptr(), e);
+                    a = _mm512_add_pd(a, e);
+                }
+                _mm512_storeu_pd(acc.as_mut_ptr(), a);
+            }
+        }
         for (xc, wc) in (&mut xs).zip(&mut ws) {
             for l in 0..8 {
                 let e = exp64((xc[l] as f64 - max) / t);
@@ -37,9 +59,23 @@ crate::multiversion! {
     }
 }
 
-/// The largest entry of `row` as f64 (NaN entries are skipped; `−∞` for an empty or all-`−∞` row).
-pub fn row_max(row: &[f32]) -> f64 {
-    row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64
+crate::multiversion! {
+    /// The largest entry of `row` as f64 (NaN entries are skipped; `−∞` for an empty or
+    /// all-`−∞` row), from 16 lane maxima (the order does not change a maximum; of `±0` either
+    /// may come back, and both give the same `x − max`).
+    pub fn row_max(row: &[f32]) -> f64 {
+        let mut m = [f32::NEG_INFINITY; 16];
+        let mut chunks = row.chunks_exact(16);
+        for c in &mut chunks {
+            for l in 0..16 {
+                m[l] = if c[l] > m[l] { c[l] } else { m[l] };
+            }
+        }
+        for (l, &v) in chunks.remainder().iter().enumerate() {
+            m[l] = if v > m[l] { v } else { m[l] };
+        }
+        m.iter().fold(f32::NEG_INFINITY, |a, &b| if b > a { b } else { a }) as f64
+    }
 }
 
 /// `log softmax(logits / T)[token]`, in f64 with the max subtracted: the one formula for the
@@ -114,4 +150,46 @@ pub fn token_logprobs_backward(
         }
     });
     dz
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::simd::exp64;
+
+    /// [`super::exp_weights`] (its AVX-512 loop where the CPU has it) against its definition
+    /// written out in scalars: `exp64((x − max)/t)` per entry, 8 interleaved sums folded
+    /// pairwise, bitwise, at T = 1 and T = 0.7, on a row with a remainder past the last 8.
+    #[test]
+    fn exp_weights_is_its_definition() {
+        let x: Vec<f32> = (0..1003).map(|i| ((i * 7919) % 2003) as f32 / 97.0 - 10.0).collect();
+        let max = super::row_max(&x);
+        for t in [1.0, 0.7] {
+            let mut w = vec![0.0f64; x.len()];
+            let z = super::exp_weights(&x, max, t, &mut w);
+            let want: Vec<f64> = x.iter().map(|&v| exp64((v as f64 - max) / t)).collect();
+            let mut acc = [0.0f64; 8];
+            for (j, e) in want.iter().enumerate() {
+                acc[j % 8] += e;
+            }
+            let z_want = ((acc[0] + acc[4]) + (acc[2] + acc[6])) + ((acc[1] + acc[5]) + (acc[3] + acc[7]));
+            assert!(w.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "weights at T = {t}");
+            assert_eq!(z.to_bits(), z_want.to_bits(), "sum at T = {t}");
+        }
+    }
+
+    /// [`super::row_max`] against a scalar fold: NaNs skipped wherever they fall, `−∞` rows,
+    /// the maximum in the remainder past the last 16-lane chunk, an empty row.
+    #[test]
+    fn row_max_skips_nan() {
+        let check = |row: &[f32], want: f64| assert_eq!(super::row_max(row).to_bits(), want.to_bits(), "{row:?}");
+        let mut row: Vec<f32> = (0..37).map(|i| (i as f32 * 0.37).sin()).collect();
+        row[3] = f32::NAN;
+        row[20] = f32::NAN;
+        check(&row, row.iter().cloned().fold(f32::NEG_INFINITY, f32::max) as f64);
+        row[35] = 7.5;
+        check(&row, 7.5);
+        check(&[f32::NAN, f32::NEG_INFINITY], f64::NEG_INFINITY);
+        check(&[], f64::NEG_INFINITY);
+        check(&[f32::NAN; 20], f64::NEG_INFINITY);
+    }
 }
