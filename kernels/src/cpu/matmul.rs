@@ -42,13 +42,21 @@ const INLINE_WORK: usize = 1 << 18;
 /// rest). The optimizer lays out every step like this, so it is on the learner's path.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(w.len(), n * k);
-    let mut out = vec![0.0f32; n.div_ceil(NP) * k * NP];
     let wide = wide_pack();
-    out.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
-        let live = NP.min(n - p * NP);
-        pack_panel(|c| &w[(p * NP + c) * k..(p * NP + c + 1) * k], live, k, panel, wide);
-    });
-    out
+    output(n.div_ceil(NP) * k * NP, |out| {
+        (0..n.div_ceil(NP)).into_par_iter().for_each(|p| {
+            let live = NP.min(n - p * NP);
+            let panel = out.at(p * k * NP);
+            // SAFETY: panel p's k·NP values, this task's alone: the transpose writes the
+            // `live` columns of every row, the loop below the padding columns.
+            unsafe {
+                transpose_into(|c| &w[(p * NP + c) * k..(p * NP + c + 1) * k], live, k, panel, NP, wide);
+                for l in 0..k {
+                    std::ptr::write_bytes(panel.add(l * NP + live), 0, NP - live);
+                }
+            }
+        });
+    })
 }
 
 /// Whether [`pack_panel`] may move 16 × 16 register blocks (AVX-512 detected).
@@ -87,12 +95,15 @@ unsafe fn transpose_into<'a>(
     #[cfg(target_arch = "x86_64")]
     if wide && k >= 16 {
         (c_done, l_done) = (live / 16 * 16, k / 16 * 16);
-        for c0 in (0..c_done).step_by(16) {
-            let rows: [&[f32]; 16] = std::array::from_fn(|i| row(c0 + i));
-            for l0 in (0..l_done).step_by(16) {
+        let groups: Vec<[&[f32]; 16]> =
+            (0..c_done).step_by(16).map(|c0| std::array::from_fn(|i| row(c0 + i))).collect();
+        // Each 16-step band of dst is finished (all its column groups) before the next: with
+        // the groups outermost, a panel wider than the caches was written once per group.
+        for l0 in (0..l_done).step_by(16) {
+            for (g, rows) in groups.iter().enumerate() {
                 // SAFETY: AVX-512 detected (`wide`); rows hold k ≥ l0 + 16 values; dst is
-                // writable at (l0 + e)·ld + c0 + i for e, i < 16 (caller).
-                unsafe { super::simd::transpose16(&rows, l0, dst.add(l0 * ld + c0), ld) };
+                // writable at (l0 + e)·ld + 16g + i for e, i < 16 (caller).
+                unsafe { super::simd::transpose16(rows, l0, dst.add(l0 * ld + 16 * g), ld) };
             }
         }
     }
