@@ -33,6 +33,13 @@ pub struct EngineConfig {
     pub enable_prefix_caching: bool,
     /// What running sequences do when the weights change under them.
     pub kv_on_update: KvOnUpdate,
+    /// Write every page of a host KV pool when the engine starts, so that serving never
+    /// takes a first-touch page fault (vLLM and llama.cpp hold their KV caches resident;
+    /// llama.cpp clears its buffer at start). Off by default: where the host backs memory
+    /// lazily a first touch is slow (about 8 s per GiB on the development VM: a decode step
+    /// that moved 64 sequences into new blocks took 0.82 s instead of 0.11 s), and this moves
+    /// that cost of the whole pool to startup.
+    pub kv_cache_prefault: bool,
 }
 
 /// What happens to in-flight sequences' KV when the policy version changes.
@@ -57,6 +64,7 @@ impl Default for EngineConfig {
             max_model_len: None,
             enable_prefix_caching: true,
             kv_on_update: KvOnUpdate::Keep,
+            kv_cache_prefault: false,
         }
     }
 }
@@ -130,7 +138,7 @@ impl LLMEngine {
         let c = &m.config;
         let per_block = KvCache::bytes_per_slot(c) * config.block_size;
         let num_blocks = config.num_blocks.unwrap_or(config.kv_cache_memory / per_block).max(1);
-        let runner = ModelRunner::new(&m, num_blocks, config.block_size)?;
+        let runner = ModelRunner::new(&m, num_blocks, config.block_size, config.kv_cache_prefault)?;
         let max_model_len = config.max_model_len.unwrap_or(c.max_position_embeddings).min(m.max_positions());
         let (vocab_size, version) = (c.vocab_size, m.version);
         drop(m);

@@ -24,9 +24,10 @@ pub struct RowPlan {
 }
 
 impl ModelRunner {
-    /// A KV pool of `num_blocks` blocks of `block_size` token slots on the model's device.
-    pub fn new(model: &Model, num_blocks: usize, block_size: usize) -> Result<Self> {
-        Ok(Self { kv: KvCache::new(&model.config, num_blocks * block_size, model.device())?, block_size })
+    /// A KV pool of `num_blocks` blocks of `block_size` token slots on the model's device,
+    /// written before use when `prefault` ([`KvCache::new`]).
+    pub fn new(model: &Model, num_blocks: usize, block_size: usize, prefault: bool) -> Result<Self> {
+        Ok(Self { kv: KvCache::new(&model.config, num_blocks * block_size, model.device(), prefault)?, block_size })
     }
 
     /// Runs `scheduled` (indices into `running`, with their token counts) through `model`

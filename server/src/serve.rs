@@ -45,6 +45,10 @@ pub struct EngineArgs {
     /// `recompute` it with the new weights (AReaL).
     #[arg(long, value_enum, default_value = "keep")]
     pub kv_on_update: KvOnUpdateArg,
+    /// Write the whole KV pool at startup so that serving takes no first-touch page faults
+    /// (slow where the host backs memory lazily; it then costs startup time instead).
+    #[arg(long)]
+    pub kv_cache_prefault: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -67,6 +71,7 @@ impl EngineArgs {
                 KvOnUpdateArg::Keep => KvOnUpdate::Keep,
                 KvOnUpdateArg::Recompute => KvOnUpdate::Recompute,
             },
+            kv_cache_prefault: self.kv_cache_prefault,
         }
     }
 }

@@ -140,8 +140,9 @@ fn outputs_are_identical_alone_batched_and_after_preemption() {
         })
         .collect();
     let batched = run(&mut engine(m, EngineConfig { num_blocks: Some(256), ..Default::default() }), &reqs);
-    // A tiny pool (15 blocks of 16 tokens) forces preemption by recompute.
-    let mut small = engine(m, EngineConfig { num_blocks: Some(15), ..Default::default() });
+    // A tiny pool (15 blocks of 16 tokens) forces preemption by recompute; it is also
+    // written at start (`kv_cache_prefault`), which must change nothing.
+    let mut small = engine(m, EngineConfig { num_blocks: Some(15), kv_cache_prefault: true, ..Default::default() });
     let preempted = run(&mut small, &reqs);
     assert!(small.stats().num_preemptions > 0, "the small pool must preempt");
     for i in 0..8 {

@@ -12,12 +12,16 @@ pub struct KvCache {
 }
 
 impl KvCache {
-    /// Storage for `capacity` token slots on `device`.
-    pub fn new(c: &ModelConfig, capacity: usize, device: &Device) -> kernels::Result<Self> {
+    /// Storage for `capacity` token slots on `device`. With `prefault`, host memory is
+    /// written (zeros) before it is returned, so no slot's first write takes a page fault
+    /// later ([`crate::EngineConfig::kv_cache_prefault`]); device memory is always resident.
+    pub fn new(c: &ModelConfig, capacity: usize, device: &Device, prefault: bool) -> kernels::Result<Self> {
         let kv = c.num_key_value_heads * c.head_dim;
-        let layers = (0..c.num_hidden_layers)
-            .map(|_| Ok((Tensor::zeros(&[capacity, kv], device)?, Tensor::zeros(&[capacity, kv], device)?)))
-            .collect::<kernels::Result<_>>()?;
+        let buffer = || match device {
+            Device::Cpu if prefault => Tensor::from_vec(written_zeros(capacity * kv), &[capacity, kv]),
+            _ => Tensor::zeros(&[capacity, kv], device),
+        };
+        let layers = (0..c.num_hidden_layers).map(|_| Ok((buffer()?, buffer()?))).collect::<kernels::Result<_>>()?;
         Ok(Self { layers, len: 0, capacity })
     }
 
@@ -67,4 +71,15 @@ impl KvCache {
     pub(crate) fn advance(&mut self, n: usize) {
         self.len += n;
     }
+}
+
+/// `n` zeros written one by one (in parallel), unlike `vec![0.0; n]`, whose pages the
+/// allocator may take fresh from the OS and leave untouched until first use.
+fn written_zeros(n: usize) -> Vec<f32> {
+    use rayon::prelude::*;
+    let mut v: Vec<f32> = Vec::with_capacity(n);
+    v.spare_capacity_mut().par_chunks_mut(1 << 16).for_each(|c| c.fill(std::mem::MaybeUninit::new(0.0)));
+    // SAFETY: all n values were written just above.
+    unsafe { v.set_len(n) };
+    v
 }

@@ -135,7 +135,7 @@ impl Model {
 
     /// A KV cache on this model's device for up to `capacity` tokens.
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
-        Ok(KvCache::new(&self.config, capacity, &self.device)?)
+        Ok(KvCache::new(&self.config, capacity, &self.device, false)?)
     }
 
     /// Single-sequence forward over a contiguous cache: runs `tokens` (new tokens at

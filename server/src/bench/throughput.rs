@@ -1,6 +1,8 @@
 //! `rlserve bench throughput`: `--num-prompts` requests of `--input-len` tokens each
 //! generating `--output-len` tokens (`ignore_eos`), all submitted at once to the engine,
 //! like `vllm bench throughput`; then the curve of output tokens/s at fixed concurrency.
+//! Each run's engine has a KV pool sized to the workload and written before its clock
+//! starts ([`engine::EngineConfig::kv_cache_prefault`]), as llama-batched-bench's is.
 
 use super::peak_rss_mib;
 use crate::cli::{load, ModelArgs};
@@ -111,9 +113,19 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     };
     let prompts: Vec<Vec<u32>> =
         (0..a.workload.num_prompts as u64).map(|i| prompt(if a.fixed_prompt { 0 } else { i })).collect();
+    // The KV pool holds the workload (as llama-batched-bench's `-c`) and is written before
+    // the clock starts (llama.cpp clears its KV buffer at start): no timed step pays for
+    // first touches of fresh pages.
+    let block_size = EngineConfig::default().block_size;
+    let blocks = |seqs: usize, len: usize| seqs * len.div_ceil(block_size);
+    let w = &a.workload;
+    let curve_need = a.concurrency.iter().map(|&c| blocks(c, w.input_len.min(16) + a.curve_output_len)).max();
+    let num_blocks = blocks(w.num_prompts * a.n, w.input_len + w.output_len).max(curve_need.unwrap_or(0));
     let cfg = EngineConfig {
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
+        num_blocks: Some(num_blocks),
+        kv_cache_prefault: true,
         ..Default::default()
     };
     let params = SamplingParams {
@@ -125,7 +137,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         ..Default::default()
     };
     eprintln!(
-        "running {} requests × n={} ({} input, {} output tokens each), {} threads",
+        "running {} requests × n={} ({} input, {} output tokens each), {} threads; KV pool {num_blocks} blocks of {block_size}, written before timing",
         a.workload.num_prompts,
         a.n,
         a.workload.input_len,
