@@ -189,7 +189,9 @@ def main():
             return grab(r"Output token throughput \(tok/s\):\s+([\d.]+)", out, "output throughput")
 
         cases.append(("serve", "HTTP serving, 32 streaming completions × (64 + 32) tokens, output tok/s", "tok/s", True, [
-            ("rlserve serve", lambda: serve(rl + ["serve", "--model", a.model, "--port", str(a.port)])),
+            # The same KV pool as llama-server's `-c 4096` (256 blocks of 16), written at start
+            # as llama.cpp clears its own.
+            ("rlserve serve", lambda: serve(rl + ["serve", "--model", a.model, "--port", str(a.port), "--num-blocks", "256", "--kv-cache-prefault"])),
             ("llama-server F32", lambda: serve([os.path.join(llama, "llama-server"), "-m", gguf, "-t", t, "-tb", t, "--port", str(a.port), "-np", "32", "-c", str(32 * 128), "-cb"])),
         ]))
 
