@@ -78,7 +78,12 @@ pub fn exp(x: f32) -> f32 {
         p = p.mul_add(r, c);
     }
     let y = p.mul_add(r * r, r) + 1.0;
-    y * f32::from_bits(((n as i32 + 127) << 23) as u32)
+    // 2ⁿ from the bits of n + 1.5·2²³ (exact: n is an integer in [−126, 127]), whose low bits
+    // are n in two's complement: integer operations that vectorise, where `n as i32`
+    // (saturating) was converted lane by lane. A NaN gives some exponent, and NaN · it = NaN.
+    const ROUND: f32 = 12_582_912.0; // 1.5·2²³
+    let k = (n + ROUND).to_bits().wrapping_sub(ROUND.to_bits()).wrapping_add(127);
+    y * f32::from_bits(k << 23)
 }
 
 /// `eˣ` in f64 to within 2 ulp for `−708 ≤ x ≤ 709`, and exactly 0 below −708 (so `−∞`
@@ -265,8 +270,26 @@ mod tests {
         assert_eq!(exp(f32::NEG_INFINITY), exp(-87.0));
     }
 
-    /// [`exp64`] against libm's `exp` at every 1/64 step of [−745, 709] and the edges:
-    /// within 2 ulp (relative 4.5e−16) on [−708, 709], 0 below; `exp64(0) = 1` exactly.
+    /// [`exp`]'s `2ⁿ` from the bits of `n + 1.5·2²³` equals the `(n as i32 + 127) << 23` it
+    /// replaced, bitwise, at every 1/256 step of [−100, 100] (both clamps) and the edges.
+    #[test]
+    fn exp_scale_is_the_integer_conversion() {
+        let old = |x: f32| {
+            let x = x.clamp(-87.0, 88.0);
+            let n = (x * std::f32::consts::LOG2_E).round_ties_even();
+            let r = n.mul_add(2.121_944_4e-4, n.mul_add(-0.693_359_4, x));
+            let mut p = 1.987_569_1e-4f32;
+            for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+                p = p.mul_add(r, c);
+            }
+            (p.mul_add(r * r, r) + 1.0) * f32::from_bits(((n as i32 + 127) << 23) as u32)
+        };
+        let xs = (-100 * 256..=100 * 256).map(|i| i as f32 / 256.0).chain([-0.0, -87.0, 88.0, f32::NEG_INFINITY]);
+        for x in xs {
+            assert_eq!(exp(x).to_bits(), old(x).to_bits(), "exp({x})");
+        }
+    }
+
     /// [`exp64x8`] gives [`exp64`]'s bits in every lane: a sweep of [−750, 720] in steps of
     /// 1/7 (both clamps, the cut at −708), NaN, ±∞, ±0 and the edges.
     #[cfg(target_arch = "x86_64")]
@@ -292,6 +315,8 @@ mod tests {
         }
     }
 
+    /// [`exp64`] against libm's `exp` at every 1/64 step of [−745, 709] and the edges:
+    /// within 2 ulp (relative 4.5e−16) on [−708, 709], 0 below; `exp64(0) = 1` exactly.
     #[test]
     fn exp64_matches_libm() {
         let xs = (-745 * 64..=709 * 64).map(|i| i as f64 / 64.0).chain([-1e-300, -0.0, 1e-10, -707.99, -708.0]);
