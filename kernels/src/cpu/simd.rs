@@ -86,21 +86,16 @@ pub fn exp(x: f32) -> f32 {
     y * f32::from_bits(k << 23)
 }
 
-/// `eˣ` in f64 to within 2 ulp for `−708 ≤ x ≤ 709`, and exactly 0 below −708 (so `−∞`
-/// gives 0): `x = n·ln 2 + r` with `n = round(x·log₂e)` (the 1.5·2⁵² rounding trick, whose
-/// low bits are `n`), `ln 2` split in two (fdlibm's `ln2_hi`, `ln2_lo`) for an exact
-/// reduction, then `eʳ` on `|r| ≤ ln 2 / 2` by its Taylor series to degree 13 (remainder
-/// `r¹⁴/14! < 5·10⁻¹⁸`) in FMA Horner form, scaled by `2ⁿ` built in the exponent bits.
-/// NaN stays NaN. Vectorises (unlike `f64::exp`, a libm call); only FMA, IEEE arithmetic
-/// and integer bit operations, so every variant of a [`multiversion!`] body agrees bitwise.
-#[inline(always)]
-pub fn exp64(x: f64) -> f64 {
-    const LOG2E: f64 = std::f64::consts::LOG2_E;
-    const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000); // 6.93147180369123816490e-01
-    const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76); // 1.90821492927058770002e-10
-    const ROUND: f64 = 6_755_399_441_055_744.0; // 1.5·2⁵²
-                                                // 1/k! for k = 13 down to 2.
-    const C: [f64; 12] = [
+/// The constants of [`exp64`] and [`exp64x8`].
+mod exp64_consts {
+    pub const LOG2E: f64 = std::f64::consts::LOG2_E;
+    /// fdlibm's `ln2_hi` (6.93147180369123816490e-01) and `ln2_lo` (1.90821492927058770002e-10).
+    pub const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
+    pub const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76);
+    /// 1.5·2⁵²: adding it rounds to an integer held in the low mantissa bits.
+    pub const ROUND: f64 = 6_755_399_441_055_744.0;
+    /// 1/k! for k = 13 down to 2.
+    pub const C: [f64; 12] = [
         1.0 / 6_227_020_800.0,
         1.0 / 479_001_600.0,
         1.0 / 39_916_800.0,
@@ -114,6 +109,18 @@ pub fn exp64(x: f64) -> f64 {
         1.0 / 6.0,
         0.5,
     ];
+}
+
+/// `eˣ` in f64 to within 2 ulp for `−708 ≤ x ≤ 709`, and exactly 0 below −708 (so `−∞`
+/// gives 0): `x = n·ln 2 + r` with `n = round(x·log₂e)` (the 1.5·2⁵² rounding trick, whose
+/// low bits are `n`), `ln 2` split in two (fdlibm's `ln2_hi`, `ln2_lo`) for an exact
+/// reduction, then `eʳ` on `|r| ≤ ln 2 / 2` by its Taylor series to degree 13 (remainder
+/// `r¹⁴/14! < 5·10⁻¹⁸`) in FMA Horner form, scaled by `2ⁿ` built in the exponent bits.
+/// NaN stays NaN. Vectorises (unlike `f64::exp`, a libm call); only FMA, IEEE arithmetic
+/// and integer bit operations, so every variant of a [`multiversion!`] body agrees bitwise.
+#[inline(always)]
+pub fn exp64(x: f64) -> f64 {
+    use exp64_consts::*;
     // (`clamp` keeps NaN, unlike min/max.)
     let xc = x.clamp(-708.0, 709.0);
     let big = xc * LOG2E + ROUND;
@@ -144,25 +151,8 @@ pub fn exp64(x: f64) -> f64 {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
 pub unsafe fn exp64x8(x: std::arch::x86_64::__m512d) -> std::arch::x86_64::__m512d {
+    use exp64_consts::*;
     use std::arch::x86_64::*;
-    const LOG2E: f64 = std::f64::consts::LOG2_E;
-    const LN2_HI: f64 = f64::from_bits(0x3FE6_2E42_FEE0_0000);
-    const LN2_LO: f64 = f64::from_bits(0x3DEA_39EF_3579_3C76);
-    const ROUND: f64 = 6_755_399_441_055_744.0;
-    const C: [f64; 12] = [
-        1.0 / 6_227_020_800.0,
-        1.0 / 479_001_600.0,
-        1.0 / 39_916_800.0,
-        1.0 / 3_628_800.0,
-        1.0 / 362_880.0,
-        1.0 / 40_320.0,
-        1.0 / 5_040.0,
-        1.0 / 720.0,
-        1.0 / 120.0,
-        1.0 / 24.0,
-        1.0 / 6.0,
-        0.5,
-    ];
     let set = _mm512_set1_pd;
     // clamp: `max(lo, x)`, `min(hi, ·)` return their second operand for a NaN, keeping it.
     let xc = _mm512_min_pd(set(709.0), _mm512_max_pd(set(-708.0), x));
