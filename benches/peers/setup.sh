@@ -9,9 +9,11 @@ set -euo pipefail
 root="$(cd "$(dirname "$0")/../.." && pwd)"
 dir="${1:-$root/.peers}"
 mkdir -p "$dir"
+dir="$(cd "$dir" && pwd)"
+# PEERS_VENV: reuse a venv that already has torch (e.g. the TRL comparison's); made absolute
+# before the cd below.
+venv="$(realpath -m "${PEERS_VENV:-$dir/venv}")"
 cd "$dir"
-# PEERS_VENV: reuse a venv that already has torch (e.g. the TRL comparison's).
-venv="${PEERS_VENV:-$dir/venv}"
 [ -x "$venv/bin/python" ] || python3 -m venv "$venv"
 "$venv/bin/python" -m pip install -q torch transformers numpy safetensors sentencepiece scikit-build-core cmake ninja
 
