@@ -121,7 +121,7 @@ impl Tensor {
         if n != data.len() {
             return Err(shape_err("from_vec", format!("{} values for shape {shape:?}", data.len())));
         }
-        Ok(Self::new(Storage::Cpu(CpuStorage(data)), shape))
+        Ok(Self::new(Storage::Cpu(CpuStorage::from(data)), shape))
     }
 
     /// A zero-filled tensor on `device`.

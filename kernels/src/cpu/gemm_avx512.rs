@@ -5,9 +5,6 @@
 use super::gemm_tile::{Tile, NR, PREFETCH_ROWS};
 use std::arch::x86_64::*;
 
-/// Vectors of 16 per tile row.
-const V: usize = NR / 16;
-
 /// Dispatches on the tile height and on whether all `NR` columns are live.
 ///
 /// # Safety
@@ -23,42 +20,50 @@ pub unsafe fn tile(t: &Tile) {
     }
 }
 
-/// [`tile`] for one value of `t.prefetch`.
+/// [`tile`] for one value of `t.prefetch`: `V` = 2 vectors when at most 32 columns are live
+/// (the driver's half panels), else 4.
 ///
 /// # Safety
 /// As [`tile`].
 unsafe fn by_shape<const PREFETCH: bool>(t: &Tile) {
     // SAFETY: forwarded.
     unsafe {
-        match (t.rows, t.cols == NR) {
-            (6, true) => kernel::<6, true, PREFETCH>(t),
-            (5, true) => kernel::<5, true, PREFETCH>(t),
-            (4, true) => kernel::<4, true, PREFETCH>(t),
-            (3, true) => kernel::<3, true, PREFETCH>(t),
-            (2, true) => kernel::<2, true, PREFETCH>(t),
-            (1, true) => kernel::<1, true, PREFETCH>(t),
-            (6, false) => kernel::<6, false, PREFETCH>(t),
-            (5, false) => kernel::<5, false, PREFETCH>(t),
-            (4, false) => kernel::<4, false, PREFETCH>(t),
-            (3, false) => kernel::<3, false, PREFETCH>(t),
-            (2, false) => kernel::<2, false, PREFETCH>(t),
-            _ => kernel::<1, false, PREFETCH>(t),
+        match (t.rows, t.cols == NR, t.cols <= NR / 2) {
+            (6, true, _) => kernel::<6, 4, true, PREFETCH>(t),
+            (5, true, _) => kernel::<5, 4, true, PREFETCH>(t),
+            (4, true, _) => kernel::<4, 4, true, PREFETCH>(t),
+            (3, true, _) => kernel::<3, 4, true, PREFETCH>(t),
+            (2, true, _) => kernel::<2, 4, true, PREFETCH>(t),
+            (1, true, _) => kernel::<1, 4, true, PREFETCH>(t),
+            (6, false, false) => kernel::<6, 4, false, PREFETCH>(t),
+            (5, false, false) => kernel::<5, 4, false, PREFETCH>(t),
+            (4, false, false) => kernel::<4, 4, false, PREFETCH>(t),
+            (3, false, false) => kernel::<3, 4, false, PREFETCH>(t),
+            (2, false, false) => kernel::<2, 4, false, PREFETCH>(t),
+            (_, false, false) => kernel::<1, 4, false, PREFETCH>(t),
+            (6, false, true) => kernel::<6, 2, false, PREFETCH>(t),
+            (5, false, true) => kernel::<5, 2, false, PREFETCH>(t),
+            (4, false, true) => kernel::<4, 2, false, PREFETCH>(t),
+            (3, false, true) => kernel::<3, 2, false, PREFETCH>(t),
+            (2, false, true) => kernel::<2, 2, false, PREFETCH>(t),
+            _ => kernel::<1, 2, false, PREFETCH>(t),
         }
     }
 }
 
-/// `R` rows; `FULL`: `t.cols == NR` (no masks); `PREFETCH`: `t.prefetch`.
+/// `R` rows × `V` vectors of 16 columns; `FULL`: `t.cols == NR` (no masks, `V` = 4);
+/// `PREFETCH`: `t.prefetch`.
 ///
 /// # Safety
-/// As [`tile`], with `t.rows == R`.
+/// As [`tile`], with `t.rows == R` and `t.cols ≤ 16·V`.
 #[target_feature(enable = "avx512f")]
-unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Tile) {
+unsafe fn kernel<const R: usize, const V: usize, const FULL: bool, const PREFETCH: bool>(t: &Tile) {
     // Lane masks of the four vectors: bit i of mask v is column 16v + i < cols.
     let mask = |v: usize| -> __mmask16 {
         let live = t.cols.saturating_sub(16 * v).min(16);
         ((1u32 << live) - 1) as __mmask16
     };
-    let masks = [mask(0), mask(1), mask(2), mask(3)];
+    let masks: [__mmask16; V] = std::array::from_fn(mask);
     // SAFETY: reads a[r·a_rs + l] (r < R, l < k) and the live columns of b[l·ldb ..],
     // reads (if accumulating) and writes the live columns of c[r·ldc ..]: all in bounds per the caller.
     unsafe {
@@ -77,9 +82,12 @@ unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Til
         let (mut a, mut b) = (t.a, t.b);
         for _ in 0..t.k {
             if PREFETCH {
-                // A hint: prefetches never fault, also past the end of `b`.
+                // A hint: prefetches never fault, also past the end of `b`. Only the live
+                // columns: another thread may be streaming the rest of the row.
                 for v in 0..V {
-                    _mm_prefetch::<_MM_HINT_T0>(b.wrapping_add(PREFETCH_ROWS * t.ldb + 16 * v).cast());
+                    if FULL || masks[v] != 0 {
+                        _mm_prefetch::<_MM_HINT_T2>(b.wrapping_add(PREFETCH_ROWS * t.ldb + 16 * v).cast());
+                    }
                 }
             }
             let mut bv = [_mm512_setzero_ps(); V];
@@ -112,3 +120,5 @@ unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Til
         }
     }
 }
+
+

@@ -23,6 +23,7 @@
 //! memory, bitwise the same chain), so the operands of a block stay in L2.
 
 use super::gemm_tile::{self, Isa, Tile, MR, NR};
+use super::HostBuf;
 use rayon::prelude::*;
 
 /// Output columns per packed panel.
@@ -41,22 +42,36 @@ const INLINE_WORK: usize = 1 << 18;
 /// is available (data movement only: the same values as the scalar copy, which does the
 /// rest). The optimizer lays out every step like this, so it is on the learner's path.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
+    // SAFETY: pack_into writes every value of the output.
+    output(n.div_ceil(NP) * k * NP, |out| unsafe { pack_into(w, n, k, out) })
+}
+
+/// [`pack`] into a [`HostBuf::huge`]: a model's weights, which every decode step streams
+/// from memory whole (the learner updates them in place, so they live as long as the model).
+pub fn pack_weight(w: &[f32], n: usize, k: usize) -> HostBuf {
+    // SAFETY: pack_into writes every value of the output.
+    unsafe { HostBuf::huge(n.div_ceil(NP) * k * NP, |out| pack_into(w, n, k, Out(out))) }
+}
+
+/// [`pack`]'s body: writes all `n.div_ceil(NP) · k · NP` values at `out`.
+///
+/// # Safety
+/// `out` is writable for that many values, which no other thread accesses.
+unsafe fn pack_into(w: &[f32], n: usize, k: usize, out: Out) {
     assert_eq!(w.len(), n * k);
     let wide = wide_pack();
-    output(n.div_ceil(NP) * k * NP, |out| {
-        (0..n.div_ceil(NP)).into_par_iter().for_each(|p| {
-            let live = NP.min(n - p * NP);
-            let panel = out.at(p * k * NP);
-            // SAFETY: panel p's k·NP values, this task's alone: the transpose writes the
-            // `live` columns of every row, the loop below the padding columns.
-            unsafe {
-                transpose_into(|c| &w[(p * NP + c) * k..(p * NP + c + 1) * k], live, k, panel, NP, wide);
-                for l in 0..k {
-                    std::ptr::write_bytes(panel.add(l * NP + live), 0, NP - live);
-                }
+    (0..n.div_ceil(NP)).into_par_iter().for_each(|p| {
+        let live = NP.min(n - p * NP);
+        let panel = out.at(p * k * NP);
+        // SAFETY: panel p's k·NP values, this task's alone: the transpose writes the
+        // `live` columns of every row, the loop below the padding columns.
+        unsafe {
+            transpose_into(|c| &w[(p * NP + c) * k..(p * NP + c + 1) * k], live, k, panel, NP, wide);
+            for l in 0..k {
+                std::ptr::write_bytes(panel.add(l * NP + live), 0, NP - live);
             }
-        });
-    })
+        }
+    });
 }
 
 /// Whether [`pack_panel`] may move 16 × 16 register blocks (AVX-512 detected).
@@ -321,9 +336,24 @@ impl Gemm {
         // A streamed `A` (a packed weight as `Wᵀ`): reduction blocks of its NP-step runs, and
         // one task per row block over every panel; otherwise one task per (panel, row block).
         let streamed = self.a_ks != 0;
-        let (kc_max, tasks) = if streamed { (NP, blocks) } else { (KC, panels * blocks) };
+        // One row block over few panels (a decode step's projections: 9 panels of 64 columns
+        // on 2 threads is 5 against 4) splits each panel into two tasks of 32 columns, so the
+        // threads stream equal shares of the weight. The halves read disjoint cache lines
+        // (128 B of every 256 B row) and each output is still one tile's chain.
+        let halves = if !streamed && blocks == 1 && panels < 8 * rayon::current_num_threads() { 2 } else { 1 };
+        let (kc_max, tasks) = if streamed { (NP, blocks) } else { (KC, panels * blocks * halves) };
         let task = |task: usize| {
-            let (rb, ps) = if streamed { (task, 0..panels) } else { (task % blocks, task / blocks..task / blocks + 1) };
+            let (rb, ps, c0) = match streamed {
+                true => (task, 0..panels, 0),
+                false => {
+                    let (p, rest) = (task / (blocks * halves), task % (blocks * halves));
+                    (rest % blocks, p..p + 1, rest / blocks * (NP / halves))
+                }
+            };
+            let width = |p: usize| (NP / halves).min((cols - p * NP).saturating_sub(c0));
+            if width(ps.start) == 0 {
+                return; // the second half of a last panel no wider than 32 columns
+            }
             let (r0, r1) = (rb * MB, (rb * MB + MB).min(rows));
             for k0 in (0..self.k.div_ceil(kc_max).max(1)).map(|c| c * kc_max) {
                 let kc = kc_max.min(self.k - k0);
@@ -337,13 +367,13 @@ impl Gemm {
                         let tile = Tile {
                             a: a.wrapping_add((i - r0) * self.a_rs),
                             a_rs: self.a_rs,
-                            b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb),
+                            b: self.b.wrapping_add(p * self.b_ps + k0 * self.ldb + c0),
                             ldb: self.ldb,
                             k: kc,
-                            c: self.c.0.wrapping_add(i * cols + p * NP),
+                            c: self.c.0.wrapping_add(i * cols + p * NP + c0),
                             ldc: cols,
                             rows: (r1 - i).min(MR),
-                            cols: NP.min(cols - p * NP),
+                            cols: width(p),
                             accumulate: k0 > 0,
                             // The first tile over this block of B streams it from memory; the
                             // other tiles (and row blocks) find it in cache. A streamed A's
@@ -432,3 +462,4 @@ mod tests {
         }
     }
 }
+

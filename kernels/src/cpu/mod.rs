@@ -12,10 +12,12 @@ mod gemm_avx2;
 #[cfg(target_arch = "x86_64")]
 mod gemm_avx512;
 pub mod gemm_tile;
+mod host_buf;
 pub mod logprob;
 pub mod matmul;
 pub mod optim;
 pub mod simd;
 mod storage;
 
+pub use host_buf::HostBuf;
 pub use storage::{CpuDevice, CpuStorage};

@@ -1,6 +1,6 @@
 //! The CPU backend's implementation of the contract ([`crate::backend`]).
 
-use super::{attention, backward, elementwise, logprob, matmul, optim};
+use super::{attention, backward, elementwise, logprob, matmul, optim, HostBuf};
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::ops::{AdamWStep, AttnSeq};
 use crate::Result;
@@ -11,17 +11,23 @@ use std::ops::Range;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CpuDevice;
 
-/// A host buffer of f32.
+/// A host buffer of f32 (packed weights on huge pages, [`HostBuf::huge`]).
 #[derive(Debug, Clone, PartialEq)]
-pub struct CpuStorage(pub Vec<f32>);
+pub struct CpuStorage(pub HostBuf);
+
+impl From<Vec<f32>> for CpuStorage {
+    fn from(v: Vec<f32>) -> Self {
+        Self(HostBuf::Vec(v))
+    }
+}
 
 impl BackendDevice for CpuDevice {
     type Storage = CpuStorage;
     fn zeros(&self, n: usize) -> Result<CpuStorage> {
-        Ok(CpuStorage(vec![0.0; n]))
+        Ok(vec![0.0; n].into())
     }
     fn upload(&self, data: &[f32]) -> Result<CpuStorage> {
-        Ok(CpuStorage(data.to_vec()))
+        Ok(data.to_vec().into())
     }
 }
 
@@ -34,50 +40,50 @@ impl BackendStorage for CpuStorage {
         CpuDevice
     }
     fn to_host(&self) -> Result<Vec<f32>> {
-        Ok(self.0.clone())
+        Ok(self.0.to_vec())
     }
 
     fn pack_weight(&self, n: usize, k: usize) -> Result<Self> {
-        Ok(Self(matmul::pack(&self.0, n, k)))
+        Ok(Self(matmul::pack_weight(&self.0, n, k)))
     }
     fn unpack_weight(&self, n: usize, k: usize) -> Result<Self> {
-        Ok(Self(matmul::unpack(&self.0, n, k)))
+        Ok(Self::from(matmul::unpack(&self.0, n, k)))
     }
     fn linear(&self, m: usize, k: usize, w: &Self, n: usize, bias: Option<&Self>) -> Result<Self> {
         let mut y = matmul::matmul_packed(&self.0, &w.0, m, n, k);
         if let Some(b) = bias {
             elementwise::add_bias(&mut y, &b.0);
         }
-        Ok(Self(y))
+        Ok(Self::from(y))
     }
     fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        Ok(Self(matmul::grad_weight(&self.0, &x.0, m, n, k)))
+        Ok(Self::from(matmul::grad_weight(&self.0, &x.0, m, n, k)))
     }
     fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        Ok(Self(matmul::grad_input(&self.0, &w.0, m, n, k)))
+        Ok(Self::from(matmul::grad_input(&self.0, &w.0, m, n, k)))
     }
 
     fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
         let mut y = vec![0.0f32; m * d];
         elementwise::rms_norm(&self.0, &w.0, &mut y, d, eps);
-        Ok(Self(y))
+        Ok(Self::from(y))
     }
     fn rms_norm_backward(&self, w: &Self, dy: &Self, m: usize, d: usize, eps: f32) -> Result<(Self, Self)> {
         let (mut dx, mut dw) = (vec![0.0f32; m * d], vec![0.0f32; d]);
         backward::rms_norm_backward(&self.0, &w.0, &dy.0, &mut dx, &mut dw, d, eps);
-        Ok((Self(dx), Self(dw)))
+        Ok((Self::from(dx), Self::from(dw)))
     }
     fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
         elementwise::rope(&mut self.0, positions, &cos.0, &sin.0, c, head_dim);
         Ok(())
     }
     fn silu_mul(&self, _m: usize, i: usize) -> Result<Self> {
-        Ok(Self(elementwise::silu_mul(&self.0, i)))
+        Ok(Self::from(elementwise::silu_mul(&self.0, i)))
     }
     fn silu_mul_backward(&self, da: &Self, m: usize, i: usize) -> Result<Self> {
         let mut d = vec![0.0f32; m * 2 * i];
         backward::silu_mul_backward(&self.0, &da.0, &mut d, i);
-        Ok(Self(d))
+        Ok(Self::from(d))
     }
     fn add_inplace(&mut self, b: &Self) -> Result<()> {
         elementwise::add_inplace(&mut self.0, &b.0);
@@ -92,7 +98,7 @@ impl BackendStorage for CpuStorage {
         Ok(())
     }
     fn scale(&self, s: f32) -> Result<Self> {
-        Ok(Self(self.0.par_iter().map(|v| v * s).collect()))
+        Ok(Self::from(self.0.par_iter().map(|v| v * s).collect::<Vec<f32>>()))
     }
     fn sum_squares(&self) -> Result<f64> {
         // Per-chunk partials collected in order, then summed in order: the same bits
@@ -105,17 +111,17 @@ impl BackendStorage for CpuStorage {
         for row in self.0.chunks(n) {
             elementwise::add_inplace(&mut s, row);
         }
-        Ok(Self(s))
+        Ok(Self::from(s))
     }
     fn softmax(&self, _m: usize, n: usize) -> Result<Self> {
-        let mut y = self.0.clone();
+        let mut y = self.0.to_vec();
         elementwise::softmax_rows(&mut y, n);
-        Ok(Self(y))
+        Ok(Self::from(y))
     }
     fn log_softmax(&self, _m: usize, n: usize) -> Result<Self> {
-        let mut y = self.0.clone();
+        let mut y = self.0.to_vec();
         elementwise::log_softmax_rows(&mut y, n);
-        Ok(Self(y))
+        Ok(Self::from(y))
     }
 
     fn gather_rows(&self, ids: &[u32], c: usize) -> Result<Self> {
@@ -123,7 +129,7 @@ impl BackendStorage for CpuStorage {
         for &i in ids {
             y.extend_from_slice(&self.0[i as usize * c..(i as usize + 1) * c]);
         }
-        Ok(Self(y))
+        Ok(Self::from(y))
     }
     fn scatter_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
         for (i, &r) in rows.iter().enumerate() {
@@ -148,7 +154,7 @@ impl BackendStorage for CpuStorage {
                     data.extend_from_slice(&row[start..start + w]);
                 }
                 start += w;
-                Self(data)
+                Self::from(data)
             })
             .collect())
     }
@@ -160,13 +166,13 @@ impl BackendStorage for CpuStorage {
                 data.extend_from_slice(&t.0[i * c..(i + 1) * c]);
             }
         }
-        Ok(Self(data))
+        Ok(Self::from(data))
     }
     fn cat(parts: &[&Self]) -> Result<Self> {
-        Ok(Self(parts.iter().flat_map(|p| p.0.iter().copied()).collect()))
+        Ok(Self::from(parts.iter().flat_map(|p| p.0.iter().copied()).collect::<Vec<f32>>()))
     }
     fn slice(&self, range: Range<usize>) -> Result<Self> {
-        Ok(Self(self.0[range].to_vec()))
+        Ok(Self::from(self.0[range].to_vec()))
     }
 
     fn paged_attention(
@@ -181,7 +187,7 @@ impl BackendStorage for CpuStorage {
     ) -> Result<Self> {
         let mut out = vec![0.0f32; self.0.len()];
         attention::paged_attention(&self.0, &k.0, &v.0, &mut out, seqs, block_size, n_heads, n_kv_heads, head_dim);
-        Ok(Self(out))
+        Ok(Self::from(out))
     }
     fn attention_backward(
         &self,
@@ -197,7 +203,7 @@ impl BackendStorage for CpuStorage {
         backward::attention_backward(
             &self.0, &k.0, &v.0, &da.0, &mut dq, &mut dk, &mut dv, spans, n_heads, n_kv_heads, head_dim,
         );
-        Ok((Self(dq), Self(dk), Self(dv)))
+        Ok((Self::from(dq), Self::from(dk), Self::from(dv)))
     }
 
     fn token_logprobs(&self, v: usize, tokens: &[u32], temperature: f32) -> Result<(Vec<f32>, Vec<f32>)> {
@@ -212,17 +218,17 @@ impl BackendStorage for CpuStorage {
         dl_dentropy: Option<&[f32]>,
         entropies: &[f32],
     ) -> Result<Self> {
-        Ok(Self(logprob::token_logprobs_backward(&self.0, v, tokens, temperature, dl_dlogp, dl_dentropy, entropies)))
+        Ok(Self::from(logprob::token_logprobs_backward(&self.0, v, tokens, temperature, dl_dlogp, dl_dentropy, entropies)))
     }
 
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, s: &AdamWStep) -> Result<Self> {
         let mut d = vec![0.0f32; self.0.len()];
         optim::adamw_delta(&self.0, &mut m.0, &mut v.0, &mut d, s);
-        Ok(Self(d))
+        Ok(Self::from(d))
     }
     fn adamw_delta_packed(parts: &mut [(&Self, &mut Self, &mut Self)], k: usize, s: &AdamWStep) -> Result<Self> {
         let mut ps: Vec<optim::Part> =
             parts.iter_mut().map(|(g, m, v)| (&g.0[..], &mut m.0[..], &mut v.0[..])).collect();
-        Ok(Self(optim::adamw_delta_packed(&mut ps, k, s)))
+        Ok(Self::from(optim::adamw_delta_packed(&mut ps, k, s)))
     }
 }
