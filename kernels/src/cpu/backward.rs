@@ -8,19 +8,63 @@ use rayon::prelude::*;
 use std::ops::Range;
 
 /// RMSNorm backward. With `r = 1/sqrt(mean(x²) + eps)`, `y = x·r·w`:
-/// `dw = Σ_rows dy·x·r`, `dx = r·(dy·w) − x·r³·Σ(dy·w·x)/d`.
+/// `dw = Σ_rows dy·x·r`, `dx = r·(dy·w) − x·r³·Σ(dy·w·x)/d` (sums in f64).
+///
+/// Rows in parallel, [`NORM_ROWS`] per task: a task writes its rows of `dx` and returns its
+/// rows' part of `dw`; the parts are added in task order, so every value is the same
+/// whatever the thread count. (Serial, with one f64 chain per sum, it took 0.16 s of an
+/// 8 × 256-token learner step.)
 pub fn rms_norm_backward(x: &[f32], w: &[f32], dy: &[f32], dx: &mut [f32], dw: &mut [f32], d: usize, eps: f32) {
-    dw.fill(0.0);
-    for ((xr, dyr), dxr) in x.chunks(d).zip(dy.chunks(d)).zip(dx.chunks_mut(d)) {
-        let ms = xr.iter().map(|&v| (v as f64) * (v as f64)).sum::<f64>() / d as f64;
-        let r = 1.0 / (ms + eps as f64).sqrt();
-        let gx: f64 = (0..d).map(|i| dyr[i] as f64 * w[i] as f64 * xr[i] as f64).sum();
-        let c = r * r * r * gx / d as f64;
-        for i in 0..d {
-            dxr[i] = (r * dyr[i] as f64 * w[i] as f64 - xr[i] as f64 * c) as f32;
-            dw[i] += (dyr[i] as f64 * xr[i] as f64 * r) as f32;
+    if d == 0 {
+        return;
+    }
+    let parts: Vec<Vec<f64>> = x
+        .par_chunks(d * NORM_ROWS)
+        .zip(dy.par_chunks(d * NORM_ROWS))
+        .zip(dx.par_chunks_mut(d * NORM_ROWS))
+        .map(|((x, dy), dx)| rms_norm_backward_rows(x, w, dy, dx, d, eps))
+        .collect();
+    for (i, dw) in dw.iter_mut().enumerate() {
+        *dw = parts.iter().map(|p| p[i]).sum::<f64>() as f32;
+    }
+}
+
+/// Rows per task of [`rms_norm_backward`].
+const NORM_ROWS: usize = 64;
+
+multiversion! {
+    /// [`rms_norm_backward`] over whole rows: writes `dx`, returns `Σ_rows dy·x·r` (f64).
+    fn rms_norm_backward_rows(x: &[f32], w: &[f32], dy: &[f32], dx: &mut [f32], d: usize, eps: f32) -> Vec<f64> {
+        let mut dw = vec![0.0f64; d];
+        for ((xr, dyr), dxr) in x.chunks_exact(d).zip(dy.chunks_exact(d)).zip(dx.chunks_exact_mut(d)) {
+            let ms = sum_products([xr, xr]) / d as f64;
+            let r = 1.0 / (ms + eps as f64).sqrt();
+            let gx = sum_products([dyr, w, xr]);
+            let c = r * r * r * gx / d as f64;
+            for i in 0..d {
+                dxr[i] = (r * dyr[i] as f64 * w[i] as f64 - xr[i] as f64 * c) as f32;
+                dw[i] += dyr[i] as f64 * xr[i] as f64 * r;
+            }
+        }
+        dw
+    }
+}
+
+/// `Σ_i Π_n v[n][i]` in f64, in 8 interleaved lanes (`lane[i % 8]`, then the lanes in
+/// order): a fixed order that vectorises, where one chain of dependent adds does not.
+#[inline(always)]
+fn sum_products<const N: usize>(v: [&[f32]; N]) -> f64 {
+    let len = v[0].len();
+    let mut lanes = [0.0f64; 8];
+    for c in 0..len / 8 {
+        for (j, lane) in lanes.iter_mut().enumerate() {
+            *lane += v.iter().map(|r| r[8 * c + j] as f64).product::<f64>();
         }
     }
+    for (j, lane) in lanes.iter_mut().enumerate().take(len % 8) {
+        *lane += v.iter().map(|r| r[len / 8 * 8 + j] as f64).product::<f64>();
+    }
+    lanes.iter().sum()
 }
 
 /// Backward of `silu(g)·u` on fused rows `[g | u]`: `dg = da·u·σ(g)(1 + g(1 − σ(g)))`,

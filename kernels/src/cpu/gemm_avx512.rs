@@ -120,5 +120,3 @@ unsafe fn kernel<const R: usize, const V: usize, const FULL: bool, const PREFETC
         }
     }
 }
-
-

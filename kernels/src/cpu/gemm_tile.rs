@@ -149,7 +149,9 @@ mod tests {
     /// itself matches an f64 sum to f32 accuracy (an independent check of the formula).
     #[test]
     fn variants_are_bitwise_equal() {
-        for (case, &(k, cols)) in [(1, 64), (7, 64), (37, 13), (64, 1), (129, 47), (301, 64), (65, 32), (9, 33)].iter().enumerate() {
+        for (case, &(k, cols)) in
+            [(1, 64), (7, 64), (37, 13), (64, 1), (129, 47), (301, 64), (65, 32), (9, 33)].iter().enumerate()
+        {
             for rows in 1..=MR {
                 let (lda, ldb, ldc) = (k + 3, cols + 5, cols + 2);
                 let a = vals(MR * lda, case as u64);

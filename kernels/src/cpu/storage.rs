@@ -218,7 +218,15 @@ impl BackendStorage for CpuStorage {
         dl_dentropy: Option<&[f32]>,
         entropies: &[f32],
     ) -> Result<Self> {
-        Ok(Self::from(logprob::token_logprobs_backward(&self.0, v, tokens, temperature, dl_dlogp, dl_dentropy, entropies)))
+        Ok(Self::from(logprob::token_logprobs_backward(
+            &self.0,
+            v,
+            tokens,
+            temperature,
+            dl_dlogp,
+            dl_dentropy,
+            entropies,
+        )))
     }
 
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, s: &AdamWStep) -> Result<Self> {
