@@ -58,7 +58,7 @@ unsafe fn by_shape<const PREFETCH: bool>(t: &Tile) {
 /// As [`tile`], with `t.rows == R` and `t.cols ≤ 16·V`.
 #[target_feature(enable = "avx512f")]
 unsafe fn kernel<const R: usize, const V: usize, const FULL: bool, const PREFETCH: bool>(t: &Tile) {
-    // Lane masks of the four vectors: bit i of mask v is column 16v + i < cols.
+    // Lane masks of the V vectors: bit i of mask v is column 16v + i < cols.
     let mask = |v: usize| -> __mmask16 {
         let live = t.cols.saturating_sub(16 * v).min(16);
         ((1u32 << live) - 1) as __mmask16

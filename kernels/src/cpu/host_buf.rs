@@ -4,9 +4,10 @@
 //!
 //! Why: a decode step reads all of the model's weights once (538 MB for the default model,
 //! f32) and is bound by memory bandwidth. Through 4 KiB pages every 4 KiB of weights costs a
-//! TLB miss and a page walk; with 2 MiB pages the same stream ran 15–20 % faster on the
-//! development VM (all 30 layers' projections and the LM head at m = 1, alternating runs in
-//! one process: 24.7–26.4 → 19.0–20.4 ms per pass). Linux backs a range with huge pages only
+//! TLB miss and a page walk. With 2 MiB pages a pass of the default model's 30 layers'
+//! projections and LM head at m = 1 took 17.9–18.9 ms against 21.6–23.1 (separate processes,
+//! alternating, development VM); in the whole decode step the gain was about 2 % (49 → 50
+//! tok/s), most of it the LM head's 3.8 → 3.6 ms. Linux backs a range with huge pages only
 //! where it is 2 MiB-aligned and advised (`madvise(MADV_HUGEPAGE)`, the setting most
 //! distributions ship: `/sys/kernel/mm/transparent_hugepage/enabled` = `madvise`), which a
 //! `Vec`'s allocation never is.
