@@ -1,6 +1,7 @@
 //! The engine loop on its own thread, fed by a `flume` channel (DESIGN-NOTES §5). The
 //! public API: [`EngineHandle::add_request`] (blocking, for threads) or
-//! [`EngineHandle::add_request_async`] (for async code) → a [`RequestStream`] of
+//! [`EngineHandle::add_request_async`] / [`EngineHandle::add_requests_async`] (for async
+//! code; the latter queues a request's prompts together) → a [`RequestStream`] of
 //! [`StreamItem`]s, [`EngineHandle::abort`], [`EngineHandle::stats`]. Dropping a stream
 //! before it finishes aborts the request, which frees its KV blocks at once.
 //!
@@ -21,14 +22,19 @@ use std::thread::JoinHandle;
 pub type StreamItem = Result<SeqOutput, EngineFault>;
 
 enum Command {
-    Add {
-        request_id: String,
-        prompt: Vec<u32>,
-        params: Box<SamplingParams>,
-        out: flume::Sender<StreamItem>,
-        reply: flume::Sender<Result<(), ValidationError>>,
-    },
+    /// The prompts of one client request, queued together: the engine takes them in one go,
+    /// so they are admitted in the same step (never a step of one before the other arrives).
+    Add(Vec<Add>),
     Abort(String),
+}
+
+/// One prompt of a [`Command::Add`].
+struct Add {
+    request_id: String,
+    prompt: Vec<u32>,
+    params: Box<SamplingParams>,
+    out: flume::Sender<StreamItem>,
+    reply: flume::Sender<Result<(), ValidationError>>,
 }
 
 /// A cloneable handle to the engine thread. The thread ends when the last handle is dropped.
@@ -135,40 +141,63 @@ impl EngineHandle {
         prompt: Vec<u32>,
         params: SamplingParams,
     ) -> Result<RequestStream, AddError> {
-        let (mut stream, answer) = self.submit(request_id, prompt, params)?;
-        let accepted = answer.recv();
-        Self::accepted(&mut stream, accepted)?;
+        let (mut submitted, answers) = self.submit(vec![(request_id, prompt)], params)?;
+        let mut stream = submitted.pop().expect("one stream");
+        Self::accepted(&mut stream, answers[0].recv())?;
         Ok(stream)
     }
 
     /// [`Self::add_request`] for async code: waits for the engine's answer without blocking
     /// the runtime's thread. Dropping the future before it resolves aborts the request.
     pub async fn add_request_async(&self, prompt: Vec<u32>, params: SamplingParams) -> Result<RequestStream, AddError> {
-        let (mut stream, answer) = self.submit(self.new_id(), prompt, params)?;
-        let accepted = answer.recv_async().await;
-        Self::accepted(&mut stream, accepted)?;
-        Ok(stream)
+        Ok(self.add_requests_async(vec![prompt], params).await?.pop().expect("one stream"))
+    }
+
+    /// The prompts of one client request (OpenAI's `prompt` list), each its own engine
+    /// request with `params`, sent to the engine thread together so that they are admitted
+    /// in the same step. Waits for every answer; the first rejection fails the whole call
+    /// (the accepted ones are aborted as their streams drop).
+    pub async fn add_requests_async(
+        &self,
+        prompts: Vec<Vec<u32>>,
+        params: SamplingParams,
+    ) -> Result<Vec<RequestStream>, AddError> {
+        let (mut streams, answers) = self.submit(prompts.into_iter().map(|p| (self.new_id(), p)).collect(), params)?;
+        let mut first_error = Ok(());
+        for (stream, answer) in streams.iter_mut().zip(answers) {
+            let r = Self::accepted(stream, answer.recv_async().await);
+            first_error = first_error.and(r);
+        }
+        first_error.map(|()| streams)
     }
 
     fn new_id(&self) -> String {
         format!("req-{}", self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Sends the request to the engine thread (never blocks: the channel is unbounded).
-    /// The stream exists from here on, so dropping it (or a future holding it) aborts.
+    /// Sends the requests to the engine thread in one command (never blocks: the channel is
+    /// unbounded), with their answer channels. The streams exist from here on, so dropping
+    /// one (or a future holding it) aborts its request.
+    #[allow(clippy::type_complexity)]
     fn submit(
         &self,
-        request_id: String,
-        prompt: Vec<u32>,
+        requests: Vec<(String, Vec<u32>)>,
         params: SamplingParams,
-    ) -> Result<(RequestStream, flume::Receiver<Result<(), ValidationError>>), EngineStopped> {
-        let (out, rx) = flume::unbounded();
-        let (reply, answer) = flume::bounded(1);
-        self.tx
-            .send(Command::Add { request_id: request_id.clone(), prompt, params: Box::new(params), out, reply })
-            .map_err(|_| EngineStopped)?;
-        let stream = RequestStream { request_id, rx, tx: self.tx.clone(), done: false };
-        Ok((stream, answer))
+    ) -> Result<(Vec<RequestStream>, Vec<flume::Receiver<Result<(), ValidationError>>>), EngineStopped> {
+        let (mut adds, mut streams, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+        for (request_id, prompt) in requests {
+            let (out, rx) = flume::unbounded();
+            let (reply, answer) = flume::bounded(1);
+            streams.push(RequestStream { request_id: request_id.clone(), rx, tx: self.tx.clone(), done: false });
+            answers.push(answer);
+            adds.push(Add { request_id, prompt, params: Box::new(params.clone()), out, reply });
+        }
+        if self.tx.send(Command::Add(adds)).is_err() {
+            // Never queued: nothing to abort.
+            streams.iter_mut().for_each(|s| s.done = true);
+            return Err(EngineStopped);
+        }
+        Ok((streams, answers))
     }
 
     /// Applies the engine's answer to a submitted request. A rejected request was never
@@ -264,12 +293,14 @@ fn fail(streams: &mut Streams, e: StepError) {
 
 fn handle(engine: &mut LLMEngine, streams: &mut Streams, cmd: Command) {
     match cmd {
-        Command::Add { request_id, prompt, params, out, reply } => {
-            let r = engine.add_request(&request_id, prompt, *params);
-            if r.is_ok() {
-                streams.insert(request_id, out);
+        Command::Add(adds) => {
+            for Add { request_id, prompt, params, out, reply } in adds {
+                let r = engine.add_request(&request_id, prompt, *params);
+                if r.is_ok() {
+                    streams.insert(request_id, out);
+                }
+                let _ = reply.send(r);
             }
-            let _ = reply.send(r);
         }
         Command::Abort(id) => {
             engine.abort(&id);

@@ -97,8 +97,7 @@ pub async fn submit_streams_async(
     params: SamplingParams,
 ) -> Result<Submitted, ApiError> {
     let in_flight = state.admit()?;
-    let adds = prompts.into_iter().map(|p| state.engine.add_request_async(p, params.clone()));
-    let streams = futures_util::future::try_join_all(adds).await?;
+    let streams = state.engine.add_requests_async(prompts, params).await?;
     Ok(Submitted { streams, in_flight })
 }
 
