@@ -1,8 +1,9 @@
 #!/usr/bin/env python3
 """numpy/OpenBLAS sgemm on the shapes of `benches/benches/gemm.rs` (keep the two lists equal).
 
-Forward: y [m, n] = x [m, k] @ W[n, k].T; weight gradient: dW [n, k] = dy[m, n].T @ x [m, k]
-(both are one sgemm call with a transpose flag, no copies). Prints one line per
+Forward: y [m, n] = x [m, k] @ W[n, k].T; weight gradient: dW [n, k] = dy[m, n].T @ x [m, k];
+input gradient: dx [m, k] = dy [m, n] @ W [n, k] (each one sgemm call with a transpose flag,
+no copies). Prints one line per
 (pass, m, shape) with the median of `--reps` timings and GFLOP/s (2·m·n·k FLOP per call), and
 with `--criterion DIR` (criterion's output folder, `$CARGO_TARGET_DIR/criterion`) also prints
 the median GFLOP/s of the last `cargo bench -p benches --bench gemm` run on each shape and the
@@ -47,13 +48,18 @@ def main():
     args = ap.parse_args()
     rng = np.random.default_rng(0)
     for m in ROWS:
-        for pass_ in ("fwd", "dw"):
+        for pass_ in ("fwd", "dw", "dx"):
             for name, n, k in SHAPES:
                 x = rng.uniform(-1, 1, (m, k)).astype(np.float32)
                 if pass_ == "fwd":
                     w = rng.uniform(-1, 1, (n, k)).astype(np.float32)
                     out = np.empty((m, n), np.float32)
                     f = lambda: np.matmul(x, w.T, out=out)  # noqa: E731
+                elif pass_ == "dx":
+                    w = rng.uniform(-1, 1, (n, k)).astype(np.float32)
+                    dy = rng.uniform(-1, 1, (m, n)).astype(np.float32)
+                    out = np.empty((m, k), np.float32)
+                    f = lambda: np.matmul(dy, w, out=out)  # noqa: E731
                 else:
                     dy = rng.uniform(-1, 1, (m, n)).astype(np.float32)
                     out = np.empty((n, k), np.float32)

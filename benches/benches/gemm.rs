@@ -1,7 +1,8 @@
 //! The GEMMs of the default model at the row counts of decode (m = 1), a decode batch
 //! (m = 64), a prefill chunk (m = 512) and a learner batch (m = 2048), forward
-//! (`ops::linear`, `y [m, n] = x [m, k] · Wᵀ`) and weight gradient
-//! (`ops::linear_grad_weight`, `dW [n, k] = dyᵀ · x`). Throughput is in FLOP/s (criterion
+//! (`ops::linear`, `y [m, n] = x [m, k] · Wᵀ`), weight gradient
+//! (`ops::linear_grad_weight`, `dW [n, k] = dyᵀ · x`) and input gradient
+//! (`ops::linear_grad_input`, `dx [m, k] = dy · W`). Throughput is in FLOP/s (criterion
 //! prints it as elem/s); `benches/sgemm_numpy.py` times numpy/OpenBLAS `sgemm` on the same
 //! shapes and `benches/gemm_vs_numpy.sh` runs both and prints the ratios.
 //!
@@ -15,7 +16,7 @@ use std::time::Duration;
 
 fn gemm(c: &mut Criterion) {
     for m in GEMM_ROWS {
-        for pass in ["fwd", "dw"] {
+        for pass in ["fwd", "dw", "dx"] {
             let mut group = c.benchmark_group(format!("gemm/{pass}_m{m}"));
             group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(2));
             for (i, (name, n, k)) in gemm_shapes().into_iter().enumerate() {
@@ -26,6 +27,12 @@ fn gemm(c: &mut Criterion) {
                 if pass == "fwd" {
                     let w = ops::pack_weight(&random_tensor(&[n, k], seed + 1)).expect("packing");
                     group.bench_function(id, |b| b.iter(|| ops::linear(black_box(&x), &w, None).expect("linear")));
+                } else if pass == "dx" {
+                    let w = ops::pack_weight(&random_tensor(&[n, k], seed + 1)).expect("packing");
+                    let dy = random_tensor(&[m, n], seed + 2);
+                    group.bench_function(id, |b| {
+                        b.iter(|| ops::linear_grad_input(black_box(&dy), &w).expect("linear_grad_input"))
+                    });
                 } else {
                     let dy = random_tensor(&[m, n], seed + 2);
                     group.bench_function(id, |b| {

@@ -256,14 +256,61 @@ fn column_strips(x: &[f32], m: usize, k: usize) -> Vec<f32> {
 }
 
 /// `dx [m, k] = dy · W` for row-major `dy [m, n]` and `packed` from [`pack`] of `w [n, k]`,
-/// as `dxᵀ [k, m] = Wᵀ · dyᵀ`: the tile operand is the weight itself, read in place from its
-/// panels (row `l` of `Wᵀ` is contiguous for the 64 reduction steps of each panel, the
-/// panels `k·NP` apart), and the column panels are `dyᵀ`'s, packed like a weight (`pack(dy)`:
-/// `[n, NP]` blocks of 64 rows of `dy`). Each task streams a block of the weight's rows
-/// once for every column panel ([`Gemm::a_ks`]); the small `dxᵀ` is transposed at the end.
-/// No row-major copy of the weight is needed. `dx[i, l]`'s chain runs over `j = 0..n` in
-/// order.
+/// by whichever of two routes moves fewer values (`dx[i, l]`'s chain runs over `j = 0..n`
+/// in order on both, so they agree bitwise):
+/// - `n·k ≤ m·(n + k)` (a learner batch): the forward GEMM [`matmul_packed`] over
+///   [`pack_transposed`] (`pack(wᵀ)`, `n·k` values moved). At m = 2048 on the default model
+///   this replaces transposing `dy` and `dxᵀ` (`m·(n + k)` values) and runs at the forward's
+///   speed.
+/// - otherwise (few rows): `dxᵀ [k, m] = Wᵀ · dyᵀ` with the weight read in place
+///   ([`grad_input_streamed`]).
 pub fn grad_input(dy: &[f32], packed: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    match n * k <= m * (n + k) {
+        true => grad_input_transposed(dy, packed, m, n, k),
+        false => grad_input_streamed(dy, packed, m, n, k),
+    }
+}
+
+/// [`grad_input`]'s first route: `dy · W` as the forward GEMM over `pack(wᵀ)`.
+fn grad_input_transposed(dy: &[f32], packed: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
+    assert!(dy.len() == m * n);
+    matmul_packed(dy, &pack_transposed(packed, n, k), m, k, n)
+}
+
+/// `pack(wᵀ)` from `packed = pack(w)` for `w [n, k]`: `out[(q·n + j)·NP + c] = w[j, q·NP + c]`
+/// (zeros past `k`), length `k.div_ceil(NP) · n · NP`, without a row-major copy: the 64 × 64
+/// block of panel `q` at rows `p·NP ..` is contiguous in the output, its transpose is
+/// contiguous in `packed` (panel `p`, reduction steps `q·NP ..`), and one task moves each
+/// block (16 × 16 register blocks where AVX-512 is available; data movement only).
+pub fn pack_transposed(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
+    assert_eq!(packed.len(), n.div_ceil(NP) * k * NP);
+    let (panels, blocks) = (k.div_ceil(NP), n.div_ceil(NP));
+    let wide = wide_pack();
+    output(panels * n * NP, |out| {
+        (0..panels * blocks).into_par_iter().for_each(|t| {
+            let (q, p) = (t / blocks, t % blocks);
+            let (cols, rows) = (NP.min(k - q * NP), NP.min(n - p * NP));
+            let src = &packed[(p * k + q * NP) * NP..][..cols * NP];
+            let dst = out.at((q * n + p * NP) * NP);
+            // SAFETY: block (q, p) of the output, rows × NP values, this task's alone: the
+            // transpose writes its `cols` live columns, the loop its padding.
+            unsafe {
+                transpose_into(|c| &src[c * NP..c * NP + rows], cols, rows, dst, NP, wide);
+                for j in 0..rows {
+                    std::ptr::write_bytes(dst.add(j * NP + cols), 0, NP - cols);
+                }
+            }
+        });
+    })
+}
+
+/// [`grad_input`]'s second route, `dxᵀ [k, m] = Wᵀ · dyᵀ`: the tile operand is the weight
+/// itself, read in place from its panels (row `l` of `Wᵀ` is contiguous for the 64 reduction
+/// steps of each panel, the panels `k·NP` apart), and the column panels are `dyᵀ`'s, packed
+/// like a weight (`pack(dy)`: `[n, NP]` blocks of 64 rows of `dy`). Each task streams a
+/// block of the weight's rows once for every column panel ([`Gemm::a_ks`]); the small `dxᵀ`
+/// is transposed at the end.
+fn grad_input_streamed(dy: &[f32], packed: &[f32], m: usize, n: usize, k: usize) -> Vec<f32> {
     assert!(dy.len() == m * n && packed.len() == n.div_ceil(NP) * k * NP);
     let dyt = pack(dy, m, n);
     // SAFETY: `Wᵀ`'s row l of reduction block p is packed[p·k·NP + l·NP ..][..NP] (the last
@@ -429,10 +476,11 @@ mod tests {
 
     /// [`pack`] (register blocks plus scalar edges) against the layout's definition,
     /// `packed[(p·k + l)·NP + c] = w[p·NP + c, l]` with zeros past `n`, on sizes with partial
-    /// 16-blocks and panels in both dimensions; [`unpack`] inverts it.
+    /// 16-blocks and panels in both dimensions; [`unpack`] inverts it and [`pack_transposed`]
+    /// of it is `pack(wᵀ)`, padding included.
     #[test]
     fn pack_is_the_panel_layout() {
-        for (n, k) in [(150usize, 37usize), (64, 16), (17, 100), (5, 3)] {
+        for (n, k) in [(150usize, 37usize), (64, 16), (17, 100), (5, 3), (130, 200)] {
             let w: Vec<f32> = (0..n * k).map(|i| i as f32 * 0.5 - 3.0).collect();
             let packed = pack(&w, n, k);
             let mut want = vec![0.0f32; n.div_ceil(NP) * k * NP];
@@ -443,12 +491,17 @@ mod tests {
             }
             assert!(packed.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "pack {n} × {k}");
             assert_eq!(unpack(&packed, n, k), w, "unpack {n} × {k}");
+            let wt: Vec<f32> = (0..k * n).map(|i| w[(i % n) * k + i / n]).collect();
+            let (got, want) = (pack_transposed(&packed, n, k), pack(&wt, k, n));
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "pack_transposed {n} × {k}");
+            assert_eq!(got.len(), want.len());
         }
     }
 
-    /// [`grad_input`] from the panels against the contract's chain (`acc = fma(dy[i, j],
-    /// w[j, l], acc)` over `j = 0..n` in order), bitwise: partial panels in every dimension,
-    /// reductions of several panels and a partial last one, tiny shapes.
+    /// Both routes of [`grad_input`] (over [`pack_transposed`], and from the panels in place)
+    /// against the contract's chain (`acc = fma(dy[i, j], w[j, l], acc)` over `j = 0..n` in
+    /// order), bitwise: partial panels in every dimension, reductions of several panels and a
+    /// partial last one, tiny shapes.
     #[test]
     fn grad_input_is_the_sequential_chain() {
         let vals = |len: usize, seed: u32| -> Vec<f32> {
@@ -456,11 +509,14 @@ mod tests {
         };
         for (m, n, k) in [(150, 200, 70), (3, 5, 7), (1, 1, 1), (70, 64, 130), (7, 300, 49)] {
             let (dy, w) = (vals(m * n, 1), vals(n * k, 2));
-            let got = grad_input(&dy, &pack(&w, n, k), m, n, k);
-            for i in 0..m {
-                for l in 0..k {
-                    let want = (0..n).fold(0.0f32, |acc, j| dy[i * n + j].mul_add(w[j * k + l], acc));
-                    assert_eq!(got[i * k + l].to_bits(), want.to_bits(), "{m}x{n}x{k}: dx[{i}, {l}]");
+            let packed = pack(&w, n, k);
+            let routes = [grad_input_transposed(&dy, &packed, m, n, k), grad_input_streamed(&dy, &packed, m, n, k)];
+            for (route, got) in routes.iter().enumerate() {
+                for i in 0..m {
+                    for l in 0..k {
+                        let want = (0..n).fold(0.0f32, |acc, j| dy[i * n + j].mul_add(w[j * k + l], acc));
+                        assert_eq!(got[i * k + l].to_bits(), want.to_bits(), "{m}x{n}x{k} route {route}: dx[{i}, {l}]");
+                    }
                 }
             }
         }
