@@ -64,7 +64,7 @@ impl Transposed {
         }
         // The last block's rows from the next multiple of 16 past n: zeros.
         let written = n.next_multiple_of(16);
-        if written % KB != 0 {
+        if !written.is_multiple_of(KB) {
             let (blk, i0) = (written / KB, written % KB);
             for e in 0..d {
                 // SAFETY: KB − i0 values of row e of block `blk`, inside the capacity.
