@@ -205,6 +205,7 @@ def main():
         results[name] = (what, unit, higher, vals)
 
     print(f"\n{a.reps} alternations, medians; ratio > 1 means rlserve is faster; {a.threads} threads, {os.cpu_count()} cores")
+    print(f"machine: {machine()}")
     print("| work | unit | rlserve | peer | peer value | ratio |")
     print("| --- | --- | --- | --- | --- | --- |")
     for name, (what, unit, higher, vals) in results.items():
@@ -218,6 +219,25 @@ def main():
     for name, (_, unit, _, vals) in results.items():
         for label, v in vals.items():
             print(f"  {name:9} {label:36} {unit:6} {', '.join(f'{x:.2f}' for x in v)}")
+
+
+def machine():
+    """The CPU (model name, family/model), its L2 per core and the transparent-huge-page mode:
+    what the figures depend on, since a VM's host can change between sessions."""
+    def read(path):
+        try:
+            with open(path) as fh:
+                return fh.read()
+        except OSError:
+            return ""
+    info = {}
+    for line in read("/proc/cpuinfo").splitlines():
+        key, _, value = line.partition(":")
+        info.setdefault(key.strip(), value.strip())
+    l2 = read("/sys/devices/system/cpu/cpu0/cache/index2/size").strip() or "?"
+    thp = read("/sys/kernel/mm/transparent_hugepage/enabled").strip() or "?"
+    return (f"{info.get('model name', '?')} (family {info.get('cpu family', '?')}, model {info.get('model', '?')}), "
+            f"L2 {l2} per core, THP {thp}")
 
 
 if __name__ == "__main__":
