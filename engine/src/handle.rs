@@ -28,6 +28,9 @@ enum Command {
     Abort(String),
 }
 
+/// A request's stream and the channel of the engine's answer to it (accepted or rejected).
+type Submitted = (RequestStream, flume::Receiver<Result<(), ValidationError>>);
+
 /// One prompt of a [`Command::Add`].
 struct Add {
     request_id: String,
@@ -141,9 +144,8 @@ impl EngineHandle {
         prompt: Vec<u32>,
         params: SamplingParams,
     ) -> Result<RequestStream, AddError> {
-        let (mut submitted, answers) = self.submit(vec![(request_id, prompt)], params)?;
-        let mut stream = submitted.pop().expect("one stream");
-        Self::accepted(&mut stream, answers[0].recv())?;
+        let (mut stream, answer) = self.submit(vec![(request_id, prompt)], params)?.pop().expect("one stream");
+        Self::accepted(&mut stream, answer.recv())?;
         Ok(stream)
     }
 
@@ -162,11 +164,11 @@ impl EngineHandle {
         prompts: Vec<Vec<u32>>,
         params: SamplingParams,
     ) -> Result<Vec<RequestStream>, AddError> {
-        let (mut streams, answers) = self.submit(prompts.into_iter().map(|p| (self.new_id(), p)).collect(), params)?;
-        let mut first_error = Ok(());
-        for (stream, answer) in streams.iter_mut().zip(answers) {
-            let r = Self::accepted(stream, answer.recv_async().await);
-            first_error = first_error.and(r);
+        let submitted = self.submit(prompts.into_iter().map(|p| (self.new_id(), p)).collect(), params)?;
+        let (mut streams, mut first_error) = (Vec::with_capacity(submitted.len()), Ok(()));
+        for (mut stream, answer) in submitted {
+            first_error = first_error.and(Self::accepted(&mut stream, answer.recv_async().await));
+            streams.push(stream);
         }
         first_error.map(|()| streams)
     }
@@ -176,28 +178,27 @@ impl EngineHandle {
     }
 
     /// Sends the requests to the engine thread in one command (never blocks: the channel is
-    /// unbounded), with their answer channels. The streams exist from here on, so dropping
-    /// one (or a future holding it) aborts its request.
-    #[allow(clippy::type_complexity)]
+    /// unbounded); returns each one's stream and answer channel. The streams exist from here
+    /// on, so dropping one (or a future holding it) aborts its request.
     fn submit(
         &self,
         requests: Vec<(String, Vec<u32>)>,
         params: SamplingParams,
-    ) -> Result<(Vec<RequestStream>, Vec<flume::Receiver<Result<(), ValidationError>>>), EngineStopped> {
-        let (mut adds, mut streams, mut answers) = (Vec::new(), Vec::new(), Vec::new());
+    ) -> Result<Vec<Submitted>, EngineStopped> {
+        let (mut adds, mut submitted) = (Vec::new(), Vec::new());
         for (request_id, prompt) in requests {
             let (out, rx) = flume::unbounded();
             let (reply, answer) = flume::bounded(1);
-            streams.push(RequestStream { request_id: request_id.clone(), rx, tx: self.tx.clone(), done: false });
-            answers.push(answer);
+            submitted
+                .push((RequestStream { request_id: request_id.clone(), rx, tx: self.tx.clone(), done: false }, answer));
             adds.push(Add { request_id, prompt, params: Box::new(params.clone()), out, reply });
         }
         if self.tx.send(Command::Add(adds)).is_err() {
             // Never queued: nothing to abort.
-            streams.iter_mut().for_each(|s| s.done = true);
+            submitted.iter_mut().for_each(|(s, _)| s.done = true);
             return Err(EngineStopped);
         }
-        Ok((streams, answers))
+        Ok(submitted)
     }
 
     /// Applies the engine's answer to a submitted request. A rejected request was never
