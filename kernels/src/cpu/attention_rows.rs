@@ -16,7 +16,7 @@
 
 #[cfg(target_arch = "x86_64")]
 use super::simd::transpose16;
-use super::simd::{exp, lane_sum, Isa, LANES};
+use super::simd::{exp, lane_sum, wide_transpose, Isa, LANES};
 
 /// Keys per block of [`Transposed`] (4 vectors of 16: four independent FMA chains).
 pub const KB: usize = 64;
@@ -31,7 +31,7 @@ pub struct Transposed {
 
 impl Transposed {
     /// Gathers `row(j)` (each of length `d`) for `j < n`, 16 rows at a time (through
-    /// [`transpose16`] where AVX-512 is available; a scalar copy otherwise and for the
+    /// [`transpose16`] where AVX-512 or AVX2 is available; a scalar copy otherwise and for the
     /// columns past a multiple of 16). Only the padding rows past the last group of 16 are
     /// zero-filled (a decode step builds one of these per sequence, KV head and layer: a
     /// whole-buffer fill was 2.4 % of a 64-sequence decode step).
@@ -41,7 +41,7 @@ impl Transposed {
         let mut data: Vec<f32> = Vec::with_capacity(len);
         let out = data.as_mut_ptr();
         let zeros = vec![0.0f32; d];
-        let wide = cfg!(target_arch = "x86_64") && Isa::detect() == Isa::Avx512;
+        let wide = wide_transpose();
         for j0 in (0..n).step_by(16) {
             let rows: [&[f32]; 16] = std::array::from_fn(|i| if j0 + i < n { &row(j0 + i)[..d] } else { &zeros[..] });
             let (blk, i0) = (j0 / KB, j0 % KB);
@@ -50,7 +50,7 @@ impl Transposed {
             let mut e0 = 0;
             #[cfg(target_arch = "x86_64")]
             while wide && e0 + 16 <= d {
-                // SAFETY: AVX-512 detected; rows hold d ≥ e0 + 16 values; dst from
+                // SAFETY: a register variant detected; rows hold d ≥ e0 + 16 values; dst from
                 // e0·KB + i0 holds 15·KB + 16 (i0 ≤ KB − 16, e0 + 16 ≤ d).
                 unsafe { transpose16(&rows, e0, dst.add(e0 * KB + i0), KB) };
                 e0 += 16;
@@ -99,14 +99,17 @@ pub fn scores_rows<const R: usize>(q: [&[f32]; R], t: &Transposed, n: usize, sca
         t.data.len() >= blocks * d * KB && q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= blocks * KB)
     );
     #[cfg(target_arch = "x86_64")]
-    if Isa::detect() == Isa::Avx512 {
+    match Isa::detect() {
         // SAFETY: AVX-512 detected; lengths asserted above.
-        return unsafe { super::attention_avx512::scores_rows(q, &t.data, d, blocks, scale, s) };
+        Isa::Avx512 => return unsafe { super::attention_avx512::scores_rows(q, &t.data, d, blocks, scale, s) },
+        // SAFETY: AVX2 and FMA detected; lengths asserted above.
+        Isa::Avx2 => return unsafe { super::attention_avx2::scores_rows(q, &t.data, d, blocks, scale, s) },
+        Isa::Portable => {}
     }
     scores_rows_portable(q, t, blocks, scale, s);
 }
 
-/// The portable [`scores_rows`] (the definition the AVX-512 variant matches bitwise).
+/// The portable [`scores_rows`] (the definition the AVX-512 and AVX2 variants match bitwise).
 #[inline(always)]
 fn scores_rows_portable<const R: usize>(q: [&[f32]; R], t: &Transposed, blocks: usize, scale: f32, s: [&mut [f32]; R]) {
     let d = t.d;
@@ -233,10 +236,16 @@ fn sums_rows<'a, const R: usize>(w: &[&[f32]], n: usize, row: &impl Fn(usize) ->
             std::array::from_fn(|_| (&mut it.next().expect("R outputs")[e0..e0 + KB]).try_into().expect("KB values"))
         };
         #[cfg(target_arch = "x86_64")]
-        if Isa::detect() == Isa::Avx512 {
+        if Isa::detect() != Isa::Portable {
             let ws: [&[f32]; R] = std::array::from_fn(|r| &w[r][..n]);
-            // SAFETY: AVX-512 detected; every row holds d ≥ e0 + KB values (indexing checks).
-            unsafe { super::attention_avx512::weighted_sum64::<R>(ws, row, e0, &mut chunks) };
+            // SAFETY: the variant's features detected; every row holds d ≥ e0 + KB values
+            // (indexing checks).
+            unsafe {
+                match Isa::detect() {
+                    Isa::Avx512 => super::attention_avx512::weighted_sum64::<R>(ws, row, e0, &mut chunks),
+                    _ => super::attention_avx2::weighted_sum64::<R>(ws, row, e0, &mut chunks),
+                }
+            }
             e0 += KB;
             continue;
         }
@@ -274,7 +283,7 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
 mod tests {
     use super::*;
 
-    /// The dispatched (AVX-512 where available) scores and weighted sums give the bits of the
+    /// The dispatched (AVX-512 or AVX2 where available) scores and weighted sums give the bits of the
     /// portable definitions: 4-query blocks and single queries, a partial last key block,
     /// `d` with a tail past a multiple of 64, a weighted sum continuing a nonzero start.
     #[test]

@@ -37,6 +37,30 @@ crate::multiversion! {
                 _mm512_storeu_pd(acc.as_mut_ptr(), a);
             }
         }
+        #[cfg(target_arch = "x86_64")]
+        if super::simd::Isa::detect() == super::simd::Isa::Avx2 {
+            // The same loop in ymm registers, each chunk of 8 as two halves of 4 lanes
+            // ([`exp64x4`]), the halves summed into lanes 0..4 and 4..8: the same bits.
+            // SAFETY: AVX2 and FMA detected; 8 values read from each chunk of x, written to w.
+            unsafe {
+                use std::arch::x86_64::*;
+                let (m, tv) = (_mm256_set1_pd(max), _mm256_set1_pd(t));
+                let mut a = [_mm256_setzero_pd(); 2];
+                for (xc, wc) in (&mut xs).zip(&mut ws) {
+                    for (h, a) in a.iter_mut().enumerate() {
+                        let mut y = _mm256_sub_pd(_mm256_cvtps_pd(_mm_loadu_ps(xc.as_ptr().add(4 * h))), m);
+                        if t != 1.0 {
+                            y = _mm256_div_pd(y, tv);
+                        }
+                        let e = super::simd::exp64x4(y);
+                        _mm256_storeu_pd(wc.as_mut_ptr().add(4 * h), e);
+                        *a = _mm256_add_pd(*a, e);
+                    }
+                }
+                _mm256_storeu_pd(acc.as_mut_ptr(), a[0]);
+                _mm256_storeu_pd(acc.as_mut_ptr().add(4), a[1]);
+            }
+        }
         for (xc, wc) in (&mut xs).zip(&mut ws) {
             for l in 0..8 {
                 let e = exp64((xc[l] as f64 - max) / t);
@@ -156,7 +180,7 @@ pub fn token_logprobs_backward(
 mod tests {
     use super::super::simd::exp64;
 
-    /// [`super::exp_weights`] (its AVX-512 loop where the CPU has it) against its definition
+    /// [`super::exp_weights`] (its AVX-512 or AVX2 loop where the CPU has it) against its definition
     /// written out in scalars: `exp64((x − max)/t)` per entry, 8 interleaved sums folded
     /// pairwise, bitwise, at T = 1 and T = 0.7, on a row with a remainder past the last 8.
     #[test]

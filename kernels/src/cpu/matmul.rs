@@ -23,6 +23,7 @@
 //! memory, bitwise the same chain), so the operands of a block stay in L2.
 
 use super::gemm_tile::{self, Isa, Tile, MR, NR};
+use super::simd::wide_transpose;
 use super::HostBuf;
 use rayon::prelude::*;
 
@@ -43,7 +44,7 @@ const INLINE_WORK: usize = 1 << 18;
 
 /// Packs `w [n, k]` (row-major) into column panels; length `n.div_ceil(NP) · k · NP`. Each
 /// panel is the transpose of 64 rows of `w`, moved in 16 × 16 register blocks where AVX-512
-/// is available (data movement only: the same values as the scalar copy, which does the
+/// or AVX2 is available (data movement only: the same values as the scalar copy, which does the
 /// rest). The optimizer lays out every step like this, so it is on the learner's path.
 pub fn pack(w: &[f32], n: usize, k: usize) -> Vec<f32> {
     // SAFETY: pack_into writes every value of the output.
@@ -63,7 +64,7 @@ pub fn pack_weight(w: &[f32], n: usize, k: usize) -> HostBuf {
 /// `out` is writable for that many values, which no other thread accesses.
 unsafe fn pack_into(w: &[f32], n: usize, k: usize, out: Out) {
     assert_eq!(w.len(), n * k);
-    let wide = wide_pack();
+    let wide = wide_transpose();
     (0..n.div_ceil(NP)).into_par_iter().for_each(|p| {
         let live = NP.min(n - p * NP);
         let panel = out.at(p * k * NP);
@@ -78,17 +79,9 @@ unsafe fn pack_into(w: &[f32], n: usize, k: usize, out: Out) {
     });
 }
 
-/// Whether [`pack_panel`] may move 16 × 16 register blocks (AVX-512 detected).
-pub(crate) fn wide_pack() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return Isa::detect() == Isa::Avx512;
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
 /// One panel of [`pack`]: `panel [k, NP]` gets the transpose of the `live ≤ NP` rows
 /// `row(0..live)` (each `k` long); its columns past `live` are left as they are (zeros in a
-/// zeroed buffer). `wide` from [`wide_pack`].
+/// zeroed buffer). `wide` from [`wide_transpose`].
 pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: usize, panel: &mut [f32], wide: bool) {
     assert!(live <= NP && panel.len() == k * NP);
     // SAFETY: the panel holds (k − 1)·NP + live values.
@@ -96,7 +89,7 @@ pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: u
 }
 
 /// `dst[l·ld + c] = row(c)[l]` for `c < live`, `l < k`: the transpose of `live` rows (each
-/// `k` long), moved in 16 × 16 register blocks where `wide` (AVX-512) and by a scalar copy
+/// `k` long), moved in 16 × 16 register blocks where `wide` ([`wide_transpose`]) and by a scalar copy
 /// for the rest (data movement only: the same values either way).
 ///
 /// # Safety
@@ -120,7 +113,7 @@ unsafe fn transpose_into<'a>(
         // the groups outermost, a panel wider than the caches was written once per group.
         for l0 in (0..l_done).step_by(16) {
             for (g, rows) in groups.iter().enumerate() {
-                // SAFETY: AVX-512 detected (`wide`); rows hold k ≥ l0 + 16 values; dst is
+                // SAFETY: a register variant detected (`wide`); rows hold k ≥ l0 + 16 values; dst is
                 // writable at (l0 + e)·ld + 16g + i for e, i < 16 (caller).
                 unsafe { super::simd::transpose16(rows, l0, dst.add(l0 * ld + 16 * g), ld) };
             }
@@ -141,7 +134,7 @@ unsafe fn transpose_into<'a>(
 /// Inverse of [`pack`]: `w [n, k]` row-major.
 pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(packed.len(), n.div_ceil(NP) * k * NP);
-    let wide = wide_pack();
+    let wide = wide_transpose();
     output(n * k, |w| {
         (0..n.div_ceil(NP)).into_par_iter().for_each(|p| {
             // SAFETY: rows p·NP .. of the output, this task's alone.
@@ -157,7 +150,7 @@ pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
 /// (so bitwise `scale_add_inplace(a, s, unpack(d))`).
 pub fn scale_add_unpacked(a: &mut [f32], s: f32, d: &[f32], n: usize, k: usize) {
     assert!(a.len() == n * k && d.len() == n.div_ceil(NP) * k * NP);
-    let wide = wide_pack();
+    let wide = wide_transpose();
     a.par_chunks_mut(NP * k.max(1)).enumerate().for_each(|(p, rows)| {
         let live = rows.len() / k.max(1);
         let mut scratch: Vec<f32> = Vec::with_capacity(live * k);
@@ -214,7 +207,7 @@ pub fn grad_weight(dy: &[f32], x: &[f32], m: usize, n: usize, k: usize) -> Vec<f
     assert!(dy.len() == m * n && x.len() == m * k);
     let strips = column_strips(x, m, k);
     let chunk = (DYT_FLOATS / m.max(1)).clamp(NP, n.max(NP));
-    let wide = wide_pack();
+    let wide = wide_transpose();
     output(n * k, |c| {
         let mut dyt: Vec<f32> = Vec::with_capacity(chunk.min(n) * m);
         for j0 in (0..n).step_by(chunk) {
@@ -284,11 +277,11 @@ fn grad_input_transposed(dy: &[f32], packed: &[f32], m: usize, n: usize, k: usiz
 /// (zeros past `k`), length `k.div_ceil(NP) · n · NP`, without a row-major copy: the 64 × 64
 /// block of panel `q` at rows `p·NP ..` is contiguous in the output, its transpose is
 /// contiguous in `packed` (panel `p`, reduction steps `q·NP ..`), and one task moves each
-/// block (16 × 16 register blocks where AVX-512 is available; data movement only).
+/// block (16 × 16 register blocks where AVX-512 or AVX2 is available; data movement only).
 pub fn pack_transposed(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     assert_eq!(packed.len(), n.div_ceil(NP) * k * NP);
     let (panels, blocks) = (k.div_ceil(NP), n.div_ceil(NP));
-    let wide = wide_pack();
+    let wide = wide_transpose();
     output(panels * n * NP, |out| {
         (0..panels * blocks).into_par_iter().for_each(|t| {
             let (q, p) = (t / blocks, t % blocks);
@@ -327,7 +320,7 @@ fn grad_input_streamed(dy: &[f32], packed: &[f32], m: usize, n: usize, k: usize)
 
 /// `xᵀ [cols, rows]` of row-major `x [rows, cols]`, 64 rows of `x` per task.
 fn transpose(x: &[f32], rows: usize, cols: usize) -> Vec<f32> {
-    let wide = wide_pack();
+    let wide = wide_transpose();
     output(rows * cols, |t| {
         (0..rows.div_ceil(NP)).into_par_iter().for_each(|b| {
             let (r0, live) = (b * NP, NP.min(rows - b * NP));

@@ -3,6 +3,8 @@
 
 pub mod attention;
 #[cfg(target_arch = "x86_64")]
+mod attention_avx2;
+#[cfg(target_arch = "x86_64")]
 mod attention_avx512;
 pub mod attention_rows;
 pub mod backward;

@@ -57,7 +57,7 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> Ve
     unsafe {
         packed.set_len(n.div_ceil(NP) * k * NP)
     };
-    let wide = matmul::wide_pack();
+    let wide = super::simd::wide_transpose();
     packed.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
         let live = NP.min(n - p * NP);
         let mut d = vec![0.0f32; live * k];
@@ -111,33 +111,20 @@ impl Coeffs {
     }
 }
 
-fn chunk(g: &[f32], m: &mut [f32], v: &mut [f32], d: &mut [f32], k: &Coeffs) {
-    #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx512f") {
-        // SAFETY: AVX-512F is available.
-        return unsafe { chunk_avx512(g, m, v, d, k) };
-    }
-    body(g, m, v, d, k)
-}
-
-/// The same loop compiled for AVX-512 (16 lanes; no FMA contraction, so the same bits).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx512f")]
-unsafe fn chunk_avx512(g: &[f32], m: &mut [f32], v: &mut [f32], d: &mut [f32], k: &Coeffs) {
-    body(g, m, v, d, k)
-}
-
-#[inline(always)]
-fn body(g: &[f32], m: &mut [f32], v: &mut [f32], d: &mut [f32], k: &Coeffs) {
-    let n = d.len().min(m.len()).min(v.len()).min(g.len());
-    let (g, m, v, d) = (&g[..n], &mut m[..n], &mut v[..n], &mut d[..n]);
-    for i in 0..n {
-        let gi = if k.clip == 1.0 { g[i] } else { g[i] * k.clip };
-        let mi = m[i] + k.one_minus_b1 * (gi - m[i]);
-        let vi = v[i] * k.b2 + k.one_minus_b2 * gi * gi;
-        m[i] = mi;
-        v[i] = vi;
-        d[i] = k.neg_step * (mi / (vi.sqrt() / k.bc2_sqrt + k.eps));
+crate::multiversion! {
+    /// One chunk of the AdamW step, compiled for the widest instruction set (Rust does not
+    /// contract `a·b + c` into an FMA, so every variant gives the same bits).
+    fn chunk(g: &[f32], m: &mut [f32], v: &mut [f32], d: &mut [f32], k: &Coeffs) {
+        let n = d.len().min(m.len()).min(v.len()).min(g.len());
+        let (g, m, v, d) = (&g[..n], &mut m[..n], &mut v[..n], &mut d[..n]);
+        for i in 0..n {
+            let gi = if k.clip == 1.0 { g[i] } else { g[i] * k.clip };
+            let mi = m[i] + k.one_minus_b1 * (gi - m[i]);
+            let vi = v[i] * k.b2 + k.one_minus_b2 * gi * gi;
+            m[i] = mi;
+            v[i] = vi;
+            d[i] = k.neg_step * (mi / (vi.sqrt() / k.bc2_sqrt + k.eps));
+        }
     }
 }
 

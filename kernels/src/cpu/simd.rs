@@ -174,15 +174,112 @@ pub unsafe fn exp64x8(x: std::arch::x86_64::__m512d) -> std::arch::x86_64::__m51
     _mm512_mask_blend_pd(below, y, _mm512_setzero_pd())
 }
 
-/// `dst[e·ld + i] = rows[i][e0 + e]` for `i, e < 16`: a 16 × 16 block transposed through
-/// AVX-512 registers (unpack pairs, 4-wide shuffles, then two rounds of 128-bit lane
-/// shuffles; data movement only, so bitwise equal to the scalar copy).
+/// [`exp64`] of 4 lanes at once in AVX2 registers: [`exp64x8`]'s operations on half the
+/// lanes, so every lane is bitwise `exp64` of its input (the test below).
 ///
 /// # Safety
-/// AVX-512F available; every `rows[i]` holds `e0 + 16` values; `dst` holds `15·ld + 16`.
+/// AVX2 and FMA available.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn exp64x4(x: std::arch::x86_64::__m256d) -> std::arch::x86_64::__m256d {
+    use exp64_consts::*;
+    use std::arch::x86_64::*;
+    let set = _mm256_set1_pd;
+    // clamp: `max(lo, x)`, `min(hi, ·)` return their second operand for a NaN, keeping it.
+    let xc = _mm256_min_pd(set(709.0), _mm256_max_pd(set(-708.0), x));
+    let big = _mm256_add_pd(_mm256_mul_pd(xc, set(LOG2E)), set(ROUND));
+    let n = _mm256_sub_pd(big, set(ROUND));
+    let r = _mm256_fmadd_pd(n, set(-LN2_LO), _mm256_fmadd_pd(n, set(-LN2_HI), xc));
+    let mut p = set(C[0]);
+    for c in &C[1..] {
+        p = _mm256_fmadd_pd(p, r, set(*c));
+    }
+    let one = set(1.0);
+    let e_r = _mm256_fmadd_pd(_mm256_fmadd_pd(p, r, one), r, one);
+    let k = _mm256_add_epi64(
+        _mm256_sub_epi64(_mm256_castpd_si256(big), _mm256_set1_epi64x(ROUND.to_bits() as i64)),
+        _mm256_set1_epi64x(1023),
+    );
+    let y = _mm256_mul_pd(e_r, _mm256_castsi256_pd(_mm256_slli_epi64::<52>(k)));
+    let below = _mm256_cmp_pd::<_CMP_LT_OQ>(x, set(-708.0));
+    _mm256_blendv_pd(y, _mm256_setzero_pd(), below)
+}
+
+/// Whether this CPU has a register variant of [`transpose16`] (AVX-512 or AVX2); without
+/// one, callers move the values by a scalar copy.
+pub fn wide_transpose() -> bool {
+    cfg!(target_arch = "x86_64") && Isa::detect() != Isa::Portable
+}
+
+/// `dst[e·ld + i] = rows[i][e0 + e]` for `i, e < 16`: a 16 × 16 block transposed through
+/// registers, AVX-512's 16-lane or AVX2's 8-lane (data movement only, so bitwise equal to
+/// the scalar copy).
+///
+/// # Safety
+/// [`wide_transpose`]; every `rows[i]` holds `e0 + 16` values; `dst` holds `15·ld + 16`.
+#[cfg(target_arch = "x86_64")]
+#[inline]
+pub unsafe fn transpose16(rows: &[&[f32]; 16], e0: usize, dst: *mut f32, ld: usize) {
+    // SAFETY: forwarded; the variant's features were detected.
+    unsafe {
+        match Isa::detect() {
+            Isa::Avx512 => transpose16_avx512(rows, e0, dst, ld),
+            _ => transpose16_avx2(rows, e0, dst, ld),
+        }
+    }
+}
+
+/// [`transpose16`] as four 8 × 8 blocks through ymm registers (unpack pairs, 4-wide
+/// shuffles, then 128-bit lane permutes).
+///
+/// # Safety
+/// AVX2 available; otherwise as [`transpose16`].
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose16_avx2(rows: &[&[f32]; 16], e0: usize, dst: *mut f32, ld: usize) {
+    use std::arch::x86_64::*;
+    for (ib, eb) in [(0, 0), (0, 8), (8, 0), (8, 8)] {
+        // SAFETY: 8 loads of 8 values at rows[ib + i][e0 + eb ..] (inside e0 + 16), 8 stores
+        // of 8 at dst + (eb + e)·ld + ib (inside 15·ld + 16).
+        unsafe {
+            let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps(rows[ib + i][e0 + eb..e0 + eb + 8].as_ptr()));
+            // t[2p] = (a0 b0 a1 b1 | a4 b4 a5 b5), t[2p+1] = (a2 b2 a3 b3 | a6 b6 a7 b7) of rows 2p, 2p+1.
+            let t: [__m256; 8] = std::array::from_fn(|i| {
+                let (a, b) = (r[i & !1], r[i | 1]);
+                if i % 2 == 0 {
+                    _mm256_unpacklo_ps(a, b)
+                } else {
+                    _mm256_unpackhi_ps(a, b)
+                }
+            });
+            // u[4h + c] = column c (low lane) and c + 4 (high lane) of rows 4h .. 4h + 4.
+            let u: [__m256; 8] = std::array::from_fn(|i| {
+                let (h, c) = (i / 4, i % 4);
+                let (a, b) = (t[4 * h + c / 2], t[4 * h + 2 + c / 2]);
+                if c % 2 == 0 {
+                    _mm256_shuffle_ps::<0x44>(a, b)
+                } else {
+                    _mm256_shuffle_ps::<0xEE>(a, b)
+                }
+            });
+            for e in 0..8 {
+                let (a, b) = (u[e % 4], u[4 + e % 4]);
+                let col =
+                    if e < 4 { _mm256_permute2f128_ps::<0x20>(a, b) } else { _mm256_permute2f128_ps::<0x31>(a, b) };
+                _mm256_storeu_ps(dst.add((eb + e) * ld + ib), col);
+            }
+        }
+    }
+}
+
+/// [`transpose16`] through zmm registers (unpack pairs, 4-wide shuffles, then two rounds of
+/// 128-bit lane shuffles).
+///
+/// # Safety
+/// AVX-512F available; otherwise as [`transpose16`].
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f")]
-pub unsafe fn transpose16(rows: &[&[f32]; 16], e0: usize, dst: *mut f32, ld: usize) {
+unsafe fn transpose16_avx512(rows: &[&[f32]; 16], e0: usize, dst: *mut f32, ld: usize) {
     use std::arch::x86_64::*;
     // SAFETY: 16 loads of 16 values at rows[i][e0..], 16 stores of 16 at dst + e·ld.
     unsafe {
@@ -305,6 +402,30 @@ mod tests {
         }
     }
 
+    /// [`exp64x4`] gives [`exp64`]'s bits in every lane, on [`exp64x8_is_exp64`]'s inputs.
+    #[cfg(target_arch = "x86_64")]
+    #[test]
+    fn exp64x4_is_exp64() {
+        if !Isa::Avx2.available() {
+            return;
+        }
+        let mut xs: Vec<f64> = (-5250..5040).map(|i| i as f64 / 7.0).collect();
+        xs.extend([f64::NAN, f64::INFINITY, f64::NEG_INFINITY, 0.0, -0.0, -708.0, 709.0, -708.0000001, 709.5]);
+        for c in xs.chunks(4) {
+            let mut lanes = [0.0f64; 4];
+            lanes[..c.len()].copy_from_slice(c);
+            let mut out = [0.0f64; 4];
+            // SAFETY: AVX2 and FMA detected; 4 values loaded and stored.
+            unsafe {
+                use std::arch::x86_64::*;
+                _mm256_storeu_pd(out.as_mut_ptr(), exp64x4(_mm256_loadu_pd(lanes.as_ptr())));
+            }
+            for (x, y) in lanes.iter().zip(out) {
+                assert_eq!(y.to_bits(), exp64(*x).to_bits(), "exp64x4({x})");
+            }
+        }
+    }
+
     /// [`exp64`] against libm's `exp` at every 1/64 step of [−745, 709] and the edges:
     /// within 2 ulp (relative 4.5e−16) on [−708, 709], 0 below; `exp64(0) = 1` exactly.
     #[test]
@@ -328,25 +449,31 @@ mod tests {
         assert!(exp64(f64::NAN).is_nan());
     }
 
-    /// The register transpose against the scalar copy.
+    /// Each register transpose this CPU runs against the scalar copy.
     #[cfg(target_arch = "x86_64")]
     #[test]
     fn transpose16_matches_scalar() {
-        if Isa::detect() != Isa::Avx512 {
-            return;
-        }
         let data: Vec<Vec<f32>> = (0..16).map(|i| (0..20).map(|e| (100 * i + e) as f32).collect()).collect();
         let rows: [&[f32]; 16] = std::array::from_fn(|i| data[i].as_slice());
         let ld = 21;
-        let mut dst = vec![-1.0f32; 15 * ld + 16];
-        // SAFETY: AVX-512 available; rows hold 3 + 16 values; dst holds 15·ld + 16.
-        unsafe { transpose16(&rows, 3, dst.as_mut_ptr(), ld) };
+        type Variant = unsafe fn(&[&[f32]; 16], usize, *mut f32, usize);
+        let variants: [(Isa, Variant); 2] = [(Isa::Avx2, transpose16_avx2), (Isa::Avx512, transpose16_avx512)];
+        for (isa, variant) in variants.into_iter().filter(|(isa, _)| isa.available()) {
+            let mut dst = vec![-1.0f32; 15 * ld + 16];
+            // SAFETY: the variant's features are available; rows hold 3 + 16 values; dst
+            // holds 15·ld + 16.
+            unsafe { variant(&rows, 3, dst.as_mut_ptr(), ld) };
+            check_transposed(&dst, ld, isa);
+        }
+    }
+
+    fn check_transposed(dst: &[f32], ld: usize, isa: Isa) {
         for e in 0..16 {
             for i in 0..16 {
-                assert_eq!(dst[e * ld + i], (100 * i + 3 + e) as f32, "e {e} i {i}");
+                assert_eq!(dst[e * ld + i], (100 * i + 3 + e) as f32, "{isa:?}: e {e} i {i}");
             }
             if e < 15 {
-                assert!(dst[e * ld + 16..(e + 1) * ld].iter().all(|&x| x == -1.0));
+                assert!(dst[e * ld + 16..(e + 1) * ld].iter().all(|&x| x == -1.0), "{isa:?}: e {e}");
             }
         }
     }
