@@ -1,45 +1,75 @@
 //! AVX2+FMA variant of the GEMM register tile ([`super::gemm_tile`]): `R ≤ 6` rows × 2 ymm
 //! vectors of 8 (12 accumulators, the BLIS shape for 16 registers), swept over the tile's
-//! 16-column strips; columns past `cols` are masked off in loads and stores.
+//! 16-column strips; columns past `cols` are masked off in loads and stores. A
+//! [`Tile::prefetch`] tile's first strip prefetches the whole tile's `b` rows ahead of its
+//! loads, so the other strips find them in L2.
 
-use super::gemm_tile::{Tile, NR};
+use super::gemm_tile::{Tile, NR, PREFETCH_ROWS};
 use std::arch::x86_64::*;
 
-/// Dispatches on the tile height, one 16-column strip at a time.
+/// Runs the tile one 16-column strip at a time (the first strip of a [`Tile::prefetch`] tile
+/// prefetching all of the tile's columns), or a single full row ([`row`]) in one pass.
 ///
 /// # Safety
 /// AVX2 and FMA available; `t` as in [`super::gemm_tile::run`].
 pub unsafe fn tile(t: &Tile) {
     debug_assert!(t.cols <= NR);
+    if t.rows == 1 && (t.cols == NR || t.cols == NR / 2) {
+        // SAFETY: forwarded.
+        return unsafe {
+            match (t.cols == NR, t.prefetch) {
+                (true, true) => row::<8, true>(t),
+                (true, false) => row::<8, false>(t),
+                (false, true) => row::<4, true>(t),
+                (false, false) => row::<4, false>(t),
+            }
+        };
+    }
     for s in 0..t.cols.div_ceil(16) {
         let strip =
             Tile { b: t.b.wrapping_add(16 * s), c: t.c.wrapping_add(16 * s), cols: (t.cols - 16 * s).min(16), ..*t };
         // SAFETY: forwarded; the strip is a part of `t`.
         unsafe {
-            match (t.rows, strip.cols == 16) {
-                (6, true) => kernel::<6, true>(&strip),
-                (5, true) => kernel::<5, true>(&strip),
-                (4, true) => kernel::<4, true>(&strip),
-                (3, true) => kernel::<3, true>(&strip),
-                (2, true) => kernel::<2, true>(&strip),
-                (1, true) => kernel::<1, true>(&strip),
-                (6, false) => kernel::<6, false>(&strip),
-                (5, false) => kernel::<5, false>(&strip),
-                (4, false) => kernel::<4, false>(&strip),
-                (3, false) => kernel::<3, false>(&strip),
-                (2, false) => kernel::<2, false>(&strip),
-                _ => kernel::<1, false>(&strip),
+            match t.prefetch && s == 0 {
+                true => by_shape::<true>(&strip, t.cols.div_ceil(16)),
+                false => by_shape::<false>(&strip, 0),
             }
         }
     }
 }
 
+/// Dispatches a strip on its height and on whether all 16 columns are live.
+///
+/// # Safety
+/// As [`tile`], for a strip of at most 16 columns.
+unsafe fn by_shape<const PREFETCH: bool>(strip: &Tile, lines: usize) {
+    // SAFETY: forwarded.
+    unsafe {
+        match (strip.rows, strip.cols == 16) {
+            (6, true) => kernel::<6, true, PREFETCH>(strip, lines),
+            (5, true) => kernel::<5, true, PREFETCH>(strip, lines),
+            (4, true) => kernel::<4, true, PREFETCH>(strip, lines),
+            (3, true) => kernel::<3, true, PREFETCH>(strip, lines),
+            (2, true) => kernel::<2, true, PREFETCH>(strip, lines),
+            (1, true) => kernel::<1, true, PREFETCH>(strip, lines),
+            (6, false) => kernel::<6, false, PREFETCH>(strip, lines),
+            (5, false) => kernel::<5, false, PREFETCH>(strip, lines),
+            (4, false) => kernel::<4, false, PREFETCH>(strip, lines),
+            (3, false) => kernel::<3, false, PREFETCH>(strip, lines),
+            (2, false) => kernel::<2, false, PREFETCH>(strip, lines),
+            _ => kernel::<1, false, PREFETCH>(strip, lines),
+        }
+    }
+}
+
 /// `R` rows × one strip of `t.cols ≤ 16` columns; `FULL`: all 16 live (no masks).
+/// `PREFETCH`: also prefetch `lines` 64-byte lines (16 columns each) of the `b` row
+/// [`PREFETCH_ROWS`] ahead, per step.
 ///
 /// # Safety
 /// As [`tile`], with `t.rows == R`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
+unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Tile, lines: usize) {
     // Lane masks of the two vectors (all bits set in live lanes, for maskload/maskstore).
     let lanes = |v: usize| -> __m256i {
         let live = t.cols.saturating_sub(8 * v).min(8) as i32;
@@ -63,6 +93,13 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
         }
         let (mut a, mut b) = (t.a, t.b);
         for _ in 0..t.k {
+            if PREFETCH {
+                // A hint: prefetches never fault, also past the end of `b`. Only the tile's
+                // columns: another thread may be streaming the rest of the row.
+                for v in 0..lines {
+                    _mm_prefetch::<_MM_HINT_T2>(b.wrapping_add(PREFETCH_ROWS * t.ldb + 16 * v).cast());
+                }
+            }
             let mut bv = [_mm256_setzero_ps(); 2];
             for v in 0..2 {
                 bv[v] = if FULL {
@@ -90,6 +127,46 @@ unsafe fn kernel<const R: usize, const FULL: bool>(t: &Tile) {
                     _mm256_maskstore_ps(c, masks[v], acc[r][v]);
                 }
             }
+        }
+    }
+}
+
+/// One row × `8·V` columns (all 64, or a half panel's 32) in one pass over `k`, `V`
+/// accumulators: a decode step's tiles. Each step reads the tile's whole `b` row; swept in
+/// 16-column strips, the row's lines were streamed from memory in two or four passes
+/// (single-sequence decode, 2 alternations of tg128: 25.0, 26.9 → 28.0, 31.6 tokens/s for
+/// the full rows alone; Zen 3, 2 threads).
+///
+/// # Safety
+/// As [`tile`], with `t.rows == 1` and `t.cols == 8·V`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn row<const V: usize, const PREFETCH: bool>(t: &Tile) {
+    // SAFETY: reads a[l] (l < k), b[l·ldb .. + 8V] and (if accumulating) c[.. 8V], writes
+    // c[.. 8V]: in bounds per the caller.
+    unsafe {
+        let mut acc = [_mm256_setzero_ps(); V];
+        if t.accumulate {
+            for (v, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_loadu_ps(t.c.add(8 * v));
+            }
+        }
+        let (mut a, mut b) = (t.a, t.b);
+        for _ in 0..t.k {
+            if PREFETCH {
+                // A hint (never faults, also past the end of `b`).
+                for line in 0..V / 2 {
+                    _mm_prefetch::<_MM_HINT_T2>(b.wrapping_add(PREFETCH_ROWS * t.ldb + 16 * line).cast());
+                }
+            }
+            let x = _mm256_broadcast_ss(&*a);
+            for (v, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(b.add(8 * v)), *acc);
+            }
+            a = a.wrapping_add(1);
+            b = b.wrapping_add(t.ldb);
+        }
+        for (v, acc) in acc.iter().enumerate() {
+            _mm256_storeu_ps(t.c.add(8 * v), *acc);
         }
     }
 }

@@ -35,8 +35,8 @@ pub struct Tile {
     /// the reduction: bitwise the same chain as one pass).
     pub accumulate: bool,
     /// This tile is the first to read its `b` rows (they come from memory, not from L2): the
-    /// AVX-512 variant then prefetches `b` [`PREFETCH_ROWS`] rows ahead. A hint only (the
-    /// other variants ignore it; results are the same bits either way).
+    /// AVX-512 and AVX2 variants then prefetch `b` [`PREFETCH_ROWS`] rows ahead. A hint only
+    /// (the portable variant ignores it; results are the same bits either way).
     pub prefetch: bool,
 }
 
