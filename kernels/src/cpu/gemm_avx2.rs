@@ -8,22 +8,33 @@ use super::gemm_tile::{Tile, NR, PREFETCH_ROWS};
 use std::arch::x86_64::*;
 
 /// Runs the tile one 16-column strip at a time (the first strip of a [`Tile::prefetch`] tile
-/// prefetching all of the tile's columns), or a single full row ([`row`]) in one pass.
+/// prefetching all of the tile's columns), or, for one to three rows of a full or half panel,
+/// in passes of all their columns ([`rows`]).
 ///
 /// # Safety
 /// AVX2 and FMA available; `t` as in [`super::gemm_tile::run`].
 pub unsafe fn tile(t: &Tile) {
     debug_assert!(t.cols <= NR);
-    if t.rows == 1 && (t.cols == NR || t.cols == NR / 2) {
-        // SAFETY: forwarded.
-        return unsafe {
-            match (t.cols == NR, t.prefetch) {
-                (true, true) => row::<8, true>(t),
-                (true, false) => row::<8, false>(t),
-                (false, true) => row::<4, true>(t),
-                (false, false) => row::<4, false>(t),
+    if t.rows <= 3 && (t.cols == NR || t.cols == NR / 2) {
+        // One row: all its columns in one pass; two or three: 32 columns per pass.
+        let pass = if t.rows == 1 { t.cols } else { NR / 2 };
+        for h in 0..t.cols / pass {
+            let half = Tile { b: t.b.wrapping_add(pass * h), c: t.c.wrapping_add(pass * h), cols: pass, ..*t };
+            // SAFETY: forwarded; the pass is a part of `t`.
+            unsafe {
+                match (t.rows, pass == NR, t.prefetch) {
+                    (1, true, true) => rows::<1, 8, true>(&half),
+                    (1, true, false) => rows::<1, 8, false>(&half),
+                    (1, false, true) => rows::<1, 4, true>(&half),
+                    (1, false, false) => rows::<1, 4, false>(&half),
+                    (2, _, true) => rows::<2, 4, true>(&half),
+                    (2, _, false) => rows::<2, 4, false>(&half),
+                    (_, _, true) => rows::<3, 4, true>(&half),
+                    (_, _, false) => rows::<3, 4, false>(&half),
+                }
             }
-        };
+        }
+        return;
     }
     for s in 0..t.cols.div_ceil(16) {
         let strip =
@@ -131,23 +142,26 @@ unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Til
     }
 }
 
-/// One row × `8·V` columns (all 64, or a half panel's 32) in one pass over `k`, `V`
-/// accumulators: a decode step's tiles. Each step reads the tile's whole `b` row; swept in
-/// 16-column strips, the row's lines were streamed from memory in two or four passes
-/// (single-sequence decode, 2 alternations of tg128: 25.0, 26.9 → 28.0, 31.6 tokens/s for
-/// the full rows alone; Zen 3, 2 threads).
+/// `R ≤ 3` rows × `8·V` columns (`R·V ≤ 12` accumulators) in one pass over `k`: a decode
+/// step's tiles. Each step reads the tile's `b` row once; swept in 16-column strips, the row's
+/// lines were streamed from memory in two or four passes (single-sequence decode, 2
+/// alternations of tg128: 25.0, 26.9 → 28.0, 31.6 tokens/s for the full rows alone; Zen 3, 2
+/// threads), and a strip of `R < 4` rows has too few independent FMA chains to hide their
+/// latency (the LM head at m = 2 took 4.4 ms against 2.5 ms at m = 1).
 ///
 /// # Safety
-/// As [`tile`], with `t.rows == 1` and `t.cols == 8·V`.
+/// As [`tile`], with `t.rows == R` and `t.cols == 8·V`.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn row<const V: usize, const PREFETCH: bool>(t: &Tile) {
-    // SAFETY: reads a[l] (l < k), b[l·ldb .. + 8V] and (if accumulating) c[.. 8V], writes
-    // c[.. 8V]: in bounds per the caller.
+unsafe fn rows<const R: usize, const V: usize, const PREFETCH: bool>(t: &Tile) {
+    // SAFETY: reads a[r·a_rs + l] (r < R, l < k), b[l·ldb .. + 8V] and (if accumulating)
+    // c[r·ldc .. + 8V], writes c[r·ldc .. + 8V]: in bounds per the caller.
     unsafe {
-        let mut acc = [_mm256_setzero_ps(); V];
+        let mut acc = [[_mm256_setzero_ps(); V]; R];
         if t.accumulate {
-            for (v, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_loadu_ps(t.c.add(8 * v));
+            for (r, acc) in acc.iter_mut().enumerate() {
+                for (v, acc) in acc.iter_mut().enumerate() {
+                    *acc = _mm256_loadu_ps(t.c.add(r * t.ldc + 8 * v));
+                }
             }
         }
         let (mut a, mut b) = (t.a, t.b);
@@ -158,15 +172,23 @@ unsafe fn row<const V: usize, const PREFETCH: bool>(t: &Tile) {
                     _mm_prefetch::<_MM_HINT_T2>(b.wrapping_add(PREFETCH_ROWS * t.ldb + 16 * line).cast());
                 }
             }
-            let x = _mm256_broadcast_ss(&*a);
-            for (v, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm256_fmadd_ps(x, _mm256_loadu_ps(b.add(8 * v)), *acc);
+            let mut bv = [_mm256_setzero_ps(); V];
+            for (v, bv) in bv.iter_mut().enumerate() {
+                *bv = _mm256_loadu_ps(b.add(8 * v));
+            }
+            for (r, acc) in acc.iter_mut().enumerate() {
+                let x = _mm256_broadcast_ss(&*a.add(r * t.a_rs));
+                for (acc, bv) in acc.iter_mut().zip(&bv) {
+                    *acc = _mm256_fmadd_ps(x, *bv, *acc);
+                }
             }
             a = a.wrapping_add(1);
             b = b.wrapping_add(t.ldb);
         }
-        for (v, acc) in acc.iter().enumerate() {
-            _mm256_storeu_ps(t.c.add(8 * v), *acc);
+        for (r, acc) in acc.iter().enumerate() {
+            for (v, acc) in acc.iter().enumerate() {
+                _mm256_storeu_ps(t.c.add(r * t.ldc + 8 * v), *acc);
+            }
         }
     }
 }

@@ -1,5 +1,6 @@
 //! `rlserve bench rl`: the same short training job on the built-in arithmetic task with
-//! `max_staleness` 0 (synchronous) and 2 (generation overlaps training), each from the
+//! `max_staleness` 0 (synchronous) and 2 (generation overlaps training), without the job's
+//! reference forward for the `kl` metric unless asked (`--log-kl-to-initial`), each from the
 //! freshly loaded model: RL steps/s, seconds per step after the first (whose first touches
 //! of the learner's fresh buffers take seconds on some VMs), rollout and train tokens/s, the
 //! engine's pause per update (write-guard hold: mean, max), and the learner's and the
@@ -31,6 +32,11 @@ pub struct RlBenchArgs {
     /// The staleness bounds to compare.
     #[arg(long, value_delimiter = ',', default_value = "0,2")]
     pub max_staleness: Vec<u64>,
+    /// Keep the job's default `log_kl_to_initial = true`: a second forward per step, through
+    /// a frozen copy of the initial weights, for the `kl` metric. Off by default here, as in
+    /// TRL at `beta = 0`, which keeps no reference model.
+    #[arg(long)]
+    pub log_kl_to_initial: bool,
 }
 
 /// Runs `bench rl`.
@@ -67,8 +73,13 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             max_model_len,
         };
         let cfg = JobConfig::from_toml(&format!(
-            "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\noutput_dir = {:?}\nsave_steps = 1000000\n[learner]\nmax_completion_length = {}\nmax_staleness = {k}\n",
-            a.steps, a.prompts_per_step, a.num_generations, out.display().to_string(), a.max_completion_length
+            "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\noutput_dir = {:?}\nsave_steps = 1000000\n[learner]\nmax_completion_length = {}\nmax_staleness = {k}\nlog_kl_to_initial = {}\n",
+            a.steps,
+            a.prompts_per_step,
+            a.num_generations,
+            out.display().to_string(),
+            a.max_completion_length,
+            a.log_kl_to_initial
         ))?;
         let t0 = Instant::now();
         let job = Job::start(format!("bench-{k}"), cfg, ctx, false)?;
