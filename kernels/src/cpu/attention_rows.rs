@@ -81,6 +81,11 @@ impl Transposed {
     pub fn padded_len(&self) -> usize {
         self.data.len() / self.d.max(1)
     }
+
+    /// Block `b` (rows `b·KB ..`): `[d, KB]` row-major, the transposed rows side by side.
+    pub fn block(&self, b: usize) -> &[f32] {
+        &self.data[b * self.d * KB..(b + 1) * self.d * KB]
+    }
 }
 
 /// `s[j] = scale · (q · row_j)` for the rows `j < n` of `t` (module doc's order); `s` holds

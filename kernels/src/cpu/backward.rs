@@ -1,7 +1,9 @@
 //! Backward passes of the forward ops (hand-derived; checked against JAX autodiff in the
 //! learner tests).
 
-use super::attention_rows::{dot, probs, scores_block, weighted_sum, Transposed, QB};
+use super::attention_rows::{dot, softmax, Transposed, KB};
+use super::gemm_tile::{self, Isa, Tile};
+use super::matmul::transpose_into;
 use super::simd::{self, SharedMut};
 use crate::multiversion;
 use rayon::prelude::*;
@@ -98,14 +100,17 @@ multiversion! {
 /// Causal GQA attention backward over packed sequences: sequence `s` is rows `spans[s]` of
 /// `q [t, H·D]`, `k`/`v [t, KVH·D]`, `da [t, H·D]`, at positions `0..len`; writes `dq`, `dk`,
 /// `dv` (shaped like `q`, `k`, `v`; rows outside every span are left as they are).
-/// Probabilities are recomputed by the forward's [`probs`]. With `P = softmax(S)`,
-/// `S = Q Kᵀ/√D` (Vaswani et al. 2017, eq. 1), `dP = dA Vᵀ`:
-/// `dS_ij = P_ij (dP_ij − Σ_j P_ij dP_ij)`, `dQ_i = Σ_j dS_ij K_j/√D`,
-/// `dK_j = Σ_i dS_ij Q_i/√D`, `dV_j = Σ_i P_ij dA_i` (summed over the query heads of a KV head).
+/// Probabilities are recomputed as the forward computes them (each score one FMA chain over
+/// the head dimension, then `× 1/√D`, then [`softmax`]: the forward's bits). With
+/// `P = softmax(S)`, `S = Q Kᵀ/√D` (Vaswani et al. 2017, eq. 1), `dP = dA Vᵀ`:
+/// `dS_ij = P_ij (dP_ij − Σ_j P_ij dP_ij)/√D`, `dQ = dS K`, `dK = dSᵀ Q`, `dV = Pᵀ dA`
+/// (summed over the query heads of a KV head).
 ///
 /// One task per (sequence, KV head); it owns that part of `dk`/`dv` and `dq` of its query
-/// heads. `dK_j`, `dV_j` are one FMA chain each over (query head, row) in order, `dQ_i` one
-/// chain over `j` ([`weighted_sum`]).
+/// heads. Per query head and block of [`ROW_BLOCK`] rows, the five products are register-tile
+/// GEMMs ([`gemm_tile::serial`]) over the block's keys (past a row's causal limit `P` and
+/// `dS` are zero): `dQ_i` is one FMA chain over the keys in order, `dK_j`, `dV_j` one chain
+/// each over (query head, row) in order, so the result does not depend on the thread count.
 pub fn attention_backward(
     q: &[f32],
     k: &[f32],
@@ -128,9 +133,9 @@ pub fn attention_backward(
     });
 }
 
-/// Query rows whose `dK`/`dV` contributions are added in one pass over the keys (one load
-/// and store of `dK_j`, `dV_j` per block instead of per row).
-const ROW_BLOCK: usize = QB;
+/// Query rows per block of [`attention_backward`]'s products (= a key block, so a block's
+/// `P` and `dS` rows, `ROW_BLOCK × padded`, stay in L2 next to the transposed keys).
+const ROW_BLOCK: usize = KB;
 
 /// Query heads, query heads per KV head, K/V row width, head dimension.
 struct Heads {
@@ -138,6 +143,28 @@ struct Heads {
     group: usize,
     kc: usize,
     d: usize,
+}
+
+/// `c [rows, cols] = a · b` (or `+=` with `accumulate`), strided as in [`Tile`], on this thread.
+///
+/// # Safety
+/// As [`gemm_tile::serial`].
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+unsafe fn product(
+    a: *const f32,
+    a_rs: usize,
+    b: *const f32,
+    ldb: usize,
+    k: usize,
+    c: *mut f32,
+    ldc: usize,
+    (rows, cols): (usize, usize),
+    accumulate: bool,
+) {
+    let t = Tile { a, a_rs, b, ldb, k, c, ldc, rows, cols, accumulate, prefetch: false };
+    // SAFETY: forwarded; the variant is the detected one.
+    unsafe { gemm_tile::serial(Isa::detect(), &t) }
 }
 
 multiversion! {
@@ -155,50 +182,130 @@ multiversion! {
         let Heads { n_heads, group, kc, d } = *heads;
         let [dq, dk, dv] = grads;
         let (qc, t, s0) = (n_heads * d, span.len(), span.start);
+        if t == 0 {
+            return;
+        }
         let scale = 1.0 / (d as f32).sqrt();
+        let wide = simd::wide_transpose();
         // Offset of row j's part of KV head g in k/v.
         let kv = |j: usize| (s0 + j) * kc + g * d;
-        let key = |j: usize| &k[kv(j)..kv(j) + d];
-        let keys = Transposed::new(t, d, key);
+        let keys = Transposed::new(t, d, |j| &k[kv(j)..kv(j) + d]);
         let values = Transposed::new(t, d, |j| &v[kv(j)..kv(j) + d]);
-        let (mut dkg, mut dvg) = (vec![0.0f32; t * d], vec![0.0f32; t * d]);
         let padded = keys.padded_len();
+        // dKᵀ, dVᵀ [d, padded]: chains continued over every head and row block.
+        let (mut dkt, mut dvt) = (vec![0.0f32; d * padded], vec![0.0f32; d * padded]);
+        // A block's P and dP → dS [ROW_BLOCK, padded]; its Qᵀ and dAᵀ [d, ROW_BLOCK].
         let (mut p, mut ds) = (vec![0.0f32; ROW_BLOCK * padded], vec![0.0f32; ROW_BLOCK * padded]);
+        let (mut qt, mut dat) = (vec![0.0f32; d * ROW_BLOCK], vec![0.0f32; d * ROW_BLOCK]);
         for h in g * group..(g + 1) * group {
             let at = |i: usize| (s0 + i) * qc + h * d;
-            let (q_row, da_row) = (|i: usize| &q[at(i)..at(i) + d], |i: usize| &da[at(i)..at(i) + d]);
             for i0 in (0..t).step_by(ROW_BLOCK) {
                 let rows = ROW_BLOCK.min(t - i0);
-                let (qs, das): (Vec<&[f32]>, Vec<&[f32]>) = (i0..i0 + rows).map(|i| (q_row(i), da_row(i))).unzip();
-                let n: Vec<usize> = (i0 + 1..=i0 + rows).collect();
-                probs(&qs, &keys, &n, scale, &mut p);
-                scores_block(&das, &values, i0 + rows, 1.0, &mut ds);
+                let n_max = i0 + rows;
+                let width = n_max.div_ceil(KB) * KB;
+                // SAFETY (all products and transposes below): the operands are this task's
+                // buffers at the sizes allocated above, q/da rows i0 .. i0 + rows of head h
+                // (d values each, rows qc apart), k rows s0 .. s0 + n_max of KV head g, and
+                // dq rows of head h, which only this task writes.
+                unsafe {
+                    for b in 0..width / KB {
+                        // S = Q Kᵀ (unscaled) and dP = dA Vᵀ over key block b.
+                        let c = b * KB;
+                        let blk = (keys.block(b).as_ptr(), values.block(b).as_ptr());
+                        product(q[at(i0)..].as_ptr(), qc, blk.0, KB, d, p[c..].as_mut_ptr(), padded, (rows, KB), false);
+                        product(da[at(i0)..].as_ptr(), qc, blk.1, KB, d, ds[c..].as_mut_ptr(), padded, (rows, KB), false);
+                    }
+                }
                 for r in 0..rows {
-                    let (i, p, ds) = (i0 + r, &p[r * padded..(r + 1) * padded], &mut ds[r * padded..(r + 1) * padded]);
-                    let pdp = dot(&p[..=i], &ds[..=i]);
-                    for (s, &pj) in ds[..=i].iter_mut().zip(&p[..=i]) {
+                    let n = i0 + r + 1;
+                    let (p, ds) = (&mut p[r * padded..][..width], &mut ds[r * padded..][..width]);
+                    for s in &mut p[..n] {
+                        *s *= scale;
+                    }
+                    softmax(p, n);
+                    let pdp = dot(&p[..n], &ds[..n]);
+                    for (s, &pj) in ds[..n].iter_mut().zip(&p[..n]) {
                         *s = pj * (*s - pdp) * scale;
                     }
-                    // SAFETY: (row s0 + i, head h) belongs to this task only.
-                    let dqi = unsafe { dq.slice(at(i), d) };
-                    dqi.fill(0.0);
-                    weighted_sum(&ds[..=i], key, dqi);
+                    p[n..].fill(0.0);
+                    ds[n..].fill(0.0);
                 }
-                // dK_j, dV_j continue their chains over the block's rows i ≥ j, in order.
-                for j in 0..i0 + rows {
-                    let r0 = j.saturating_sub(i0);
-                    let w = |b: &[f32]| -> [f32; ROW_BLOCK] { std::array::from_fn(|r| if r0 + r < rows { b[(r0 + r) * padded + j] } else { 0.0 }) };
-                    let (wk, wv) = (w(&ds), w(&p));
-                    weighted_sum(&wk[..rows - r0], |r| q_row(i0 + r0 + r), &mut dkg[j * d..(j + 1) * d]);
-                    weighted_sum(&wv[..rows - r0], |r| da_row(i0 + r0 + r), &mut dvg[j * d..(j + 1) * d]);
+                // SAFETY: as above.
+                unsafe {
+                    // dQ = dS K, K's rows read in place.
+                    let dq_rows = dq.0.add(at(i0));
+                    product(ds.as_ptr(), padded, k[kv(0)..].as_ptr(), kc, n_max, dq_rows, qc, (rows, d), false);
+                    // dKᵀ += Qᵀ dS, dVᵀ += dAᵀ P over the block's rows.
+                    let q_row = |i: usize| &q[at(i0 + i)..at(i0 + i) + d];
+                    let da_row = |i: usize| &da[at(i0 + i)..at(i0 + i) + d];
+                    transpose_into(q_row, rows, d, qt.as_mut_ptr(), ROW_BLOCK, wide);
+                    transpose_into(da_row, rows, d, dat.as_mut_ptr(), ROW_BLOCK, wide);
+                    product(qt.as_ptr(), ROW_BLOCK, ds.as_ptr(), padded, rows, dkt.as_mut_ptr(), padded, (d, n_max), true);
+                    product(dat.as_ptr(), ROW_BLOCK, p.as_ptr(), padded, rows, dvt.as_mut_ptr(), padded, (d, n_max), true);
                 }
             }
         }
-        for j in 0..t {
-            // SAFETY: rows of this span, columns of KV head g: this task's only.
-            unsafe {
-                dk.slice(kv(j), d).copy_from_slice(&dkg[j * d..(j + 1) * d]);
-                dv.slice(kv(j), d).copy_from_slice(&dvg[j * d..(j + 1) * d]);
+        // SAFETY: rows s0 .. s0 + t, columns of KV head g of dk and dv: this task's only.
+        unsafe {
+            transpose_into(|e| &dkt[e * padded..e * padded + t], d, t, dk.0.add(kv(0)), kc, wide);
+            transpose_into(|e| &dvt[e * padded..e * padded + t], d, t, dv.0.add(kv(0)), kc, wide);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// [`attention_backward`] against the formulas evaluated in f64 (the forward recomputed
+    /// in f64 too): two sequences, one of 70 rows (two row blocks, a partial key block) and
+    /// one of 5, two query heads per KV head, a head dimension that is not a multiple of 16.
+    #[test]
+    fn attention_backward_matches_f64() {
+        let (h, kvh, d) = (4usize, 2usize, 24usize);
+        let spans = [0..70usize, 70..75];
+        let t = 75;
+        let val = |i: usize, s: usize| ((i * 7919 + s * 104_729) % 1013) as f32 / 1013.0 - 0.5;
+        let q: Vec<f32> = (0..t * h * d).map(|i| 2.0 * val(i, 1)).collect();
+        let k: Vec<f32> = (0..t * kvh * d).map(|i| 2.0 * val(i, 2)).collect();
+        let v: Vec<f32> = (0..t * kvh * d).map(|i| val(i, 3)).collect();
+        let da: Vec<f32> = (0..t * h * d).map(|i| val(i, 4)).collect();
+        let (mut dq, mut dk, mut dv) =
+            (vec![f32::NAN; t * h * d], vec![f32::NAN; t * kvh * d], vec![f32::NAN; t * kvh * d]);
+        attention_backward(&q, &k, &v, &da, &mut dq, &mut dk, &mut dv, &spans, h, kvh, d);
+        let (mut wq, mut wk, mut wv) = (vec![0.0f64; t * h * d], vec![0.0f64; t * kvh * d], vec![0.0f64; t * kvh * d]);
+        let scale = 1.0 / (d as f64).sqrt();
+        for span in &spans {
+            for hh in 0..h {
+                let g = hh / (h / kvh);
+                let (qa, ka) = (|i: usize, e: usize| (i * h + hh) * d + e, |j: usize, e: usize| (j * kvh + g) * d + e);
+                for i in span.clone() {
+                    let keys = span.start..=i;
+                    let s: Vec<f64> = keys
+                        .clone()
+                        .map(|j| (0..d).map(|e| q[qa(i, e)] as f64 * k[ka(j, e)] as f64).sum::<f64>() * scale)
+                        .collect();
+                    let mx = s.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
+                    let z: f64 = s.iter().map(|x| (x - mx).exp()).sum();
+                    let p: Vec<f64> = s.iter().map(|x| (x - mx).exp() / z).collect();
+                    let dp: Vec<f64> =
+                        keys.clone().map(|j| (0..d).map(|e| da[qa(i, e)] as f64 * v[ka(j, e)] as f64).sum()).collect();
+                    let pdp: f64 = p.iter().zip(&dp).map(|(a, b)| a * b).sum();
+                    for (x, j) in keys.enumerate() {
+                        let ds = p[x] * (dp[x] - pdp) * scale;
+                        for e in 0..d {
+                            wq[qa(i, e)] += ds * k[ka(j, e)] as f64;
+                            wk[ka(j, e)] += ds * q[qa(i, e)] as f64;
+                            wv[ka(j, e)] += p[x] * da[qa(i, e)] as f64;
+                        }
+                    }
+                }
+            }
+        }
+        for (name, got, want) in [("dq", &dq, &wq), ("dk", &dk, &wk), ("dv", &dv, &wv)] {
+            let max = want.iter().fold(0.0f64, |m, x| m.max(x.abs()));
+            for (i, (&g, &w)) in got.iter().zip(want.iter()).enumerate() {
+                assert!((g as f64 - w).abs() <= 1e-5 * max, "{name}[{i}]: {g} vs f64 {w} (max {max})");
             }
         }
     }

@@ -106,6 +106,29 @@ pub unsafe fn run(isa: Isa, t: &Tile) {
     }
 }
 
+/// `t` of any size on the calling thread: its `MR × NR` tiles, column panels outermost (each
+/// panel's `b` rows reused by every row tile). Same chains, so the same bits, as one tile.
+///
+/// # Safety
+/// `isa.available()`; every `a`, `b` element the module doc's formula names for
+/// `t.rows × t.cols` outputs is readable and every `c` element writable.
+pub unsafe fn serial(isa: Isa, t: &Tile) {
+    for c0 in (0..t.cols).step_by(NR) {
+        for r0 in (0..t.rows).step_by(MR) {
+            let tile = Tile {
+                a: t.a.wrapping_add(r0 * t.a_rs),
+                b: t.b.wrapping_add(c0),
+                c: t.c.wrapping_add(r0 * t.ldc + c0),
+                rows: MR.min(t.rows - r0),
+                cols: NR.min(t.cols - c0),
+                ..*t
+            };
+            // SAFETY: a part of `t` (caller).
+            unsafe { run(isa, &tile) };
+        }
+    }
+}
+
 /// The portable variant: the contract's loop as written.
 ///
 /// # Safety

@@ -94,7 +94,7 @@ pub(crate) fn pack_panel<'a>(row: impl Fn(usize) -> &'a [f32], live: usize, k: u
 ///
 /// # Safety
 /// `live ≤ ld`; `dst` is writable at every `l·ld + c` named, and no other thread writes there.
-unsafe fn transpose_into<'a>(
+pub(crate) unsafe fn transpose_into<'a>(
     row: impl Fn(usize) -> &'a [f32],
     live: usize,
     k: usize,
