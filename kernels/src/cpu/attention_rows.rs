@@ -1,6 +1,7 @@
-//! The per-row computations of causal attention, shared by the forward
-//! ([`super::attention`]) and the backward ([`super::backward`]), which therefore see the
-//! same probabilities bit for bit.
+//! The per-row computations of causal attention's forward ([`super::attention`]); the
+//! backward ([`super::backward`]) shares its [`Transposed`] layout, [`softmax`] and [`dot`],
+//! and computes its scores with the GEMM tile, whose chains are the ones below, so it sees
+//! the forward's probabilities bit for bit.
 //!
 //! Reduction orders (fixed per row, whatever else is in the call):
 //! - a score `s_j = scale · (q · k_j)` is one sequential FMA chain over the head dimension
@@ -8,7 +9,7 @@
 //!   [`super::matmul`]), then one multiply by `scale`;
 //! - the softmax subtracts the maximum, takes [`exp`], and sums in 16 lane partials (key `j`
 //!   into lane `j mod 16`, in key order) folded by [`lane_sum`]; `p_j = e_j · (1 / Σ)`;
-//! - a weighted row sum `o[e] = Σ_j w_j · r_j[e]` (attention's `P·V`, the backward's `dS·K`)
+//! - a weighted row sum `o[e] = Σ_j w_j · r_j[e]` (attention's `P·V`)
 //!   is one FMA chain over `j` in key order per output element.
 //!
 //! Every helper is `#[inline(always)]`, to be compiled into the callers' `multiversion!`
@@ -89,7 +90,9 @@ impl Transposed {
 }
 
 /// `s[j] = scale · (q · row_j)` for the rows `j < n` of `t` (module doc's order); `s` holds
-/// [`Transposed::padded_len`] values, those past `n` are meaningless.
+/// [`Transposed::padded_len`] values, those past `n` are meaningless. (The one-query
+/// reference of the tests: the forward scores blocks of queries.)
+#[cfg(test)]
 #[inline(always)]
 pub fn scores(q: &[f32], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
     scores_rows::<1>([q], t, n, scale, [s]);
@@ -200,7 +203,9 @@ pub fn probs(q: &[&[f32]], keys: &Transposed, n: &[usize], scale: f32, p: &mut [
 
 /// `out[e] += Σ_{j<w.len()} w[j] · row(j)[e]` for `e < out.len()`: continues each element's
 /// FMA chain from its current value over `j` in order (module doc; from zero it is attention's
-/// `P·V`). The chains of 64 elements at a time are held in registers.
+/// `P·V`). The chains of 64 elements at a time are held in registers. (The one-row reference
+/// of the tests: the forward sums rows in blocks, [`weighted_sums`].)
+#[cfg(test)]
 #[inline(always)]
 pub fn weighted_sum<'a>(w: &[f32], row: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
     weighted_sums(&[w], row, &mut [out]);
