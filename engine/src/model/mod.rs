@@ -255,7 +255,15 @@ impl Model {
     /// independent of the rest of the batch (batch-invariant kernels).
     pub fn forward_batch(&self, batch: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
         // Run on a rayon worker so each op's parallel loop starts without a cross-thread handoff.
-        rayon::scope(|_| self.forward_inner(batch, cache))
+        // A small batch's products are short (0.05–0.5 ms): the other workers are kept polling
+        // between them instead of falling asleep ([`kernels::cpu::hot_pool`]). Not for larger
+        // batches, whose products are long enough that no worker sleeps between them, and
+        // where the polling only contended with the caller's queue (64-sequence decode,
+        // 8 alternations: 258 vs 277 tok/s median).
+        rayon::scope(|_| match batch.tokens.len() <= HOT_POOL_TOKENS {
+            true => kernels::cpu::hot_pool::hot(|| self.forward_inner(batch, cache)),
+            false => self.forward_inner(batch, cache),
+        })
     }
 
     fn forward_inner(&self, b: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
@@ -291,6 +299,10 @@ impl Model {
         Ok(ops::linear(&x, &self.lm_head, None)?)
     }
 }
+
+/// Batches of at most this many new tokens run with the rayon pool kept awake
+/// ([`Model::forward_batch`]).
+const HOT_POOL_TOKENS: usize = 16;
 
 /// One sequence of a [`ForwardBatch`].
 #[derive(Debug, Clone)]

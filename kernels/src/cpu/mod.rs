@@ -15,6 +15,7 @@ mod gemm_avx2;
 mod gemm_avx512;
 pub mod gemm_tile;
 mod host_buf;
+pub mod hot_pool;
 pub mod logprob;
 pub mod matmul;
 pub mod optim;
