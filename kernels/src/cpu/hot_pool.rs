@@ -9,7 +9,7 @@
 //! [`hot`] runs a closure on the calling worker while the pool's other workers poll for its
 //! jobs without sleeping, as llama.cpp's thread pool spins between graph nodes.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::Arc;
 
 /// Runs `f` on the current thread (use it on a rayon worker, e.g. inside `rayon::scope`),
@@ -32,6 +32,17 @@ pub fn hot<R>(f: impl FnOnce() -> R) -> R {
     r
 }
 
+/// Spinners polling right now, in every pool of the process.
+static SPINNING: AtomicUsize = AtomicUsize::new(0);
+
+/// Takes a spinner off [`SPINNING`] when it ends.
+struct Spinning;
+impl Drop for Spinning {
+    fn drop(&mut self) {
+        SPINNING.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
 /// Polls the pool for jobs until `done`, 64 `pause`s (a few hundred ns) between polls
 /// that found nothing: polling back to back contended with the caller pushing and popping
 /// its own jobs. A spinner that lands on the thread running the closure (`owner`: it popped
@@ -41,10 +52,54 @@ fn spin(done: &AtomicBool, owner: Option<usize>) {
     if rayon::current_thread_index() == owner {
         return;
     }
+    SPINNING.fetch_add(1, Ordering::Relaxed);
+    let _count = Spinning;
     while !done.load(Ordering::Acquire) {
         if rayon::yield_now() != Some(rayon::Yield::Executed) {
             for _ in 0..64 {
                 std::hint::spin_loop();
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rayon::prelude::*;
+
+    /// On pools of 1–3 workers, `hot` keeps the other workers polling while its closure runs
+    /// (parallel loops and a nested `hot` inside: a spinner that lands on the closure's own
+    /// thread must return, or this hangs), returns the closure's value, and its spinners end
+    /// after it (it fails when the closure's end is never signalled).
+    #[test]
+    fn hot_runs_the_closure_and_releases_the_workers() {
+        let want: u64 = (0..10_000u64).map(|x| x * x).sum();
+        for threads in 1..=3 {
+            let pool = rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap();
+            let got = pool.install(|| {
+                hot(|| {
+                    // The other workers are polling (they picked up their spinners).
+                    let t = std::time::Instant::now();
+                    while SPINNING.load(Ordering::Relaxed) < threads - 1 {
+                        assert!(t.elapsed().as_secs() < 10, "{threads} threads: the spinners did not start");
+                        std::thread::yield_now();
+                    }
+                    let a: u64 = (0..10_000u64).into_par_iter().map(|x| x * x).sum();
+                    let b: u64 =
+                        (0..4u64).into_par_iter().map(|_| hot(|| (0..2_500u64).into_par_iter().count() as u64)).sum();
+                    (a, b)
+                })
+            });
+            assert_eq!(got, (want, 10_000), "{threads} threads");
+            // The spinners end once the closure has returned.
+            let t = std::time::Instant::now();
+            while SPINNING.load(Ordering::Relaxed) > 0 {
+                assert!(
+                    t.elapsed().as_secs() < 10,
+                    "{threads} threads: spinners still running 10 s after `hot` returned"
+                );
+                std::thread::yield_now();
             }
         }
     }
