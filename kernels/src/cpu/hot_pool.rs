@@ -10,7 +10,7 @@
 //! [`hot`] runs a closure on the calling worker while the pool's other workers poll for its
 //! jobs without sleeping, as llama.cpp's thread pool spins between graph nodes.
 
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// Runs `f` on the current thread (use it on a rayon worker, e.g. inside `rayon::scope`),
@@ -41,11 +41,14 @@ impl Drop for End {
     }
 }
 
-/// Spinners polling right now, in every pool of the process.
-static SPINNING: AtomicUsize = AtomicUsize::new(0);
+/// Spinners polling right now, in every pool of the process (counted for the tests).
+#[cfg(test)]
+static SPINNING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
 /// Takes a spinner off [`SPINNING`] when it ends.
+#[cfg(test)]
 struct Spinning;
+#[cfg(test)]
 impl Drop for Spinning {
     fn drop(&mut self) {
         SPINNING.fetch_sub(1, Ordering::Relaxed);
@@ -61,7 +64,9 @@ fn spin(done: &AtomicBool, owner: Option<usize>) {
     if rayon::current_thread_index() == owner {
         return;
     }
+    #[cfg(test)]
     SPINNING.fetch_add(1, Ordering::Relaxed);
+    #[cfg(test)]
     let _count = Spinning;
     while !done.load(Ordering::Acquire) {
         if rayon::yield_now() != Some(rayon::Yield::Executed) {
