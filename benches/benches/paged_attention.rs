@@ -1,13 +1,17 @@
 //! `ops::paged_attention` at the default model's head layout (9 query heads, 3 KV heads,
 //! head_dim 64, blocks of 16): a decode step of 64 sequences of 256 context tokens each, and
-//! the prefill of one 128-token prompt. Block tables interleave the sequences' blocks, as a
-//! pool shared by many sequences does. Throughput is in attended (query row, key) pairs.
+//! the prefill of one 128-token prompt, over each KV layout. Block tables interleave the
+//! sequences' blocks, as a pool shared by many sequences does. Throughput is in attended
+//! (query row, key) pairs.
 
 use benches::{random_tensor, BLOCK_SIZE, HEAD_DIM, N_HEADS, N_KV_HEADS, PREFILL_ROWS};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kernels::ops::{self, AttnSeq};
+use kernels::ops::{self, AttnSeq, KvLayout};
 use kernels::Tensor;
 use std::hint::black_box;
+
+/// Both cache layouts (the values are random, so either reading of them is a cache).
+const LAYOUTS: [KvLayout; 2] = [KvLayout::Rows, KvLayout::Blocked];
 
 /// Decode batch: sequences, and the context of each (its new token included).
 const DECODE_SEQS: usize = 64;
@@ -39,12 +43,14 @@ fn decode(c: &mut Criterion) {
     let mut group = c.benchmark_group("paged_attention");
     group.sample_size(20);
     group.throughput(Throughput::Elements((DECODE_SEQS * DECODE_CONTEXT) as u64));
-    group.bench_function(format!("decode_{DECODE_SEQS}seqs_ctx{DECODE_CONTEXT}"), |b| {
-        b.iter(|| {
-            ops::paged_attention(black_box(&q), &k, &v, &seqs, BLOCK_SIZE, N_HEADS, N_KV_HEADS, HEAD_DIM)
-                .expect("attention")
-        })
-    });
+    for layout in LAYOUTS {
+        group.bench_function(format!("decode_{DECODE_SEQS}seqs_ctx{DECODE_CONTEXT}_{layout:?}"), |b| {
+            b.iter(|| {
+                ops::paged_attention(black_box(&q), &k, &v, &seqs, BLOCK_SIZE, N_HEADS, N_KV_HEADS, HEAD_DIM, layout)
+                    .expect("attention")
+            })
+        });
+    }
     group.finish();
 }
 
@@ -58,12 +64,14 @@ fn prefill(c: &mut Criterion) {
     group.sample_size(20);
     // Causal: row i attends i + 1 keys.
     group.throughput(Throughput::Elements((PREFILL_ROWS * (PREFILL_ROWS + 1) / 2) as u64));
-    group.bench_function(format!("prefill_1seq_{PREFILL_ROWS}tokens"), |b| {
-        b.iter(|| {
-            ops::paged_attention(black_box(&q), &k, &v, &seqs, BLOCK_SIZE, N_HEADS, N_KV_HEADS, HEAD_DIM)
-                .expect("attention")
-        })
-    });
+    for layout in LAYOUTS {
+        group.bench_function(format!("prefill_1seq_{PREFILL_ROWS}tokens_{layout:?}"), |b| {
+            b.iter(|| {
+                ops::paged_attention(black_box(&q), &k, &v, &seqs, BLOCK_SIZE, N_HEADS, N_KV_HEADS, HEAD_DIM, layout)
+                    .expect("attention")
+            })
+        });
+    }
     group.finish();
 }
 

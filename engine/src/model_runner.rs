@@ -27,7 +27,7 @@ impl ModelRunner {
     /// A KV pool of `num_blocks` blocks of `block_size` token slots on the model's device,
     /// written before use when `prefault` ([`KvCache::new`]).
     pub fn new(model: &Model, num_blocks: usize, block_size: usize, prefault: bool) -> Result<Self> {
-        Ok(Self { kv: KvCache::new(&model.config, num_blocks * block_size, model.device(), prefault)?, block_size })
+        Ok(Self { kv: KvCache::new(&model.config, num_blocks, block_size, model.device(), prefault)?, block_size })
     }
 
     /// Runs `scheduled` (indices into `running`, with their token counts) through `model`

@@ -22,8 +22,8 @@
 //!   (fixed reduction order per row). The engine's alone = batched guarantee and the
 //!   learner's ℓ = μ check rest on it.
 
-use crate::ops::{AdamWStep, AttnSeq};
-use crate::Result;
+use crate::ops::{AdamWStep, AttnSeq, KvLayout};
+use crate::{KernelError, Result};
 use std::fmt::Debug;
 use std::ops::Range;
 
@@ -104,8 +104,9 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
 
     // Attention.
     /// Causal GQA attention of queries `self [t, n_heads·head_dim]` over paged K/V
-    /// `[num_slots, n_kv_heads·head_dim]`; position `p` of a sequence lives in slot
-    /// `block_table[p / block_size] · block_size + p % block_size`.
+    /// `[num_slots, n_kv_heads·head_dim]` laid out as `layout`; position `p` of a sequence
+    /// lives in slot `block_table[p / block_size] · block_size + p % block_size`.
+    #[allow(clippy::too_many_arguments)]
     fn paged_attention(
         &self,
         k: &Self,
@@ -115,7 +116,33 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
+        layout: KvLayout,
     ) -> Result<Self>;
+    /// Row `i` of `src [n, n_kv_heads·head_dim]` into slot `slots[i]` of `self`, a K cache
+    /// (`keys`) or a V cache in [`KvLayout::Blocked`] with blocks of `block_size`.
+    fn scatter_kv_blocked(
+        &mut self,
+        _slots: &[u32],
+        _src: &Self,
+        _block_size: usize,
+        _n_kv_heads: usize,
+        _head_dim: usize,
+        _keys: bool,
+    ) -> Result<()> {
+        Err(KernelError::Unsupported { op: "write_kv", detail: "the Blocked KV layout is CPU-only".into() })
+    }
+    /// Slots `slots` of `self`, a K cache (`keys`) or a V cache in [`KvLayout::Blocked`] with
+    /// blocks of `block_size`, as rows `[slots.len(), n_kv_heads·head_dim]`.
+    fn gather_kv_blocked(
+        &self,
+        _slots: &[u32],
+        _block_size: usize,
+        _n_kv_heads: usize,
+        _head_dim: usize,
+        _keys: bool,
+    ) -> Result<Self> {
+        Err(KernelError::Unsupported { op: "read_kv", detail: "the Blocked KV layout is CPU-only".into() })
+    }
     /// `(dq, dk, dv)` of causal attention over packed sequences: sequence `s` is rows
     /// `spans[s]` of `q [t, H·D]`, `k`/`v [t, KVH·D]`, at positions `0..len` (`self` is `q`).
     fn attention_backward(

@@ -6,7 +6,7 @@
 //! device) returns [`KernelError::CudaUnavailable`].
 
 use crate::backend::{BackendDevice, BackendStorage};
-use crate::ops::{AdamWStep, AttnSeq};
+use crate::ops::{AdamWStep, AttnSeq, KvLayout};
 use crate::{KernelError, Result};
 use std::ops::Range;
 
@@ -133,6 +133,7 @@ impl BackendStorage for CudaStorage {
         _: usize,
         _: usize,
         _: usize,
+        _: KvLayout,
     ) -> Result<Self> {
         match *self {}
     }

@@ -9,6 +9,9 @@ pub enum KernelError {
     /// The tensors of one op live on different devices.
     #[error("device mismatch in {op}")]
     DeviceMismatch { op: &'static str },
+    /// The op (or this form of it) has no kernel on the tensors' device.
+    #[error("{op}: {detail}")]
+    Unsupported { op: &'static str, detail: String },
     /// Host access to a tensor that lives on a device.
     #[error("the tensor is on a device; copy it to the host with `to_vec`")]
     NotOnHost,

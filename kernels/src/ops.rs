@@ -25,6 +25,9 @@ macro_rules! backend {
     }};
 }
 
+mod kv;
+pub use kv::{read_kv, write_kv, KvLayout};
+
 /// Every storage of `parts` as one backend's type (`pick` unwraps it), or
 /// [`KernelError::DeviceMismatch`].
 fn same_backend<'a, S>(
@@ -335,11 +338,13 @@ pub struct AttnSeq<'a> {
 
 /// Causal grouped-query attention over a paged KV cache (PagedAttention, Kwon et al. 2023):
 /// `softmax(q kᵀ / sqrt(head_dim)) v` (Vaswani et al. 2017, eq. 1; GQA: Ainslie et al. 2023).
-/// `q [t, n_heads·head_dim]`; `k`, `v [num_blocks·block_size, n_kv_heads·head_dim]`; a query
-/// at position `p` attends positions `0..=p` of its sequence, position `j` stored in slot
-/// `block_table[j / block_size] · block_size + j % block_size`. Every row of `q` belongs to
-/// exactly one sequence. Returns `[t, n_heads·head_dim]`. Each (row, head) is computed by
-/// the same code in the same order whatever the batch: batch-invariant, equal to dense.
+/// `q [t, n_heads·head_dim]`; `k`, `v [num_blocks·block_size, n_kv_heads·head_dim]` laid out
+/// as `layout`; a query at position `p` attends positions `0..=p` of its sequence, position
+/// `j` stored in slot `block_table[j / block_size] · block_size + j % block_size`. Every row
+/// of `q` belongs to exactly one sequence. Returns `[t, n_heads·head_dim]`. Each (row, head)
+/// is computed by the same code in the same order whatever the batch and the layout:
+/// batch-invariant, equal to dense.
+#[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,
     k: &Tensor,
@@ -349,6 +354,7 @@ pub fn paged_attention(
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
+    layout: KvLayout,
 ) -> Result<Tensor> {
     let (t, qc) = q.dims2("attention")?;
     let (l, kc) = k.dims2("attention")?;
@@ -386,10 +392,11 @@ pub fn paged_attention(
     if covered.contains(&false) {
         return bad("a row of q belongs to no sequence".into());
     }
+    layout.check("attention", &k.device(), l, block_size)?;
     let (a, ks, vs) = (&q.storage, &k.storage, &v.storage);
     out(
         backend!("attention"; a, ks, vs =>
-            a.paged_attention(ks, vs, seqs, block_size, n_heads, n_kv_heads, head_dim).map(Storage::from)),
+            a.paged_attention(ks, vs, seqs, block_size, n_heads, n_kv_heads, head_dim, layout).map(Storage::from)),
         &[t, qc],
     )
 }
@@ -407,7 +414,7 @@ pub fn attention(
 ) -> Result<Tensor> {
     let (t, l) = (q.dims2("attention")?.0, k.dims2("attention")?.0);
     let seq = AttnSeq { rows: 0..t, start_pos: past, block_table: &[0] };
-    paged_attention(q, k, v, &[seq], l.max(1), n_heads, n_kv_heads, head_dim)
+    paged_attention(q, k, v, &[seq], l.max(1), n_heads, n_kv_heads, head_dim, KvLayout::Rows)
 }
 
 /// Causal attention over packed sequences without a cache (the learner's forward): sequence
@@ -425,7 +432,7 @@ pub fn attention_packed(
     let tables: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
     let seqs: Vec<AttnSeq> =
         spans.iter().zip(&tables).map(|(s, t)| AttnSeq { rows: s.clone(), start_pos: 0, block_table: t }).collect();
-    paged_attention(q, k, v, &seqs, 1, n_heads, n_kv_heads, head_dim)
+    paged_attention(q, k, v, &seqs, 1, n_heads, n_kv_heads, head_dim, KvLayout::Rows)
 }
 
 /// Embedding gather: rows `ids` of `table [vocab, d]` → `[ids.len(), d]` (also any row

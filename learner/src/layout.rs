@@ -100,7 +100,7 @@ impl Layout {
             .iter()
             .map(|a| AttnSeq { rows: a.rows.clone(), start_pos: a.start_pos, block_table: &a.keys })
             .collect();
-        Ok(ops::paged_attention(q, k, v, &seqs, 1, heads.0, heads.1, heads.2)?)
+        Ok(ops::paged_attention(q, k, v, &seqs, 1, heads.0, heads.1, heads.2, ops::KvLayout::Rows)?)
     }
 
     /// `(dq, dk, dv)` of [`Self::attention`] given `da`. Without sharing every sample's rows

@@ -4,7 +4,7 @@
 //! runs them in CI; with `--features cuda` (and a GPU) the CUDA backend runs the same bodies,
 //! also in its `--batch-invariant` mode.
 
-use kernels::ops::{self, AdamWStep, AttnSeq};
+use kernels::ops::{self, AdamWStep, AttnSeq, KvLayout};
 use kernels::{Device, Tensor};
 use std::ops::Range;
 
@@ -47,6 +47,7 @@ test_device!(
     softmaxes,
     row_and_column_copies,
     paged_attention_with_block_tables,
+    kv_cache_layouts,
     attention_backward,
     token_logprobs_and_backward,
     adamw,
@@ -329,6 +330,74 @@ fn attend64(q: &[f64], k: &[f64], v: &[f64], keys: &[usize], heads: usize, kv_he
     out
 }
 
+/// The KV cache ops in each layout the device has ([`KvLayout::Rows`] everywhere,
+/// [`KvLayout::Blocked`] on the CPU): slots written with `write_kv` read back by `read_kv`;
+/// attention over them against the f64 reference, bitwise equal across layouts; a slot copy
+/// (a fork's partial block); the layout's limits as errors.
+fn kv_cache_layouts(dev: &Device) {
+    // head_dim 20: a strip's chains are not a multiple of a vector; blocks of 16, out of order.
+    let (heads, kv_heads, hd, bs, blocks) = (6, 2, 20, 16, 5);
+    let (qc, kc, slots) = (heads * hd, kv_heads * hd, blocks * bs);
+    let tables: [Vec<u32>; 2] = [vec![3, 0, 4], vec![1]];
+    // A prefill chunk at positions 10..40 and a decode at position 13.
+    let specs = [(0..30, 10usize), (30..31, 13)];
+    let t = 31;
+    let (q, k, v) = (vals(t * qc, 23), vals(slots * kc, 24), vals(slots * kc, 25));
+    let all: Vec<u32> = (0..slots as u32).collect();
+    let seqs: Vec<AttnSeq> = specs
+        .iter()
+        .zip(&tables)
+        .map(|((rows, start), table)| AttnSeq { rows: rows.clone(), start_pos: *start, block_table: table })
+        .collect();
+    let (q64, k64, v64) = (f64s(&q), f64s(&k), f64s(&v));
+    let mut want = vec![];
+    for ((rows, start), table) in specs.iter().zip(&tables) {
+        for (i, r) in rows.clone().enumerate() {
+            let keys: Vec<usize> = (0..=start + i).map(|p| table[p / bs] as usize * bs + p % bs).collect();
+            want.extend(attend64(&q64[r * qc..(r + 1) * qc], &k64, &v64, &keys, heads, kv_heads, hd));
+        }
+    }
+    let mut outs = vec![];
+    for layout in [KvLayout::Rows, KvLayout::for_device(dev, bs)] {
+        let (mut kt, mut vt) =
+            (up(dev, &vec![0.0; slots * kc], &[slots, kc]), up(dev, &vec![0.0; slots * kc], &[slots, kc]));
+        // Written in two calls, slots out of order.
+        let (a, b): (Vec<u32>, Vec<u32>) = all.iter().rev().partition(|&&s| s % 3 == 0);
+        for part in [a, b] {
+            let rows = |x: &[f32]| {
+                part.iter().flat_map(|&s| x[s as usize * kc..(s as usize + 1) * kc].to_vec()).collect::<Vec<f32>>()
+            };
+            let (kr, vr) = (up(dev, &rows(&k), &[part.len(), kc]), up(dev, &rows(&v), &[part.len(), kc]));
+            ops::write_kv(&mut kt, &mut vt, &part, &kr, &vr, layout, bs, kv_heads).unwrap();
+        }
+        let (kr, vr) = ops::read_kv(&kt, &vt, &all, layout, bs, kv_heads).unwrap();
+        assert_eq!((host(&kr), host(&vr)), (k.clone(), v.clone()), "{layout:?}: read back");
+        let out = host(
+            &ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, bs, heads, kv_heads, hd, layout).unwrap(),
+        );
+        close(&out, &want, 1e-5, &format!("{layout:?} attention"));
+        outs.push(out);
+        // Slots 3 and 40 copied into 17 and 79.
+        let (ks, vs) = ops::read_kv(&kt, &vt, &[3, 40], layout, bs, kv_heads).unwrap();
+        ops::write_kv(&mut kt, &mut vt, &[17, 79], &ks, &vs, layout, bs, kv_heads).unwrap();
+        let (kr, _) = ops::read_kv(&kt, &vt, &all, layout, bs, kv_heads).unwrap();
+        let mut moved = k.clone();
+        moved.copy_within(3 * kc..4 * kc, 17 * kc);
+        moved.copy_within(40 * kc..41 * kc, 79 * kc);
+        assert_eq!(host(&kr), moved, "{layout:?}: copied slots");
+        assert!(ops::read_kv(&kt, &vt, &[slots as u32], layout, bs, kv_heads).is_err(), "slot past the cache");
+    }
+    let bits = |o: &Vec<f32>| o.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+    assert_eq!(bits(&outs[0]), bits(&outs[1]), "layouts disagree");
+    // Blocked needs blocks of a multiple of 16, and the CPU.
+    let (mut kt, mut vt) = (up(dev, &k, &[slots, kc]), up(dev, &v, &[slots, kc]));
+    let one = up(dev, &k[..kc], &[1, kc]);
+    let blocked8 = ops::write_kv(&mut kt, &mut vt, &[0], &one, &one, KvLayout::Blocked, 8, kv_heads);
+    assert!(blocked8.is_err());
+    let blocked = ops::write_kv(&mut kt, &mut vt, &[0], &one, &one, KvLayout::Blocked, bs, kv_heads);
+    assert_eq!(blocked.is_ok(), matches!(dev, Device::Cpu));
+}
+
 fn paged_attention_with_block_tables(dev: &Device) {
     let (heads, kv_heads, hd, bs, blocks) = (4, 2, 8, 4, 12);
     let (qc, kc) = (heads * hd, kv_heads * hd);
@@ -344,7 +413,8 @@ fn paged_attention_with_block_tables(dev: &Device) {
         .map(|((rows, start), table)| AttnSeq { rows: rows.clone(), start_pos: *start, block_table: table })
         .collect();
     let (kt, vt) = (up(dev, &k, &[blocks * bs, kc]), up(dev, &v, &[blocks * bs, kc]));
-    let out = ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, bs, heads, kv_heads, hd).unwrap();
+    let out =
+        ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, bs, heads, kv_heads, hd, KvLayout::Rows).unwrap();
     let (q64, k64, v64) = (f64s(&q), f64s(&k), f64s(&v));
     let mut want = vec![];
     for ((rows, start), table) in specs.iter().zip(&tables) {
@@ -355,7 +425,9 @@ fn paged_attention_with_block_tables(dev: &Device) {
     }
     close(&host(&out), &want, 1e-5, "paged_attention");
     // Too few blocks for the context, a block outside the cache, a row in no sequence.
-    let bad = |seqs: &[AttnSeq]| ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, seqs, bs, heads, kv_heads, hd);
+    let bad = |seqs: &[AttnSeq]| {
+        ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, seqs, bs, heads, kv_heads, hd, KvLayout::Rows)
+    };
     let short = [AttnSeq { rows: 0..t, start_pos: 0, block_table: &[1, 2] }];
     let outside = [AttnSeq { rows: 0..t, start_pos: 0, block_table: &[1, 2, 12] }];
     let partial = [AttnSeq { rows: 0..t - 1, start_pos: 0, block_table: &[1, 2, 3] }];

@@ -1,28 +1,57 @@
-//! K/V storage: one `[num_slots, n_kv_heads·head_dim]` K and V tensor per layer, addressed
-//! by slot (`block · block_size + offset` for the paged pool). The single-sequence
-//! [`super::Model::forward`] uses it as a contiguous cache and tracks `len`.
+//! K/V storage: one `[num_slots, n_kv_heads·head_dim]` K and V tensor per layer, in blocks
+//! of `block_size` slots laid out as the device attends fastest ([`KvLayout::for_device`]),
+//! addressed by slot (`block · block_size + offset`). The single-sequence
+//! [`super::Model::forward`] uses its blocks in order as one contiguous cache and tracks `len`.
 
 use super::ModelConfig;
-use kernels::{ops, Device, Tensor};
+use kernels::ops::{self, KvLayout};
+use kernels::{Device, Tensor};
 
 pub struct KvCache {
     layers: Vec<(Tensor, Tensor)>,
     len: usize,
     capacity: usize,
+    block_size: usize,
+    layout: KvLayout,
+    n_kv_heads: usize,
 }
 
 impl KvCache {
-    /// Storage for `capacity` token slots on `device`. With `prefault`, host memory is
-    /// written (zeros) before it is returned, so no slot's first write takes a page fault
-    /// later ([`crate::EngineConfig::kv_cache_prefault`]); device memory is always resident.
-    pub fn new(c: &ModelConfig, capacity: usize, device: &Device, prefault: bool) -> kernels::Result<Self> {
-        let kv = c.num_key_value_heads * c.head_dim;
+    /// Storage for `num_blocks` blocks of `block_size` token slots on `device`. With
+    /// `prefault`, host memory is written (zeros) before it is returned, so no slot's first
+    /// write takes a page fault later ([`crate::EngineConfig::kv_cache_prefault`]); device
+    /// memory is always resident.
+    pub fn new(
+        c: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        device: &Device,
+        prefault: bool,
+    ) -> kernels::Result<Self> {
+        let (kv, capacity) = (c.num_key_value_heads * c.head_dim, num_blocks * block_size);
         let buffer = || match device {
             Device::Cpu if prefault => Tensor::from_vec(written_zeros(capacity * kv), &[capacity, kv]),
             _ => Tensor::zeros(&[capacity, kv], device),
         };
         let layers = (0..c.num_hidden_layers).map(|_| Ok((buffer()?, buffer()?))).collect::<kernels::Result<_>>()?;
-        Ok(Self { layers, len: 0, capacity })
+        let layout = KvLayout::for_device(device, block_size);
+        Ok(Self { layers, len: 0, capacity, block_size, layout, n_kv_heads: c.num_key_value_heads })
+    }
+
+    /// Slots per block.
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+
+    /// How the blocks are laid out (what [`ops::paged_attention`] is told).
+    pub fn layout(&self) -> KvLayout {
+        self.layout
+    }
+
+    /// Writes row `i` of `k`, `v` into slot `slots[i]` of layer `l`.
+    pub(crate) fn write(&mut self, l: usize, slots: &[u32], k: &Tensor, v: &Tensor) -> kernels::Result<()> {
+        let (kc, vc) = &mut self.layers[l];
+        ops::write_kv(kc, vc, slots, k, v, self.layout, self.block_size, self.n_kv_heads)
     }
 
     /// Bytes of K/V storage per token slot: `2 · layers · kv_heads · head_dim · 4`.
@@ -44,13 +73,20 @@ impl KvCache {
         self.capacity
     }
 
+    /// Limits the tokens [`super::Model::forward`] may cache to `capacity` (at most the
+    /// slots allocated).
+    pub(crate) fn set_capacity(&mut self, capacity: usize) {
+        self.capacity = capacity.min(self.capacity);
+    }
+
     /// Forgets every cached token (the buffers are reused).
     pub fn clear(&mut self) {
         self.len = 0;
     }
 
-    pub(crate) fn layer_mut(&mut self, l: usize) -> (&mut Tensor, &mut Tensor) {
-        let (k, v) = &mut self.layers[l];
+    /// Layer `l`'s K and V caches.
+    pub(crate) fn layer(&self, l: usize) -> (&Tensor, &Tensor) {
+        let (k, v) = &self.layers[l];
         (k, v)
     }
 
@@ -60,10 +96,10 @@ impl KvCache {
             return Ok(());
         }
         let (from, to): (Vec<u32>, Vec<u32>) = pairs.iter().copied().unzip();
+        let (layout, bs, heads) = (self.layout, self.block_size, self.n_kv_heads);
         for (k, v) in &mut self.layers {
-            let (ks, vs) = (ops::embedding(k, &from)?, ops::embedding(v, &from)?);
-            ops::scatter_rows(k, &to, &ks)?;
-            ops::scatter_rows(v, &to, &vs)?;
+            let (ks, vs) = ops::read_kv(k, v, &from, layout, bs, heads)?;
+            ops::write_kv(k, v, &to, &ks, &vs, layout, bs, heads)?;
         }
         Ok(())
     }

@@ -133,9 +133,13 @@ impl Model {
         &self.device
     }
 
-    /// A KV cache on this model's device for up to `capacity` tokens.
+    /// A KV cache on this model's device for up to `capacity` tokens (blocks of
+    /// [`CONTIGUOUS_BLOCK`] slots, used in order).
     pub fn new_cache(&self, capacity: usize) -> Result<KvCache> {
-        Ok(KvCache::new(&self.config, capacity, &self.device, false)?)
+        let blocks = capacity.div_ceil(CONTIGUOUS_BLOCK);
+        let mut cache = KvCache::new(&self.config, blocks, CONTIGUOUS_BLOCK, &self.device, false)?;
+        cache.set_capacity(capacity);
+        Ok(cache)
     }
 
     /// Single-sequence forward over a contiguous cache: runs `tokens` (new tokens at
@@ -152,13 +156,18 @@ impl Model {
             let detail = format!("{past} cached + {t} new tokens exceed the context of {context}");
             return Err(kernels::KernelError::Shape { op: "forward", detail }.into());
         }
-        // The contiguous cache is one block holding every position.
+        // The contiguous cache's blocks hold the positions in order: slot p is position p.
+        let bs = cache.block_size();
         let batch = ForwardBatch {
             tokens: tokens.to_vec(),
             positions: (past..past + t).collect(),
             slot_mapping: (past as u32..(past + t) as u32).collect(),
-            seqs: vec![BatchSeq { rows: 0..t, start_pos: past, block_table: vec![0] }],
-            block_size: cache.capacity(),
+            seqs: vec![BatchSeq {
+                rows: 0..t,
+                start_pos: past,
+                block_table: (0..(past + t).div_ceil(bs) as u32).collect(),
+            }],
+            block_size: bs,
             logit_rows: if all_logits { (0..t).collect() } else { vec![t - 1] },
         };
         let logits = self.forward_batch(&batch, cache)?;
@@ -285,11 +294,10 @@ impl Model {
                 ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
             ops::rope_inplace(&mut q, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             ops::rope_inplace(&mut k, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            let (kc, vc) = cache.layer_mut(l);
-            ops::scatter_rows(kc, &b.slot_mapping, &k)?;
-            ops::scatter_rows(vc, &b.slot_mapping, &v)?;
-            let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-            let a = ops::paged_attention(&q, kc, vc, &seqs, b.block_size, heads, kv_heads, c.head_dim)?;
+            cache.write(l, &b.slot_mapping, &k, &v)?;
+            let (kc, vc) = cache.layer(l);
+            let (heads, kv_heads, layout) = (c.num_attention_heads, c.num_key_value_heads, cache.layout());
+            let a = ops::paged_attention(&q, kc, vc, &seqs, b.block_size, heads, kv_heads, c.head_dim, layout)?;
             ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
             let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
@@ -302,6 +310,10 @@ impl Model {
         Ok(ops::linear(&x, &self.lm_head, None)?)
     }
 }
+
+/// Slots per block of [`Model::new_cache`]'s contiguous cache (a multiple of 16, so the CPU
+/// stores its keys as columns: [`kernels::ops::KvLayout::Blocked`]).
+const CONTIGUOUS_BLOCK: usize = 16;
 
 /// Batches of at most this many new tokens run with the rayon pool kept awake
 /// ([`Model::forward_batch`]).

@@ -1,53 +1,49 @@
-//! AVX2+FMA variants of the two hot loops of [`super::attention_rows`] (scores of a key block,
-//! weighted row sums). With 16 ymm registers a block of 64 keys (or 64 output elements) is
-//! swept in four strips of 16, each strip's accumulators held in registers for all `R` rows;
+//! AVX2+FMA variants of the two hot loops of [`super::attention_rows`] (scores of key strips,
+//! weighted row sums). With 16 ymm registers keys (or 64 output elements) are swept in
+//! strips of 16, each strip's accumulators held in registers for all `R` rows;
 //! every output is still the portable version's one FMA chain in the same order, so the
 //! results are bitwise equal (tested there).
 
-use super::attention_rows::KB;
+use super::attention_rows::{KB, STRIP};
 use std::arch::x86_64::*;
 
-/// Lanes per strip: two ymm vectors.
-const STRIP: usize = 16;
-
-/// `s[r][b·KB + i] = scale · Σ_e q[r][e] · data[(b·d + e)·KB + i]` (one FMA chain over `e` from
-/// zero) for the first `blocks` blocks: [`super::attention_rows::scores_rows`].
+/// `s[r][16·i + l] = scale · Σ_e q[r][e] · strips[i][e·stride + l]` (one FMA chain over `e`
+/// from zero): [`super::attention_rows::scores_rows`], one strip of 16 keys at a time.
 ///
 /// # Safety
-/// AVX2 and FMA available; `data` holds `blocks·d·KB` values, each `q[r]` `d`, each `s[r]`
-/// `blocks·KB`.
+/// AVX2 and FMA available; every strip holds `(d − 1)·stride + 16` values, each `q[r]` `d`,
+/// each `s[r]` `16·strips.len()`.
 #[target_feature(enable = "avx2,fma")]
 pub unsafe fn scores_rows<const R: usize>(
     q: [&[f32]; R],
-    data: &[f32],
+    strips: &[&[f32]],
+    stride: usize,
     d: usize,
-    blocks: usize,
     scale: f32,
     s: [&mut [f32]; R],
 ) {
-    debug_assert!(data.len() >= blocks * d * KB && q.iter().all(|q| q.len() >= d));
-    // SAFETY: every load is inside data (blocks·d·KB) or q[r][..d]; every store inside s[r].
+    debug_assert!(q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= STRIP * strips.len()));
+    // SAFETY: every load is inside a strip ((d − 1)·stride + 16) or q[r][..d]; every store
+    // inside s[r].
     unsafe {
         let sc = _mm256_set1_ps(scale);
-        for b in 0..blocks {
-            for h in (0..KB).step_by(STRIP) {
-                let blk = data.as_ptr().add(b * d * KB + h);
-                let mut acc = [[_mm256_setzero_ps(); 2]; R];
-                for e in 0..d {
-                    let col = blk.add(e * KB);
-                    let k = [_mm256_loadu_ps(col), _mm256_loadu_ps(col.add(8))];
-                    for r in 0..R {
-                        let qe = _mm256_broadcast_ss(&*q[r].as_ptr().add(e));
-                        for v in 0..2 {
-                            acc[r][v] = _mm256_fmadd_ps(qe, k[v], acc[r][v]);
-                        }
+        for (i, strip) in strips.iter().enumerate() {
+            let p = strip.as_ptr();
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for e in 0..d {
+                let col = p.add(e * stride);
+                let k = [_mm256_loadu_ps(col), _mm256_loadu_ps(col.add(8))];
+                for r in 0..R {
+                    let qe = _mm256_broadcast_ss(&*q[r].as_ptr().add(e));
+                    for v in 0..2 {
+                        acc[r][v] = _mm256_fmadd_ps(qe, k[v], acc[r][v]);
                     }
                 }
-                for r in 0..R {
-                    let out = s[r].as_ptr().add(b * KB + h) as *mut f32;
-                    for v in 0..2 {
-                        _mm256_storeu_ps(out.add(8 * v), _mm256_mul_ps(acc[r][v], sc));
-                    }
+            }
+            for r in 0..R {
+                let out = s[r].as_ptr().add(i * STRIP) as *mut f32;
+                for v in 0..2 {
+                    _mm256_storeu_ps(out.add(8 * v), _mm256_mul_ps(acc[r][v], sc));
                 }
             }
         }

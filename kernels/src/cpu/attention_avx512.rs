@@ -1,52 +1,73 @@
-//! AVX-512 variants of the two hot loops of [`super::attention_rows`] (scores of a key block,
+//! AVX-512 variants of the two hot loops of [`super::attention_rows`] (scores of key strips,
 //! weighted row sums), with the accumulators held in zmm registers. They perform the
 //! portable versions' FMAs in the same order, so the results are bitwise equal (tested there).
 
-use super::attention_rows::KB;
+use super::attention_rows::{KB, STRIP};
 use std::arch::x86_64::*;
 
-/// `s[r][b·KB + i] = scale · Σ_e q[r][e] · data[(b·d + e)·KB + i]` (one FMA chain over `e` from
-/// zero) for the first `blocks` blocks: [`super::attention_rows::scores_rows`].
+/// `s[r][16·i + l] = scale · Σ_e q[r][e] · strips[i][e·stride + l]` (one FMA chain over `e`
+/// from zero): [`super::attention_rows::scores_rows`], up to four strips of 16 keys at a time.
 ///
 /// # Safety
-/// AVX-512F available; `data` holds `blocks·d·KB` values, each `q[r]` `d`, each `s[r]`
-/// `blocks·KB`.
+/// AVX-512F available; every strip holds `(d − 1)·stride + 16` values, each `q[r]` `d`,
+/// each `s[r]` `16·strips.len()`.
 #[target_feature(enable = "avx512f")]
 pub unsafe fn scores_rows<const R: usize>(
     q: [&[f32]; R],
-    data: &[f32],
+    strips: &[&[f32]],
+    stride: usize,
     d: usize,
-    blocks: usize,
     scale: f32,
     s: [&mut [f32]; R],
 ) {
-    debug_assert!(data.len() >= blocks * d * KB && q.iter().all(|q| q.len() >= d));
-    // SAFETY: every load is inside data (blocks·d·KB) or q[r][..d]; every store inside s[r].
+    debug_assert!(q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= STRIP * strips.len()));
+    let mut s = s;
+    for (c, group) in strips.chunks(4).enumerate() {
+        // SAFETY: forwarded.
+        unsafe {
+            match group.len() {
+                4 => strips_group::<R, 4>(&q, group, stride, d, scale, &mut s, 4 * c),
+                3 => strips_group::<R, 3>(&q, group, stride, d, scale, &mut s, 4 * c),
+                2 => strips_group::<R, 2>(&q, group, stride, d, scale, &mut s, 4 * c),
+                _ => strips_group::<R, 1>(&q, group, stride, d, scale, &mut s, 4 * c),
+            }
+        }
+    }
+}
+
+/// `G` strips of [`scores_rows`], the first being strip `first` (`G·R` zmm accumulators).
+///
+/// # Safety
+/// As [`scores_rows`], with `group.len() == G`.
+#[target_feature(enable = "avx512f")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn strips_group<const R: usize, const G: usize>(
+    q: &[&[f32]; R],
+    group: &[&[f32]],
+    stride: usize,
+    d: usize,
+    scale: f32,
+    s: &mut [&mut [f32]; R],
+    first: usize,
+) {
+    // SAFETY: every load is inside a strip ((d − 1)·stride + 16) or q[r][..d]; every store
+    // inside s[r] (strips first..first + G of its 16·strips.len() values).
     unsafe {
-        let sc = _mm512_set1_ps(scale);
-        for b in 0..blocks {
-            let blk = data.as_ptr().add(b * d * KB);
-            let mut acc = [[_mm512_setzero_ps(); 4]; R];
-            for e in 0..d {
-                let col = blk.add(e * KB);
-                let k = [
-                    _mm512_loadu_ps(col),
-                    _mm512_loadu_ps(col.add(16)),
-                    _mm512_loadu_ps(col.add(32)),
-                    _mm512_loadu_ps(col.add(48)),
-                ];
-                for r in 0..R {
-                    let qe = _mm512_set1_ps(*q[r].as_ptr().add(e));
-                    for v in 0..4 {
-                        acc[r][v] = _mm512_fmadd_ps(qe, k[v], acc[r][v]);
-                    }
+        let mut acc = [[_mm512_setzero_ps(); G]; R];
+        for e in 0..d {
+            let k: [__m512; G] = std::array::from_fn(|v| _mm512_loadu_ps(group[v].as_ptr().add(e * stride)));
+            for r in 0..R {
+                let qe = _mm512_set1_ps(*q[r].as_ptr().add(e));
+                for v in 0..G {
+                    acc[r][v] = _mm512_fmadd_ps(qe, k[v], acc[r][v]);
                 }
             }
-            for r in 0..R {
-                let out = s[r].as_ptr().add(b * KB) as *mut f32;
-                for v in 0..4 {
-                    _mm512_storeu_ps(out.add(16 * v), _mm512_mul_ps(acc[r][v], sc));
-                }
+        }
+        let sc = _mm512_set1_ps(scale);
+        for r in 0..R {
+            let out = s[r].as_mut_ptr().add(first * STRIP);
+            for v in 0..G {
+                _mm512_storeu_ps(out.add(STRIP * v), _mm512_mul_ps(acc[r][v], sc));
             }
         }
     }

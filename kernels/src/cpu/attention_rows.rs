@@ -83,47 +83,89 @@ impl Transposed {
         self.data.len() / self.d.max(1)
     }
 
+    /// The blocks' keys as [`KeyStrips`] (four strips per block, `stride` [`KB`]).
+    pub fn strips(&self) -> KeyStrips<'_> {
+        let need = (self.d.max(1) - 1) * KB + STRIP;
+        let strips = (0..self.padded_len() / STRIP)
+            .map(|i| &self.data[(i / 4) * self.d * KB + (i % 4) * STRIP..][..need])
+            .collect();
+        KeyStrips::new(strips, KB, self.d)
+    }
+
     /// Block `b` (rows `b·KB ..`): `[d, KB]` row-major, the transposed rows side by side.
     pub fn block(&self, b: usize) -> &[f32] {
         &self.data[b * self.d * KB..(b + 1) * self.d * KB]
     }
 }
 
-/// `s[j] = scale · (q · row_j)` for the rows `j < n` of `t` (module doc's order); `s` holds
-/// [`Transposed::padded_len`] values, those past `n` are meaningless. (The one-query
+/// Key vectors in strips of [`STRIP`] keys, each strip's keys side by side: element `e` of
+/// key `STRIP·i + l` is `strips[i][e·stride + l]`. Scores load a strip's keys for one element
+/// with one vector load, and need no transpose where the keys are stored this way already
+/// (a [`Transposed`] copy, or a [`crate::ops::KvLayout::Blocked`] K cache).
+pub struct KeyStrips<'a> {
+    strips: Vec<&'a [f32]>,
+    stride: usize,
+    d: usize,
+}
+
+impl<'a> KeyStrips<'a> {
+    /// Strips of `d`-element keys whose elements lie `stride` apart. Panics unless each
+    /// strip holds `(d − 1)·stride + STRIP` values and `stride ≥ STRIP`.
+    pub fn new(strips: Vec<&'a [f32]>, stride: usize, d: usize) -> Self {
+        let need = d.saturating_sub(1) * stride + STRIP;
+        assert!(stride >= STRIP && strips.iter().all(|s| s.len() >= need), "key strips of {d} × {stride}");
+        KeyStrips { strips, stride, d }
+    }
+
+    /// Length a score buffer for these keys needs (`STRIP` per strip).
+    pub fn padded_len(&self) -> usize {
+        STRIP * self.strips.len()
+    }
+}
+
+/// Keys per strip of [`KeyStrips`]: 16 (one zmm, two ymm).
+pub const STRIP: usize = 16;
+
+/// `s[j] = scale · (q · key_j)` for the keys `j < n` (module doc's order); `s` holds
+/// [`KeyStrips::padded_len`] values, those past `n` are meaningless. (The one-query
 /// reference of the tests: the forward scores blocks of queries.)
 #[cfg(test)]
 #[inline(always)]
-pub fn scores(q: &[f32], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
-    scores_rows::<1>([q], t, n, scale, [s]);
+pub fn scores(q: &[f32], keys: &KeyStrips, n: usize, scale: f32, s: &mut [f32]) {
+    scores_rows::<1>([q], keys, n, scale, [s]);
 }
 
 /// [`scores`] of `R` queries at once (each key vector loaded once for all of them; every
 /// score is the same chain as alone): `s[r][j]` for `j < n`.
 #[inline(always)]
-pub fn scores_rows<const R: usize>(q: [&[f32]; R], t: &Transposed, n: usize, scale: f32, s: [&mut [f32]; R]) {
-    let (d, blocks) = (t.d, n.div_ceil(KB));
-    assert!(
-        t.data.len() >= blocks * d * KB && q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= blocks * KB)
-    );
+pub fn scores_rows<const R: usize>(q: [&[f32]; R], keys: &KeyStrips, n: usize, scale: f32, s: [&mut [f32]; R]) {
+    let (d, stride, strips) = (keys.d, keys.stride, &keys.strips[..n.div_ceil(STRIP)]);
+    assert!(q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= strips.len() * STRIP));
     #[cfg(target_arch = "x86_64")]
     match Isa::detect() {
-        // SAFETY: AVX-512 detected; lengths asserted above.
-        Isa::Avx512 => return unsafe { super::attention_avx512::scores_rows(q, &t.data, d, blocks, scale, s) },
-        // SAFETY: AVX2 and FMA detected; lengths asserted above.
-        Isa::Avx2 => return unsafe { super::attention_avx2::scores_rows(q, &t.data, d, blocks, scale, s) },
+        // SAFETY: AVX-512 detected; lengths asserted above and in KeyStrips::new.
+        Isa::Avx512 => return unsafe { super::attention_avx512::scores_rows(q, strips, stride, d, scale, s) },
+        // SAFETY: AVX2 and FMA detected; lengths asserted above and in KeyStrips::new.
+        Isa::Avx2 => return unsafe { super::attention_avx2::scores_rows(q, strips, stride, d, scale, s) },
         Isa::Portable => {}
     }
-    scores_rows_portable(q, t, blocks, scale, s);
+    scores_rows_portable(q, strips, stride, d, scale, s);
 }
 
 /// The portable [`scores_rows`] (the definition the AVX-512 and AVX2 variants match bitwise).
 #[inline(always)]
-fn scores_rows_portable<const R: usize>(q: [&[f32]; R], t: &Transposed, blocks: usize, scale: f32, s: [&mut [f32]; R]) {
-    let d = t.d;
-    for (b, blk) in t.data.chunks_exact(d * KB).take(blocks).enumerate() {
-        let mut acc = [[0.0f32; KB]; R];
-        for (e, col) in blk.chunks_exact(KB).enumerate() {
+fn scores_rows_portable<const R: usize>(
+    q: [&[f32]; R],
+    strips: &[&[f32]],
+    stride: usize,
+    d: usize,
+    scale: f32,
+    s: [&mut [f32]; R],
+) {
+    for (i, strip) in strips.iter().enumerate() {
+        let mut acc = [[0.0f32; STRIP]; R];
+        for e in 0..d {
+            let col = &strip[e * stride..e * stride + STRIP];
             for r in 0..R {
                 let qe = q[r][e];
                 for (a, &c) in acc[r].iter_mut().zip(col) {
@@ -132,7 +174,7 @@ fn scores_rows_portable<const R: usize>(q: [&[f32]; R], t: &Transposed, blocks: 
             }
         }
         for r in 0..R {
-            for (o, a) in s[r][b * KB..(b + 1) * KB].iter_mut().zip(acc[r]) {
+            for (o, a) in s[r][i * STRIP..(i + 1) * STRIP].iter_mut().zip(acc[r]) {
                 *o = a * scale;
             }
         }
@@ -169,12 +211,12 @@ pub fn softmax(s: &mut [f32], n: usize) {
 /// Rows of queries scored together by [`scores_block`].
 pub const QB: usize = 4;
 
-/// [`scores`] of up to [`QB`] queries `q` over the first `n` rows of `t`, all at once (each
-/// key vector loaded once for all of them): query `r`'s scores in `s[r·P .. (r+1)·P]`,
-/// `P` = [`Transposed::padded_len`].
+/// [`scores`] of up to [`QB`] queries `q` over the first `n` keys, all at once (each key
+/// vector loaded once for all of them): query `r`'s scores in `s[r·P .. (r+1)·P]`,
+/// `P` = [`KeyStrips::padded_len`].
 #[inline(always)]
-pub fn scores_block(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
-    fn rows<const R: usize>(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut [f32]) {
+pub fn scores_block(q: &[&[f32]], t: &KeyStrips, n: usize, scale: f32, s: &mut [f32]) {
+    fn rows<const R: usize>(q: &[&[f32]], t: &KeyStrips, n: usize, scale: f32, s: &mut [f32]) {
         let mut bufs = s.chunks_exact_mut(t.padded_len());
         let s: [&mut [f32]; R] = std::array::from_fn(|_| bufs.next().expect("a buffer per query"));
         scores_rows::<R>(std::array::from_fn(|r| q[r]), t, n, scale, s);
@@ -190,11 +232,10 @@ pub fn scores_block(q: &[&[f32]], t: &Transposed, n: usize, scale: f32, s: &mut 
 }
 
 /// The attention probabilities of up to [`QB`] queries `q`, query `r` over the first `n[r]`
-/// rows of `keys` (laid out as in [`scores_block`]): scores then [`softmax`]. The one
-/// computation of the forward and of the backward's recomputation; a query's probabilities
+/// keys (laid out as in [`scores_block`]): scores then [`softmax`]. A query's probabilities
 /// do not depend on the other queries of the block.
 #[inline(always)]
-pub fn probs(q: &[&[f32]], keys: &Transposed, n: &[usize], scale: f32, p: &mut [f32]) {
+pub fn probs(q: &[&[f32]], keys: &KeyStrips, n: &[usize], scale: f32, p: &mut [f32]) {
     scores_block(q, keys, n.iter().copied().max().unwrap_or(0), scale, p);
     for (p, &n) in p.chunks_exact_mut(keys.padded_len()).zip(n) {
         softmax(p, n);
@@ -306,17 +347,19 @@ mod tests {
         let padded = t.padded_len();
         let q4: [&[f32]; 4] = std::array::from_fn(|r| qs[r].as_slice());
         let (mut got, mut want) = (vec![0.0f32; 4 * padded], vec![0.0f32; 4 * padded]);
-        scores_block(&q4, &t, n, 0.3, &mut got);
+        let ks = t.strips();
+        scores_block(&q4, &ks, n, 0.3, &mut got);
         let mut bufs = want.chunks_exact_mut(padded);
-        scores_rows_portable::<4>(q4, &t, n.div_ceil(KB), 0.3, std::array::from_fn(|_| bufs.next().unwrap()));
+        let strips = &ks.strips[..n.div_ceil(STRIP)];
+        scores_rows_portable::<4>(q4, strips, KB, d, 0.3, std::array::from_fn(|_| bufs.next().unwrap()));
         assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "4-query scores");
         for r in 1..QB {
             let mut some = vec![0.0f32; r * padded];
-            scores_block(&q4[..r], &t, n, 0.3, &mut some);
+            scores_block(&q4[..r], &ks, n, 0.3, &mut some);
             assert!(some.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{r} vs 4 queries");
         }
         let mut one = vec![0.0f32; padded];
-        scores(q4[2], &t, n, 0.3, &mut one);
+        scores(q4[2], &ks, n, 0.3, &mut one);
         assert!(
             one.iter().zip(&want[2 * padded..3 * padded]).all(|(a, b)| a.to_bits() == b.to_bits()),
             "1 vs 4 queries"
@@ -357,13 +400,14 @@ mod tests {
         assert_eq!(t.padded_len(), 128);
         let scale = 0.125f32;
         let mut p = vec![0.0f32; t.padded_len()];
-        scores(&q, &t, n, scale, &mut p);
+        let ks = t.strips();
+        scores(&q, &ks, n, scale, &mut p);
         let s64: Vec<f64> =
             (0..n).map(|j| (0..d).map(|e| q[e] as f64 * keys[j * d + e] as f64).sum::<f64>() * scale as f64).collect();
         for j in 0..n {
             assert!((p[j] as f64 - s64[j]).abs() < 1e-6, "score {j}: {} vs {}", p[j], s64[j]);
         }
-        probs(&[&q], &t, &[n], scale, &mut p);
+        probs(&[&q], &ks, &[n], scale, &mut p);
         let z: f64 = s64.iter().map(|s| s.exp()).sum();
         for j in 0..n {
             assert!((p[j] as f64 - s64[j].exp() / z).abs() < 1e-7, "prob {j}");

@@ -16,6 +16,7 @@ mod gemm_avx512;
 pub mod gemm_tile;
 mod host_buf;
 pub mod hot_pool;
+mod kv_blocked;
 pub mod logprob;
 pub mod matmul;
 pub mod optim;

@@ -1,8 +1,8 @@
 //! The CPU backend's implementation of the contract ([`crate::backend`]).
 
-use super::{attention, backward, elementwise, logprob, matmul, optim, HostBuf};
+use super::{attention, backward, elementwise, kv_blocked, logprob, matmul, optim, HostBuf};
 use crate::backend::{BackendDevice, BackendStorage};
-use crate::ops::{AdamWStep, AttnSeq};
+use crate::ops::{AdamWStep, AttnSeq, KvLayout};
 use crate::Result;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -184,10 +184,35 @@ impl BackendStorage for CpuStorage {
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
+        layout: KvLayout,
     ) -> Result<Self> {
         let mut out = vec![0.0f32; self.0.len()];
-        attention::paged_attention(&self.0, &k.0, &v.0, &mut out, seqs, block_size, n_heads, n_kv_heads, head_dim);
+        let geom = attention::Geometry { block_size, n_heads, n_kv_heads, head_dim, layout };
+        attention::paged_attention(&self.0, &k.0, &v.0, &mut out, seqs, &geom);
         Ok(Self::from(out))
+    }
+    fn scatter_kv_blocked(
+        &mut self,
+        slots: &[u32],
+        src: &Self,
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        keys: bool,
+    ) -> Result<()> {
+        kv_blocked::scatter(&mut self.0, slots, &src.0, &kv_blocked::Blocks { block_size, n_kv_heads, head_dim, keys });
+        Ok(())
+    }
+    fn gather_kv_blocked(
+        &self,
+        slots: &[u32],
+        block_size: usize,
+        n_kv_heads: usize,
+        head_dim: usize,
+        keys: bool,
+    ) -> Result<Self> {
+        let b = kv_blocked::Blocks { block_size, n_kv_heads, head_dim, keys };
+        Ok(Self::from(kv_blocked::gather(&self.0, slots, &b)))
     }
     fn attention_backward(
         &self,

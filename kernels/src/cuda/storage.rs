@@ -4,7 +4,7 @@
 use super::attention;
 use super::device::{cuda_err, launch, row_cfg, stride_cfg, CudaDevice};
 use crate::backend::{BackendDevice, BackendStorage};
-use crate::ops::{AdamWStep, AttnSeq};
+use crate::ops::{AdamWStep, AttnSeq, KvLayout};
 use crate::{KernelError, Result};
 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
 use cudarc::cublas::{Gemm, GemmConfig};
@@ -510,7 +510,14 @@ impl BackendStorage for CudaStorage {
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
+        layout: KvLayout,
     ) -> Result<Self> {
+        if layout != KvLayout::Rows {
+            return Err(KernelError::Unsupported {
+                op: "attention",
+                detail: "the Blocked KV layout is CPU-only".into(),
+            });
+        }
         attention::paged_attention(self, k, v, seqs, block_size, n_heads, n_kv_heads, head_dim)
     }
     fn attention_backward(

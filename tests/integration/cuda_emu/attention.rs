@@ -2,7 +2,7 @@
 //! invariance.
 
 use super::{bitwise, close, cpu, ffi, geom, host, i32s, rnd};
-use kernels::ops::{self, AttnSeq};
+use kernels::ops::{self, AttnSeq, KvLayout};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -149,6 +149,7 @@ fn check_attention(s: AttnShape) {
         s.h,
         s.kvh,
         s.d,
+        KvLayout::Rows,
     )
     .unwrap();
     let want = host(&want);
