@@ -162,7 +162,7 @@ unsafe fn product(
     (rows, cols): (usize, usize),
     accumulate: bool,
 ) {
-    let t = Tile { a, a_rs, b, ldb, k, c, ldc, rows, cols, accumulate, prefetch: false };
+    let t = Tile { a, a_rs, b, ldb, k, c, ldc, rows, cols, accumulate, prefetch: false, next: b, next_lines: 0 };
     // SAFETY: forwarded; the variant is the detected one.
     unsafe { gemm_tile::serial(Isa::detect(), &t) }
 }

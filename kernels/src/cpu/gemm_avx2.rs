@@ -2,7 +2,8 @@
 //! vectors of 8 (12 accumulators, the BLIS shape for 16 registers), swept over the tile's
 //! 16-column strips; columns past `cols` are masked off in loads and stores. A
 //! [`Tile::prefetch`] tile's first strip prefetches the whole tile's `b` rows ahead of its
-//! loads, so the other strips find them in L2. One to three rows of a full or half panel
+//! loads, so the other strips find them in L2; the strips share the tile's
+//! [`Tile::next_lines`], one line per four steps. One to three rows of a full or half panel
 //! (decode steps) instead run in passes of 32 or 64 columns ([`rows`]): each `b` line is read
 //! once. (Copying a block's strips contiguous, so that a strip's rows are consecutive lines,
 //! made the learner's GEMMs 10–25 % slower on Zen 4: `b`'s 256-byte stride is not what limits
@@ -40,9 +41,18 @@ pub unsafe fn tile(t: &Tile) {
         }
         return;
     }
-    for s in 0..t.cols.div_ceil(16) {
-        let strip =
-            Tile { b: t.b.wrapping_add(16 * s), c: t.c.wrapping_add(16 * s), cols: (t.cols - 16 * s).min(16), ..*t };
+    let strips = t.cols.div_ceil(16);
+    // The strips share the lines to prefetch.
+    let share = t.next_lines.div_ceil(strips);
+    for s in 0..strips {
+        let strip = Tile {
+            b: t.b.wrapping_add(16 * s),
+            c: t.c.wrapping_add(16 * s),
+            cols: (t.cols - 16 * s).min(16),
+            next: t.next.wrapping_add(16 * share * s),
+            next_lines: t.next_lines.saturating_sub(share * s).min(share),
+            ..*t
+        };
         // SAFETY: forwarded; the strip is a part of `t`.
         unsafe {
             match t.prefetch && s == 0 {
@@ -139,7 +149,14 @@ unsafe fn kernel<const R: usize, const FULL: bool, const PREFETCH: bool>(t: &Til
         // paid once per four. The weight gradient and the streamed input gradient at m = 158
         // (64-step reduction blocks) went from 94–137 and 63–94 to 113–152 and 81–120 GFLOP/s
         // (3 alternations, same binary; Zen 4, 2 threads); m = 2048 unchanged within noise.
+        let (mut next, mut next_left) = (t.next, t.next_lines);
         for _ in 0..t.k / 4 {
+            if next_left > 0 {
+                // A hint (never faults).
+                _mm_prefetch::<_MM_HINT_T2>(next.cast());
+                next = next.wrapping_add(16);
+                next_left -= 1;
+            }
             step!();
             step!();
             step!();

@@ -1,6 +1,7 @@
 //! AVX-512 variant of the GEMM register tile ([`super::gemm_tile`]): `R ≤ 6` rows × 4
 //! zmm vectors of 16 columns, 24 accumulators in registers; columns past `cols` are masked
-//! off in loads and stores. A [`Tile::prefetch`] tile prefetches `b` ahead of its loads.
+//! off in loads and stores. A [`Tile::prefetch`] tile prefetches `b` ahead of its loads, and
+//! every tile its [`Tile::next_lines`].
 
 use super::gemm_tile::{Tile, NR, PREFETCH_ROWS};
 use std::arch::x86_64::*;
@@ -80,7 +81,14 @@ unsafe fn kernel<const R: usize, const V: usize, const FULL: bool, const PREFETC
             }
         }
         let (mut a, mut b) = (t.a, t.b);
-        for _ in 0..t.k {
+        let (mut next, mut next_left) = (t.next, t.next_lines);
+        for l in 0..t.k {
+            if next_left > 0 && l % 4 == 0 {
+                // A hint (never faults): one line of the task's next block per four steps.
+                _mm_prefetch::<_MM_HINT_T2>(next.cast());
+                next = next.wrapping_add(16);
+                next_left -= 1;
+            }
             if PREFETCH {
                 // A hint: prefetches never fault, also past the end of `b`. Only the live
                 // columns: another thread may be streaming the rest of the row.

@@ -38,6 +38,12 @@ pub struct Tile {
     /// AVX-512 and AVX2 variants then prefetch `b` [`PREFETCH_ROWS`] rows ahead. A hint only
     /// (the portable variant ignores it; results are the same bits either way).
     pub prefetch: bool,
+    /// `next_lines` 64-byte lines from `next`: a share of the `b` block its task multiplies
+    /// next, which the AVX-512 and AVX2 variants prefetch into L2 one line per four reduction
+    /// steps, so that block's first tile finds it in cache instead of waiting on memory. A
+    /// hint only (same bits either way); `0` lines for none.
+    pub next: *const f32,
+    pub next_lines: usize,
 }
 
 /// How far ahead (in rows of `b`) a [`Tile::prefetch`] tile prefetches: 32 rows of a packed
@@ -192,6 +198,8 @@ mod tests {
                     cols,
                     accumulate: false,
                     prefetch: case % 2 == 0,
+                    next: b.as_ptr(),
+                    next_lines: case,
                 };
                 let mut want = vec![f32::NAN; MR * ldc];
                 // SAFETY: a, b, c hold every element the strides name.
