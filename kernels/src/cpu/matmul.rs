@@ -501,12 +501,12 @@ impl Gemm {
                     // tok/s; Zen 4, 2 threads).
                     let blocks: Vec<_> =
                         segs.iter().flat_map(|&seg| k_blocks(KC).map(move |(k0, kc)| (seg, k0, kc))).collect();
-                    let lines = |(p, c0, width): (usize, usize, usize), k0: usize, kc: usize| match width == NP
-                        && c0 == 0
-                        && self.ldb == NP
-                    {
-                        true => (self.b.wrapping_add(p * self.b_ps + k0 * self.ldb), kc * NP / 16),
-                        false => NO_LINES,
+                    let lines = |(p, c0, width): (usize, usize, usize), k0: usize, kc: usize| {
+                        if width == NP && c0 == 0 && self.ldb == NP {
+                            (self.b.wrapping_add(p * self.b_ps + k0 * self.ldb), kc * NP / 16)
+                        } else {
+                            NO_LINES
+                        }
                     };
                     for (j, &(seg, k0, kc)) in blocks.iter().enumerate() {
                         let next = match blocks.get(j + 1) {
