@@ -330,6 +330,35 @@ fn attend64(q: &[f64], k: &[f64], v: &[f64], keys: &[usize], heads: usize, kv_he
     out
 }
 
+/// The sequences of a paged-attention case: `(rows, start position)` and a block table each.
+fn attn_seqs<'a>(specs: &[(Range<usize>, usize)], tables: &'a [Vec<u32>]) -> Vec<AttnSeq<'a>> {
+    specs
+        .iter()
+        .zip(tables)
+        .map(|((rows, start), table)| AttnSeq { rows: rows.clone(), start_pos: *start, block_table: table })
+        .collect()
+}
+
+/// The f64 reference of a paged-attention case over slot-row K/V (`heads` = query heads, KV
+/// heads, head dimension): every row of every sequence, in order.
+fn paged_attention64(
+    specs: &[(Range<usize>, usize)],
+    tables: &[Vec<u32>],
+    (q, k, v): (&[f32], &[f32], &[f32]),
+    bs: usize,
+    (heads, kv_heads, hd): (usize, usize, usize),
+) -> Vec<f64> {
+    let (q64, k64, v64, qc) = (f64s(q), f64s(k), f64s(v), heads * hd);
+    let mut want = vec![];
+    for ((rows, start), table) in specs.iter().zip(tables) {
+        for (i, r) in rows.clone().enumerate() {
+            let keys: Vec<usize> = (0..=start + i).map(|p| table[p / bs] as usize * bs + p % bs).collect();
+            want.extend(attend64(&q64[r * qc..(r + 1) * qc], &k64, &v64, &keys, heads, kv_heads, hd));
+        }
+    }
+    want
+}
+
 /// The KV cache ops in each layout the device has ([`KvLayout::Rows`] everywhere,
 /// [`KvLayout::Blocked`] on the CPU): slots written with `write_kv` read back by `read_kv`;
 /// attention over them against the f64 reference, bitwise equal across layouts; a slot copy
@@ -344,19 +373,8 @@ fn kv_cache_layouts(dev: &Device) {
     let t = 31;
     let (q, k, v) = (vals(t * qc, 23), vals(slots * kc, 24), vals(slots * kc, 25));
     let all: Vec<u32> = (0..slots as u32).collect();
-    let seqs: Vec<AttnSeq> = specs
-        .iter()
-        .zip(&tables)
-        .map(|((rows, start), table)| AttnSeq { rows: rows.clone(), start_pos: *start, block_table: table })
-        .collect();
-    let (q64, k64, v64) = (f64s(&q), f64s(&k), f64s(&v));
-    let mut want = vec![];
-    for ((rows, start), table) in specs.iter().zip(&tables) {
-        for (i, r) in rows.clone().enumerate() {
-            let keys: Vec<usize> = (0..=start + i).map(|p| table[p / bs] as usize * bs + p % bs).collect();
-            want.extend(attend64(&q64[r * qc..(r + 1) * qc], &k64, &v64, &keys, heads, kv_heads, hd));
-        }
-    }
+    let seqs = attn_seqs(&specs, &tables);
+    let want = paged_attention64(&specs, &tables, (&q, &k, &v), bs, (heads, kv_heads, hd));
     let mut outs = vec![];
     for layout in [KvLayout::Rows, KvLayout::for_device(dev, bs)] {
         let (mut kt, mut vt) =
@@ -407,22 +425,11 @@ fn paged_attention_with_block_tables(dev: &Device) {
     let specs = [(0..5, 0usize), (5..6, 9), (6..10, 3)];
     let t = 10;
     let (q, k, v) = (vals(t * qc, 18), vals(blocks * bs * kc, 19), vals(blocks * bs * kc, 20));
-    let seqs: Vec<AttnSeq> = specs
-        .iter()
-        .zip(&tables)
-        .map(|((rows, start), table)| AttnSeq { rows: rows.clone(), start_pos: *start, block_table: table })
-        .collect();
+    let seqs = attn_seqs(&specs, &tables);
     let (kt, vt) = (up(dev, &k, &[blocks * bs, kc]), up(dev, &v, &[blocks * bs, kc]));
     let out =
         ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, bs, heads, kv_heads, hd, KvLayout::Rows).unwrap();
-    let (q64, k64, v64) = (f64s(&q), f64s(&k), f64s(&v));
-    let mut want = vec![];
-    for ((rows, start), table) in specs.iter().zip(&tables) {
-        for (i, r) in rows.clone().enumerate() {
-            let keys: Vec<usize> = (0..=start + i).map(|p| table[p / bs] as usize * bs + p % bs).collect();
-            want.extend(attend64(&q64[r * qc..(r + 1) * qc], &k64, &v64, &keys, heads, kv_heads, hd));
-        }
-    }
+    let want = paged_attention64(&specs, &tables, (&q, &k, &v), bs, (heads, kv_heads, hd));
     close(&host(&out), &want, 1e-5, "paged_attention");
     // Too few blocks for the context, a block outside the cache, a row in no sequence.
     let bad = |seqs: &[AttnSeq]| {
@@ -447,7 +454,7 @@ fn paged_attention_with_block_tables(dev: &Device) {
     .unwrap();
     close(
         &host(&packed),
-        &packed_attention64(&q64, &f64s(&kp), &f64s(&vp), &spans, heads, kv_heads, hd),
+        &packed_attention64(&f64s(&q), &f64s(&kp), &f64s(&vp), &spans, heads, kv_heads, hd),
         1e-5,
         "attention_packed",
     );
