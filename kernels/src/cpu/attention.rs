@@ -75,7 +75,7 @@ multiversion! {
             KvLayout::Blocked => {
                 // Strip j0 / 16: keys j0.. of one block (16 divides the block size), element e
                 // of key j0 + l at e·bs + l from the strip's start.
-                let need = (d - 1) * bs + STRIP;
+                let need = d.saturating_sub(1) * bs + STRIP;
                 let strips = (0..ctx).step_by(STRIP).map(|j0| &k[block(j0) + g * d * bs + j0 % bs..][..need]).collect();
                 let offs = (0..ctx).map(|p| block(p) + g * bs * d + (p % bs) * d).collect();
                 (KeyStrips::new(strips, bs, d), offs)

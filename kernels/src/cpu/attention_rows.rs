@@ -85,7 +85,7 @@ impl Transposed {
 
     /// The blocks' keys as [`KeyStrips`] (four strips per block, `stride` [`KB`]).
     pub fn strips(&self) -> KeyStrips<'_> {
-        let need = (self.d.max(1) - 1) * KB + STRIP;
+        let need = self.d.saturating_sub(1) * KB + STRIP;
         let strips = (0..self.padded_len() / STRIP)
             .map(|i| &self.data[(i / 4) * self.d * KB + (i % 4) * STRIP..][..need])
             .collect();
