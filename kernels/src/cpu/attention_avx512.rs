@@ -2,7 +2,7 @@
 //! weighted row sums), with the accumulators held in zmm registers. They perform the
 //! portable versions' FMAs in the same order, so the results are bitwise equal (tested there).
 
-use super::attention_rows::{KB, STRIP};
+use super::attention_rows::{prefetch_row, AHEAD, KB, STRIP};
 use std::arch::x86_64::*;
 
 /// `s[r][16·i + l] = scale · Σ_e q[r][e] · strips[i][e·stride + l]` (one FMA chain over `e`
@@ -23,19 +23,21 @@ pub unsafe fn scores_rows<const R: usize>(
     debug_assert!(q.iter().all(|q| q.len() >= d) && s.iter().all(|s| s.len() >= STRIP * strips.len()));
     let mut s = s;
     for (c, group) in strips.chunks(4).enumerate() {
+        let next = &strips[(4 * c + 4).min(strips.len())..(4 * c + 8).min(strips.len())];
         // SAFETY: forwarded.
         unsafe {
             match group.len() {
-                4 => strips_group::<R, 4>(&q, group, stride, d, scale, &mut s, 4 * c),
-                3 => strips_group::<R, 3>(&q, group, stride, d, scale, &mut s, 4 * c),
-                2 => strips_group::<R, 2>(&q, group, stride, d, scale, &mut s, 4 * c),
-                _ => strips_group::<R, 1>(&q, group, stride, d, scale, &mut s, 4 * c),
+                4 => strips_group::<R, 4>(&q, group, next, stride, d, scale, &mut s, 4 * c),
+                3 => strips_group::<R, 3>(&q, group, next, stride, d, scale, &mut s, 4 * c),
+                2 => strips_group::<R, 2>(&q, group, next, stride, d, scale, &mut s, 4 * c),
+                _ => strips_group::<R, 1>(&q, group, next, stride, d, scale, &mut s, 4 * c),
             }
         }
     }
 }
 
-/// `G` strips of [`scores_rows`], the first being strip `first` (`G·R` zmm accumulators).
+/// `G` strips of [`scores_rows`], the first being strip `first` (`G·R` zmm accumulators),
+/// prefetching the strips of `next` (the next group).
 ///
 /// # Safety
 /// As [`scores_rows`], with `group.len() == G`.
@@ -44,6 +46,7 @@ pub unsafe fn scores_rows<const R: usize>(
 unsafe fn strips_group<const R: usize, const G: usize>(
     q: &[&[f32]; R],
     group: &[&[f32]],
+    next: &[&[f32]],
     stride: usize,
     d: usize,
     scale: f32,
@@ -55,6 +58,11 @@ unsafe fn strips_group<const R: usize, const G: usize>(
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); G]; R];
         for e in 0..d {
+            // The next group's lines, one per strip and step (a hint: the cache's blocks are
+            // scattered, so the hardware prefetchers stop at each one's end).
+            for strip in next {
+                _mm_prefetch::<_MM_HINT_T0>(strip.as_ptr().add(e * stride).cast());
+            }
             let k: [__m512; G] = std::array::from_fn(|v| _mm512_loadu_ps(group[v].as_ptr().add(e * stride)));
             for r in 0..R {
                 let qe = _mm512_set1_ps(*q[r].as_ptr().add(e));
@@ -100,6 +108,9 @@ pub unsafe fn weighted_sum64<'a, const R: usize>(
             }
         }
         for j in 0..n {
+            if j + AHEAD < n {
+                prefetch_row(row(j + AHEAD)[e0..e0 + KB].as_ptr());
+            }
             let x = row(j)[e0..e0 + KB].as_ptr();
             let xs = [
                 _mm512_loadu_ps(x),
