@@ -88,8 +88,8 @@ multiversion! {
             // kernels' own look-ahead into L1).
             for j0 in (0..ctx).step_by(bs) {
                 let at = block(j0) + g * d * bs;
-                super::simd::prefetch_l2(&k[at..at + d * bs]);
-                super::simd::prefetch_l2(&v[at..at + d * bs]);
+                super::simd::prefetch::<false>(&k[at..at + d * bs]);
+                super::simd::prefetch::<false>(&v[at..at + d * bs]);
             }
         }
         let padded = keys.padded_len();

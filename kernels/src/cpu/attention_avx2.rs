@@ -4,7 +4,8 @@
 //! every output is still the portable version's one FMA chain in the same order, so the
 //! results are bitwise equal (tested there).
 
-use super::attention_rows::{prefetch_row, AHEAD, KB, STRIP};
+use super::attention_rows::{AHEAD, KB, STRIP};
+use super::simd::prefetch;
 use std::arch::x86_64::*;
 
 /// `s[r][16·i + l] = scale · Σ_e q[r][e] · strips[i][e·stride + l]` (one FMA chain over `e`
@@ -83,7 +84,7 @@ pub unsafe fn weighted_sum64<'a, const R: usize>(
             }
             for j in 0..n {
                 if h == 0 && j + AHEAD < n {
-                    prefetch_row(row(j + AHEAD)[e0..e0 + KB].as_ptr());
+                    prefetch::<true>(&row(j + AHEAD)[e0..e0 + KB]);
                 }
                 let x = row(j)[e0 + h..e0 + h + STRIP].as_ptr();
                 let xs = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8))];

@@ -124,24 +124,10 @@ impl<'a> KeyStrips<'a> {
 }
 
 /// Rows ahead of the one being summed whose [`KB`] values the AVX2 and AVX-512
-/// [`weighted_sums`] prefetch (one 16-slot block of the KV cache: its blocks are scattered,
-/// so the hardware prefetchers stop at each one's end).
+/// [`weighted_sums`] prefetch into L1 (one 16-slot block of the KV cache: its blocks are
+/// scattered, so the hardware prefetchers stop at each one's end).
 #[cfg(target_arch = "x86_64")]
 pub const AHEAD: usize = 16;
-
-/// Prefetches (a hint, never a fault) the four 64-byte lines from `row` ([`KB`] values).
-///
-/// # Safety
-/// SSE available (any x86-64).
-#[cfg(target_arch = "x86_64")]
-#[inline(always)]
-pub unsafe fn prefetch_row(row: *const f32) {
-    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-    for line in 0..KB / 16 {
-        // SAFETY: a prefetch does not access memory.
-        unsafe { _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(16 * line).cast()) };
-    }
-}
 
 /// Keys per strip of [`KeyStrips`]: 16 (one zmm, two ymm).
 pub const STRIP: usize = 16;

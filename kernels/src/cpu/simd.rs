@@ -325,15 +325,24 @@ unsafe fn transpose16_avx512(rows: &[&[f32]; 16], e0: usize, dst: *mut f32, ld: 
 /// Lanes of the fixed-order sums of [`lane_sum`].
 pub const LANES: usize = 16;
 
-/// Asks for the 64-byte lines of `data` to be brought into L2 (a hint: no value changes, and
-/// nothing happens off x86-64).
+/// Asks for the 64-byte lines of `data` to be brought into L1 (`L1`) or else L2: a hint (no
+/// value changes), and nothing happens off x86-64.
 #[inline(always)]
-pub fn prefetch_l2(data: &[f32]) {
+pub fn prefetch<const L1: bool>(data: &[f32]) {
     #[cfg(target_arch = "x86_64")]
     for line in data.chunks(16) {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+        let at = line.as_ptr().cast();
         // SAFETY: SSE is part of x86-64; a prefetch does not access memory.
-        unsafe { std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T1 }>(line.as_ptr().cast()) };
+        unsafe {
+            match L1 {
+                true => _mm_prefetch::<_MM_HINT_T0>(at),
+                false => _mm_prefetch::<_MM_HINT_T1>(at),
+            }
+        }
     }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = data;
 }
 
 /// Folds 16 lane partials into one sum in a fixed pairwise order (lane `i` with `i + 8`,
