@@ -73,25 +73,24 @@ multiversion! {
                 (transposed.strips(), offs)
             }
             KvLayout::Blocked => {
+                // This head's part of the block holding position p (K and V alike).
+                let head = |p: usize| block(p) + g * d * bs;
+                // Its keys and values in every block, all asked for into L2 before the first
+                // is needed: the blocks are scattered, so the hardware prefetchers stop at
+                // each one's end (64-sequence decode steps 5–12 % faster, context 64–256, with
+                // the kernels' own look-ahead into L1).
+                for j0 in (0..ctx).step_by(bs) {
+                    super::simd::prefetch::<false>(&k[head(j0)..head(j0) + d * bs]);
+                    super::simd::prefetch::<false>(&v[head(j0)..head(j0) + d * bs]);
+                }
                 // Strip j0 / 16: keys j0.. of one block (16 divides the block size), element e
                 // of key j0 + l at e·bs + l from the strip's start.
                 let need = d.saturating_sub(1) * bs + STRIP;
-                let strips = (0..ctx).step_by(STRIP).map(|j0| &k[block(j0) + g * d * bs + j0 % bs..][..need]).collect();
-                let offs = (0..ctx).map(|p| block(p) + g * bs * d + (p % bs) * d).collect();
+                let strips = (0..ctx).step_by(STRIP).map(|j0| &k[head(j0) + j0 % bs..][..need]).collect();
+                let offs = (0..ctx).map(|p| head(p) + (p % bs) * d).collect();
                 (KeyStrips::new(strips, bs, d), offs)
             }
         };
-        if layout == KvLayout::Blocked {
-            // This head's keys and values in every block, all asked for into L2 before the
-            // first is needed: the blocks are scattered, so the hardware prefetchers stop at
-            // each one's end (64-sequence decode steps 5–12 % faster, context 64–256, with the
-            // kernels' own look-ahead into L1).
-            for j0 in (0..ctx).step_by(bs) {
-                let at = block(j0) + g * d * bs;
-                super::simd::prefetch::<false>(&k[at..at + d * bs]);
-                super::simd::prefetch::<false>(&v[at..at + d * bs]);
-            }
-        }
         let padded = keys.padded_len();
         let mut p = vec![0.0f32; QB * padded];
         // (row, query head) pairs, QB at a time: a decode row's heads are scored and summed

@@ -42,15 +42,15 @@ pub unsafe fn tile(t: &Tile) {
         return;
     }
     let strips = t.cols.div_ceil(16);
-    // The strips share the lines to prefetch.
-    let share = t.next_lines.div_ceil(strips);
     for s in 0..strips {
+        // The strips share the lines to prefetch.
+        let (next, next_lines) = Tile::next_share((t.next, t.next_lines), s, strips);
         let strip = Tile {
             b: t.b.wrapping_add(16 * s),
             c: t.c.wrapping_add(16 * s),
             cols: (t.cols - 16 * s).min(16),
-            next: t.next.wrapping_add(16 * share * s),
-            next_lines: t.next_lines.saturating_sub(share * s).min(share),
+            next,
+            next_lines,
             ..*t
         };
         // SAFETY: forwarded; the strip is a part of `t`.

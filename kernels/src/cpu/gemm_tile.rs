@@ -46,6 +46,17 @@ pub struct Tile {
     pub next_lines: usize,
 }
 
+impl Tile {
+    /// Part `i` of `parts` equal shares (the last one shorter, later ones empty) of the lines
+    /// `next` ([`Tile::next`], [`Tile::next_lines`]): what each of the tiles (or strips) that
+    /// share a prefetch asks for.
+    pub fn next_share((next, lines): (*const f32, usize), i: usize, parts: usize) -> (*const f32, usize) {
+        let share = lines.div_ceil(parts.max(1));
+        let done = i * share;
+        (next.wrapping_add(16 * done), lines.saturating_sub(done).min(share))
+    }
+}
+
 /// How far ahead (in rows of `b`) a [`Tile::prefetch`] tile prefetches: 32 rows of a packed
 /// panel are 8 KiB. A decode batch of 8 (two tiles per panel, `b` streamed from memory once)
 /// took 40–51 ms per pass over the default model's decoder weights without it and 33–40 ms

@@ -459,10 +459,10 @@ impl Gemm {
                     true => self.a.wrapping_add(k0 / NP * self.a_ks + r0 * self.a_rs),
                     false => self.a.wrapping_add(r0 * self.a_rs + k0),
                 };
-                let share = next.1.div_ceil((r1 - r0).div_ceil(MR));
+                let tiles = (r1 - r0).div_ceil(MR);
                 let mut i = r0;
                 while i < r1 {
-                    let done = (i - r0) / MR * share;
+                    let (next, next_lines) = Tile::next_share(next, (i - r0) / MR, tiles);
                     let tile = Tile {
                         a: a.wrapping_add((i - r0) * self.a_rs),
                         a_rs: self.a_rs,
@@ -478,8 +478,8 @@ impl Gemm {
                         // other tiles (and row blocks) find it in cache. A streamed A's
                         // B is small and stays in cache.
                         prefetch: !streamed && rb == 0 && i == r0,
-                        next: next.0.wrapping_add(16 * done),
-                        next_lines: next.1.saturating_sub(done).min(share),
+                        next,
+                        next_lines,
                     };
                     // SAFETY: the tile lies inside the operands (caller), `isa`
                     // was detected, and no other task writes its outputs.
