@@ -17,7 +17,7 @@ import time
 
 import numpy as np
 
-ROWS = [1, 64, 512, 2048]
+ROWS = [1, 64, 158, 512, 2048]
 # (name, n, k) of the default model (SmolLM2-135M): hidden 576, 9 heads and 3 KV heads of
 # 64, intermediate 1536, vocabulary 49152.
 SHAPES = [
@@ -45,9 +45,10 @@ def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=10)
     ap.add_argument("--criterion", help="criterion output folder to compare against")
+    ap.add_argument("--rows", type=int, nargs="*", default=ROWS, help="row counts to run (default: all)")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    for m in ROWS:
+    for m in args.rows:
         for pass_ in ("fwd", "dw", "dx"):
             for name, n, k in SHAPES:
                 x = rng.uniform(-1, 1, (m, k)).astype(np.float32)

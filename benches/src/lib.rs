@@ -29,8 +29,10 @@ pub const DECODE_ROWS: usize = 1;
 pub const PREFILL_ROWS: usize = 128;
 
 /// Row counts of the GEMM benchmarks (`benches/gemm.rs`, `benches/sgemm_numpy.py`): one
-/// decode row, a 64-sequence decode batch, a 512-token prefill, a learner batch of 8 × 256.
-pub const GEMM_ROWS: [usize; 4] = [1, 64, 512, 2048];
+/// decode row, a 64-sequence decode batch, the GRPO learner batch of one prompt × 8
+/// generations (30 prompt tokens once + 8 × 16 completion tokens), a 512-token prefill, a
+/// learner batch of 8 × 256.
+pub const GEMM_ROWS: [usize; 5] = [1, 64, 158, 512, 2048];
 
 /// `(name, n, k)` of the default model's distinct GEMM shapes, `W [n, k]` (out × in
 /// features): the q and o projections (576 → 576), k/v (576 → 192), gate/up (576 → 1536),
