@@ -180,7 +180,139 @@ fn config_parses_llama3_rope_scaling() {
         ModelConfig::from_json(&text.replace("LlamaForCausalLM", "Qwen2ForCausalLM"), "config.json".as_ref()).unwrap();
     assert!(q.qkv_bias);
     let e = ModelConfig::from_json(&text.replace("llama3", "yarn"), "x/config.json".as_ref()).unwrap_err();
-    assert!(e.to_string().contains("x/config.json: rope_scaling type \"yarn\" is not supported"), "{e}");
+    assert!(e.to_string().contains("x/config.json: rope_scaling.rope_type \"yarn\" is not supported"), "{e}");
+}
+
+/// Checkpoints saved by transformers itself (5.x and 4.x `config.json` formats; fixtures
+/// from tests/fixtures/make_hf_reference.py) against HF's float64 logits at every position.
+#[test]
+fn transformers_checkpoints_match_hf_logits() {
+    let (mut seen, mut summary) = (0, vec![]);
+    for entry in std::fs::read_dir(tests::fixture("hf")).unwrap() {
+        let dir = entry.unwrap().path();
+        let name = dir.file_name().unwrap().to_string_lossy().to_string();
+        let reference: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(dir.join("reference.json")).unwrap()).unwrap();
+        let ids: Vec<u32> = serde_json::from_value(reference["input_ids"].clone()).unwrap();
+        let want: Vec<Vec<f64>> = serde_json::from_value(reference["logits"].clone()).unwrap();
+        let model = Model::load(&dir, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let got = model.forward(&ids, &mut model.new_cache(ids.len()).unwrap(), true).unwrap();
+        let want: Vec<f32> = want.into_iter().flatten().map(|v| v as f32).collect();
+        let diff = max_abs_diff(got.as_slice().unwrap(), &want);
+        summary.push(format!("{name}: {diff:.2e}"));
+        assert!(diff < 1e-4, "{name}: max |logit − HF| {diff} (θ = {})", model.config.rope_theta);
+        seen += 1;
+    }
+    eprintln!("HF checkpoints, max |logit diff|: {}", summary.join(", "));
+    assert_eq!(seen, 4, "fixtures: {summary:?}");
+}
+
+/// `(rope_theta, llama3 (factor, original_max_position_embeddings))` of a parsed config.
+type Rope = (f64, Option<(f64, f64)>);
+
+/// One `config.json` edit and the expected outcome: `Ok(Rope)` or an error containing the text.
+fn check_config(base: &str, edit: serde_json::Value, expected: Result<Rope, &str>) {
+    let mut c: serde_json::Value = serde_json::from_str(base).unwrap();
+    for (k, v) in edit.as_object().unwrap() {
+        c[k] = v.clone();
+    }
+    let got = ModelConfig::from_json(&c.to_string(), "m/config.json".as_ref())
+        .map(|c| (c.rope_theta, c.rope_scaling.map(|s| (s.factor, s.original_max_position_embeddings))))
+        .map_err(|e| e.to_string());
+    match (&got, expected) {
+        (Ok(g), Ok(w)) => assert_eq!(*g, w, "{edit}"),
+        (Err(g), Err(w)) => assert!(g.contains(w) && g.starts_with("m/config.json: "), "{edit}: {g:?} lacks {w:?}"),
+        _ => panic!("{edit}: got {got:?}, expected {expected:?}"),
+    }
+}
+
+#[test]
+fn config_fields_that_change_the_math_are_read_or_refused() {
+    use serde_json::json;
+    // Qwen2.5-0.5B-Instruct's config.json (transformers 4.43): a sliding_window that
+    // use_sliding_window = false switches off, max_window_layers below the depth.
+    let qwen25 = r#"{"architectures": ["Qwen2ForCausalLM"], "attention_dropout": 0.0, "bos_token_id": 151643,
+      "eos_token_id": 151645, "hidden_act": "silu", "hidden_size": 896, "initializer_range": 0.02,
+      "intermediate_size": 4864, "max_position_embeddings": 32768, "max_window_layers": 21, "model_type": "qwen2",
+      "num_attention_heads": 14, "num_hidden_layers": 24, "num_key_value_heads": 2, "rms_norm_eps": 1e-06,
+      "rope_theta": 1000000.0, "sliding_window": 131072, "tie_word_embeddings": true, "torch_dtype": "bfloat16",
+      "transformers_version": "4.43.1", "use_cache": true, "use_sliding_window": false, "vocab_size": 151936}"#;
+    let llama = r#"{"architectures": ["LlamaForCausalLM"], "hidden_size": 64, "intermediate_size": 96,
+      "num_hidden_layers": 2, "num_attention_heads": 4, "num_key_value_heads": 2, "vocab_size": 96,
+      "max_position_embeddings": 1024}"#;
+    let l3 = |extra: serde_json::Value| {
+        let mut p = json!({"rope_type": "llama3", "rope_theta": 5e5, "factor": 32.0, "low_freq_factor": 1.0,
+                           "high_freq_factor": 4.0, "original_max_position_embeddings": 8192});
+        for (k, v) in extra.as_object().unwrap() {
+            p[k] = v.clone();
+        }
+        p
+    };
+    check_config(qwen25, json!({}), Ok((1e6, None)));
+    // transformers 5: no top-level rope_theta, the settings under rope_parameters.
+    let v5 = json!({"rope_theta": null, "rope_parameters": {"rope_type": "default", "rope_theta": 1e6}});
+    check_config(qwen25, v5, Ok((1e6, None)));
+    check_config(qwen25, json!({"layer_types": vec!["full_attention"; 24]}), Ok((1e6, None)));
+    // Inside the dict wins over the top level; the legacy rope_scaling over rope_parameters (HF order).
+    check_config(qwen25, json!({"rope_parameters": {"rope_theta": 5e5}}), Ok((5e5, None)));
+    check_config(llama, json!({"rope_parameters": l3(json!({}))}), Ok((5e5, Some((32.0, 8192.0)))));
+    check_config(
+        llama,
+        json!({"rope_theta": 5e5, "rope_scaling": l3(json!({"rope_theta": null})), "rope_parameters": {"rope_theta": 1.0}}),
+        Ok((5e5, Some((32.0, 8192.0)))),
+    );
+    // Nested by layer type; a missing original_max_position_embeddings is max_position_embeddings (HF).
+    let nested = json!({"rope_parameters": {"full_attention": l3(json!({"original_max_position_embeddings": null}))}});
+    check_config(llama, nested, Ok((5e5, Some((32.0, 1024.0)))));
+    check_config(llama, json!({}), Ok((10000.0, None)));
+    // Refused, naming the field.
+    check_config(
+        llama,
+        json!({"rope_parameters": {"rope_type": "yarn", "factor": 4.0}}),
+        Err("rope_parameters.rope_type \"yarn\" is not supported (supported: default, llama3)"),
+    );
+    check_config(llama, json!({"rope_parameters": l3(json!({"factor": null}))}), Err("rope_parameters.factor missing"));
+    check_config(
+        llama,
+        json!({"rope_parameters": {"rope_theta": 1e4, "partial_rotary_factor": 0.5}}),
+        Err("partial_rotary_factor 0.5 is not supported"),
+    );
+    check_config(
+        qwen25,
+        json!({"rope_parameters": {"rope_theta": "big"}}),
+        Err("rope_parameters.rope_theta must be a number"),
+    );
+    let mut types = vec!["full_attention"; 24];
+    types[21] = "sliding_attention";
+    check_config(
+        qwen25,
+        json!({"layer_types": types}),
+        Err("layer_types[21] = \"sliding_attention\" is not supported"),
+    );
+    check_config(
+        qwen25,
+        json!({"layer_types": ["full_attention"]}),
+        Err("layer_types has 1 entries, num_hidden_layers is 24"),
+    );
+    check_config(
+        qwen25,
+        json!({"use_sliding_window": true}),
+        Err("use_sliding_window = true makes layers 21.. sliding-window attention"),
+    );
+    check_config(qwen25, json!({"use_sliding_window": true, "max_window_layers": 24}), Ok((1e6, None)));
+    check_config(qwen25, json!({"hidden_act": "gelu"}), Err("hidden_act \"gelu\" is not supported"));
+    check_config(llama, json!({"mlp_bias": true}), Err("mlp_bias = true is not supported"));
+    check_config(
+        llama,
+        json!({"attention_bias": true}),
+        Err("attention_bias = true (biases on q/k/v_proj and o_proj)"),
+    );
+    check_config(
+        llama,
+        json!({"final_logit_softcapping": 30.0}),
+        Err("final_logit_softcapping = 30.0: logit soft-capping"),
+    );
+    check_config(llama, json!({"attn_logit_softcapping": 50.0}), Err("attn_logit_softcapping = 50.0"));
 }
 
 #[test]

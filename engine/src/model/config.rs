@@ -39,7 +39,8 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub vocab_size: usize,
     pub tie_word_embeddings: bool,
-    /// q/k/v projections carry a bias (always for Qwen2; `attention_bias` for Llama).
+    /// q/k/v projections carry a bias (always for Qwen2; Llama's `attention_bias`, which
+    /// would also give `o_proj` a bias, is refused at load).
     pub qkv_bias: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
@@ -62,13 +63,154 @@ struct RawConfig {
     rms_norm_eps: Option<f64>,
     rope_theta: Option<f64>,
     rope_scaling: Option<serde_json::Value>,
+    /// transformers ≥ 5: `rope_type`, `rope_theta` and the scaling factors in one dict.
+    rope_parameters: Option<serde_json::Value>,
+    partial_rotary_factor: Option<f64>,
     max_position_embeddings: Option<usize>,
     vocab_size: usize,
     tie_word_embeddings: Option<bool>,
     attention_bias: Option<bool>,
+    mlp_bias: Option<bool>,
+    hidden_act: Option<String>,
+    use_sliding_window: Option<bool>,
+    max_window_layers: Option<usize>,
+    layer_types: Option<Vec<String>>,
+    attn_logit_softcapping: Option<serde_json::Value>,
+    final_logit_softcapping: Option<serde_json::Value>,
     bos_token_id: Option<u32>,
     eos_token_id: Option<serde_json::Value>,
     pad_token_id: Option<u32>,
+}
+
+/// HF's default `rope_theta` (`RotaryEmbeddingConfigMixin.default_theta`).
+const DEFAULT_ROPE_THETA: f64 = 10000.0;
+
+/// The RoPE base and scaling, read as transformers reads them
+/// (`RotaryEmbeddingConfigMixin.convert_rope_params_to_dict`, transformers 5): the
+/// settings dict is the legacy `rope_scaling` if set, else `rope_parameters` (5.x writes
+/// `{"rope_type", "rope_theta", ...}` there and no top-level `rope_theta`); a value inside
+/// the dict wins over the top-level `rope_theta` / `partial_rotary_factor`, and
+/// `rope_theta` defaults to 10000. A dict nested by layer type (`{"full_attention": {...}}`)
+/// is read at its `full_attention` entry (every layer is full attention, see
+/// [`unsupported_math`]). Errors name the field: a RoPE type other than `default` and
+/// `llama3`, a partial rotary factor ≠ 1, a missing or non-numeric factor.
+fn rope(
+    raw: &RawConfig,
+    max_position_embeddings: usize,
+) -> std::result::Result<(f64, Option<Llama3RopeScaling>), String> {
+    use serde_json::Value;
+    let present = |v: &Option<Value>| match v {
+        None | Some(Value::Null) => false,
+        Some(Value::Object(m)) => !m.is_empty(),
+        Some(_) => true,
+    };
+    let (mut key, mut params) = if present(&raw.rope_scaling) {
+        ("rope_scaling".to_string(), raw.rope_scaling.clone().unwrap())
+    } else if present(&raw.rope_parameters) {
+        ("rope_parameters".to_string(), raw.rope_parameters.clone().unwrap())
+    } else {
+        (String::new(), Value::Object(Default::default()))
+    };
+    if !params.is_object() {
+        return Err(format!("{key} must be an object, got {params}"));
+    }
+    if let Some(inner) = params.get("full_attention").cloned() {
+        key = format!("{key}.full_attention");
+        params = inner;
+        if !params.is_object() {
+            return Err(format!("{key} must be an object, got {params}"));
+        }
+    }
+    let num = |k: &str| -> std::result::Result<Option<f64>, String> {
+        match params.get(k) {
+            None | Some(Value::Null) => Ok(None),
+            Some(v) => v.as_f64().map(Some).ok_or_else(|| format!("{key}.{k} must be a number, got {v}")),
+        }
+    };
+    let theta = num("rope_theta")?.or(raw.rope_theta).unwrap_or(DEFAULT_ROPE_THETA);
+    if !(theta.is_finite() && theta > 0.0) {
+        return Err(format!("rope_theta {theta} must be a positive number"));
+    }
+    let partial = num("partial_rotary_factor")?.or(raw.partial_rotary_factor).unwrap_or(1.0);
+    if partial != 1.0 {
+        return Err(format!("partial_rotary_factor {partial} is not supported (RoPE over the whole head_dim only)"));
+    }
+    let kind = match params.get("rope_type").or_else(|| params.get("type")) {
+        None | Some(Value::Null) => "default",
+        Some(Value::String(s)) => s.as_str(),
+        Some(v) => return Err(format!("{key}.rope_type must be a string, got {v}")),
+    };
+    let scaling = match kind {
+        "default" => None,
+        "llama3" => {
+            let need = |k: &str| num(k)?.ok_or_else(|| format!("{key}.{k} missing (rope_type \"llama3\")"));
+            Some(Llama3RopeScaling {
+                factor: need("factor")?,
+                low_freq_factor: need("low_freq_factor")?,
+                high_freq_factor: need("high_freq_factor")?,
+                // HF `standardize_rope_params`: defaults to max_position_embeddings.
+                original_max_position_embeddings: num("original_max_position_embeddings")?
+                    .unwrap_or(max_position_embeddings as f64),
+            })
+        }
+        other => return Err(format!("{key}.rope_type {other:?} is not supported (supported: default, llama3)")),
+    };
+    Ok((theta, scaling))
+}
+
+/// Refuses config fields that change the model's math in a way rlserve does not implement,
+/// naming the field, instead of computing a different model: an activation other than
+/// SiLU, MLP biases, Llama's `attention_bias` (it also biases `o_proj`), attention or
+/// final-logit soft-capping, and sliding-window layers (`layer_types` entries other than
+/// `full_attention`; without `layer_types`, Qwen2's `use_sliding_window` with
+/// `max_window_layers` below the depth, as HF's `Qwen2Config` derives them).
+fn unsupported_math(raw: &RawConfig, arch: Architecture) -> std::result::Result<(), String> {
+    if let Some(act) = raw.hidden_act.as_deref().filter(|a| !matches!(*a, "silu" | "swish")) {
+        return Err(format!("hidden_act {act:?} is not supported (supported: silu)"));
+    }
+    if raw.mlp_bias == Some(true) {
+        return Err("mlp_bias = true is not supported (MLP projections without bias only)".into());
+    }
+    if arch == Architecture::Llama && raw.attention_bias == Some(true) {
+        return Err(
+            "attention_bias = true (biases on q/k/v_proj and o_proj) is not supported for LlamaForCausalLM".into()
+        );
+    }
+    for (name, v) in [
+        ("attn_logit_softcapping", &raw.attn_logit_softcapping),
+        ("final_logit_softcapping", &raw.final_logit_softcapping),
+    ] {
+        if let Some(v) = v.as_ref().filter(|v| !v.is_null()) {
+            return Err(format!("{name} = {v}: logit soft-capping is not supported"));
+        }
+    }
+    if arch == Architecture::Qwen2 {
+        let layers = raw.num_hidden_layers;
+        match &raw.layer_types {
+            Some(types) => {
+                if types.len() != layers {
+                    return Err(format!("layer_types has {} entries, num_hidden_layers is {layers}", types.len()));
+                }
+                if let Some((i, t)) = types.iter().enumerate().find(|(_, t)| *t != "full_attention") {
+                    return Err(format!(
+                        "layer_types[{i}] = {t:?} is not supported (only full_attention layers; no sliding-window attention)"
+                    ));
+                }
+            }
+            None if raw.use_sliding_window == Some(true) => {
+                // HF Qwen2Config's default max_window_layers is 28.
+                let first = raw.max_window_layers.unwrap_or(28);
+                if first < layers {
+                    return Err(format!(
+                        "use_sliding_window = true makes layers {first}.. sliding-window attention \
+                         (max_window_layers {first} < num_hidden_layers {layers}); sliding windows are not supported"
+                    ));
+                }
+            }
+            None => {}
+        }
+    }
+    Ok(())
 }
 
 impl ModelConfig {
@@ -106,29 +248,12 @@ impl ModelConfig {
                 bad("hidden_size, intermediate_size, num_hidden_layers and vocab_size must be positive".into()),
             );
         }
-        let rope_scaling = match &raw.rope_scaling {
-            None | Some(serde_json::Value::Null) => None,
-            Some(v) => {
-                let kind = v.get("rope_type").or_else(|| v.get("type")).and_then(|t| t.as_str()).unwrap_or("");
-                let num = |k: &str| {
-                    v.get(k)
-                        .and_then(|x| x.as_f64())
-                        .ok_or_else(|| bad(format!("rope_scaling.{k} missing or not a number")))
-                };
-                match kind {
-                    "llama3" => Some(Llama3RopeScaling {
-                        factor: num("factor")?,
-                        low_freq_factor: num("low_freq_factor")?,
-                        high_freq_factor: num("high_freq_factor")?,
-                        original_max_position_embeddings: num("original_max_position_embeddings")?,
-                    }),
-                    "default" => None,
-                    other => {
-                        return Err(bad(format!("rope_scaling type {other:?} is not supported (supported: llama3)")))
-                    }
-                }
-            }
-        };
+        unsupported_math(&raw, architecture).map_err(bad)?;
+        let max_position_embeddings = raw.max_position_embeddings.unwrap_or(match architecture {
+            Architecture::Llama => 2048,
+            Architecture::Qwen2 => 32768,
+        });
+        let (rope_theta, rope_scaling) = rope(&raw, max_position_embeddings).map_err(bad)?;
         let eos_token_ids = match raw.eos_token_id {
             None | Some(serde_json::Value::Null) => vec![],
             Some(serde_json::Value::Number(n)) => {
@@ -149,12 +274,12 @@ impl ModelConfig {
             num_key_value_heads: kv_heads,
             head_dim,
             rms_norm_eps: raw.rms_norm_eps.unwrap_or(1e-6) as f32,
-            rope_theta: raw.rope_theta.unwrap_or(10000.0),
+            rope_theta,
             rope_scaling,
-            max_position_embeddings: raw.max_position_embeddings.unwrap_or(2048),
+            max_position_embeddings,
             vocab_size: raw.vocab_size,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
-            qkv_bias: architecture == Architecture::Qwen2 || raw.attention_bias.unwrap_or(false),
+            qkv_bias: architecture == Architecture::Qwen2,
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
             pad_token_id: raw.pad_token_id,
