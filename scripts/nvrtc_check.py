@@ -7,8 +7,8 @@ options of kernels/cuda/nvrtc_options.txt. It prints one line per file and archi
 with the number of kernels (`.entry` in the PTX), the NVRTC log on failure, and exits 1 on
 any failure. No GPU is needed.
 
-NVRTC comes from the PyPI package nvidia-cuda-nvrtc-cu12 (libnvrtc.so.12); run it with a
-Python that has it installed. The kernels include no CUDA header (common.cuh), so the
+NVRTC 13 comes from the PyPI package nvidia-cuda-nvrtc 13.x (nvidia/cu13/lib/libnvrtc.so.13,
+the library the GPU machines load); run it with a Python that has it installed. The kernels include no CUDA header (common.cuh), so the
 runtime package's headers are not needed.
 """
 import ctypes
@@ -29,14 +29,14 @@ def nvidia_dir(sub):
         path = os.path.join(base, sub)
         if os.path.isdir(path):
             return path
-    sys.exit(f"{sub} not found under {list(nvidia.__path__)}: install nvidia-cuda-nvrtc-cu12")
+    sys.exit(f"{sub} not found under {list(nvidia.__path__)}: install nvidia-cuda-nvrtc 13.x")
 
 
 def load_nvrtc():
-    libdir = nvidia_dir(os.path.join("cuda_nvrtc", "lib"))
-    libs = sorted(glob.glob(os.path.join(libdir, "libnvrtc.so.12*")))
+    libdir = nvidia_dir(os.path.join("cu13", "lib"))
+    libs = sorted(glob.glob(os.path.join(libdir, "libnvrtc.so.13*")))
     if not libs:
-        sys.exit(f"libnvrtc.so.12 not found in {libdir}")
+        sys.exit(f"libnvrtc.so.13 not found in {libdir}")
     lib = ctypes.CDLL(libs[0])
     lib.nvrtcGetErrorString.restype = ctypes.c_char_p
     return lib

@@ -170,3 +170,16 @@ impl BackendStorage for CudaStorage {
         Err(KernelError::CudaUnavailable)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    /// A CPU-only build names the missing feature (run by `.ci/run`: `cargo test -p kernels`
+    /// without features; the workspace's `cargo test` builds the CUDA backend).
+    #[test]
+    fn cuda_is_reported_unavailable_without_the_feature() {
+        let e = crate::Device::cuda(0).unwrap_err();
+        assert_eq!(e.to_string(), "CUDA requested but rlserve was built without the `cuda` feature");
+        let e = crate::Device::cuda_emu(crate::CudaOptions::default()).unwrap_err();
+        assert!(e.to_string().contains("cuda-emu"), "{e}");
+    }
+}

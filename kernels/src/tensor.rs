@@ -25,6 +25,21 @@ impl Device {
         Ok(Device::Cuda(CudaDevice::new(ordinal, options)?))
     }
 
+    /// The emulated CUDA device (the `cuda-emu` feature: [`crate::cuda::emu`]): the CUDA
+    /// backend's code paths over host memory, for tests without a GPU. Errors in a build
+    /// without the feature.
+    pub fn cuda_emu(options: CudaOptions) -> Result<Self> {
+        #[cfg(feature = "cuda-emu")]
+        return Ok(Device::Cuda(CudaDevice::emulated(options)));
+        #[cfg(not(feature = "cuda-emu"))]
+        {
+            let _ = options;
+            Err(KernelError::Cuda(
+                "this build has no emulated CUDA device (the kernels crate's cuda-emu feature)".into(),
+            ))
+        }
+    }
+
     /// `n` zeros on this device.
     pub(crate) fn zeros_storage(&self, n: usize) -> Result<Storage> {
         match self {

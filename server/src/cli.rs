@@ -71,7 +71,7 @@ impl DeviceArg {
     /// Opens the device (see [`DeviceSpec::open`]): commands call it before loading anything,
     /// so a bad `cuda` fails at start with the kernels crate's error.
     pub fn open(&self) -> Result<Device> {
-        let cuda = matches!(self.device, DeviceSpec::Cuda(_));
+        let cuda = matches!(self.device, DeviceSpec::Cuda(_) | DeviceSpec::CudaEmu);
         let bf16_weights = match self.dtype {
             Dtype::Bfloat16 if !cuda => {
                 bail!("--dtype bfloat16 needs --device cuda (the CPU backend computes in float32)")

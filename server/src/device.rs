@@ -14,16 +14,19 @@ pub enum DeviceSpec {
     Cpu,
     /// The CUDA device with this ordinal (`cuda` is `cuda:0`).
     Cuda(usize),
+    /// The emulated CUDA device (`cuda-emu`): the CUDA code paths on the host, for tests.
+    CudaEmu,
 }
 
 impl DeviceSpec {
-    /// Parses `cpu`, `cuda` or `cuda:N` (N a decimal ordinal). Errors name the flag and the
-    /// value: `--device must be cpu, cuda or cuda:N, got "gpu"`.
+    /// Parses `cpu`, `cuda`, `cuda:N` (N a decimal ordinal) or `cuda-emu`. Errors name the
+    /// flag and the value: `--device must be cpu, cuda, cuda:N or cuda-emu, got "gpu"`.
     pub fn parse(s: &str) -> Result<Self, String> {
-        let bad = || format!("--device must be cpu, cuda or cuda:N, got {s:?}");
+        let bad = || format!("--device must be cpu, cuda, cuda:N or cuda-emu, got {s:?}");
         match s {
             "cpu" => Ok(Self::Cpu),
             "cuda" => Ok(Self::Cuda(0)),
+            "cuda-emu" => Ok(Self::CudaEmu),
             _ => {
                 let n = s.strip_prefix("cuda:").ok_or_else(bad)?;
                 // `usize::from_str` takes a leading `+`; an ordinal is digits only.
@@ -49,6 +52,7 @@ impl DeviceSpec {
         match self {
             Self::Cpu => Ok(Device::Cpu),
             Self::Cuda(n) => Device::cuda_with(n, options).map_err(|e| anyhow::anyhow!("--device {self}: {e}")),
+            Self::CudaEmu => Device::cuda_emu(options).map_err(|e| anyhow::anyhow!("--device {self}: {e}")),
         }
     }
 }
@@ -58,6 +62,7 @@ impl fmt::Display for DeviceSpec {
         match self {
             Self::Cpu => write!(f, "cpu"),
             Self::Cuda(n) => write!(f, "cuda:{n}"),
+            Self::CudaEmu => write!(f, "cuda-emu"),
         }
     }
 }

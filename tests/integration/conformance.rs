@@ -1,20 +1,31 @@
 //! The backend contract, op by op: one test body per op of `kernels::ops`, run on every
 //! available device (candle's `test_device!` pattern) against an f64 reference written here
 //! from the op's formula, or against f64 finite differences for the backward ops. The CPU
-//! runs them in CI; with `--features cuda` (and a GPU) the CUDA backend runs the same bodies,
-//! also in its `--batch-invariant` mode.
+//! and the CUDA backend on the emulated device run them in CI; with `--features cuda` (and a
+//! GPU) the CUDA backend runs the same bodies on the GPU; CUDA also in `--batch-invariant` mode.
 
 use kernels::ops::{self, AdamWStep, AttnSeq, KvLayout};
 use kernels::{Device, Tensor};
 use std::ops::Range;
 
-/// `test_device!(body)`: `body::cpu` always, `body::cuda` with the `cuda` feature.
+/// `test_device!(body)`: `body::cpu` and `body::cuda_emu` (the CUDA backend on the emulated
+/// device, `kernels::cuda::emu`) always, each CUDA variant also in `--batch-invariant` mode;
+/// `body::cuda` on a real GPU with the `cuda` feature.
 macro_rules! test_device {
     ($($body:ident),+ $(,)?) => {$(
         mod $body {
             #[test]
             fn cpu() {
                 super::$body(&kernels::Device::Cpu)
+            }
+            #[test]
+            fn cuda_emu() {
+                super::$body(&kernels::Device::cuda_emu(kernels::CudaOptions::default()).unwrap())
+            }
+            #[test]
+            fn cuda_emu_batch_invariant() {
+                let o = kernels::CudaOptions { batch_invariant: true, bf16_weights: false };
+                super::$body(&kernels::Device::cuda_emu(o).unwrap())
             }
             #[cfg(feature = "cuda")]
             #[test]
@@ -52,6 +63,44 @@ test_device!(
     token_logprobs_and_backward,
     adamw,
 );
+
+/// `--dtype bfloat16`'s serving GEMM (the CUDA backend only: a bf16 copy of the packed weight,
+/// `x` rounded to bf16, GemmEx with f32 accumulation): `linear` is the f64 product of the
+/// bf16-rounded operands (round to nearest even, by hand below) plus the f32 bias, within
+/// f32 summation rounding, on the decode, tile-tail and odd shapes of `linear_and_packing`.
+fn bf16_serving_linear(dev: &Device) {
+    fn bf16(x: f32) -> f64 {
+        let b = x.to_bits();
+        f32::from_bits(((b + 0x7fff + ((b >> 16) & 1)) >> 16) << 16) as f64
+    }
+    assert_eq!((bf16(1.0 + 1.0 / 256.0), bf16(1.0 + 3.0 / 256.0)), (1.0, 1.0 + 4.0 / 256.0), "ties to even");
+    for (m, n, k) in [(1, 70, 37), (3, 7, 45), (7, 33, 77), (13, 1, 64), (2, 64, 1), (64, 100, 129)] {
+        let (x, w, b) = (vals(m * k, 1), vals(n * k, 2), vals(n, 3));
+        let (x16, w16): (Vec<f64>, Vec<f64>) =
+            (x.iter().map(|&v| bf16(v)).collect(), w.iter().map(|&v| bf16(v)).collect());
+        let want: Vec<f64> =
+            matmul_t64(&x16, &w16, m, n, k).iter().enumerate().map(|(i, v)| v + b[i % n] as f64).collect();
+        let packed = ops::pack_weight(&up(dev, &w, &[n, k])).unwrap();
+        let y = ops::linear(&up(dev, &x, &[m, k]), &packed, Some(&up(dev, &b, &[n]))).unwrap();
+        close(&host(&y), &want, 1e-5, &format!("bf16 linear {m}x{n}x{k}"));
+    }
+}
+
+mod bf16_serving_linear {
+    const BF16: kernels::CudaOptions = kernels::CudaOptions { batch_invariant: false, bf16_weights: true };
+    #[test]
+    fn cuda_emu() {
+        super::bf16_serving_linear(&kernels::Device::cuda_emu(BF16).unwrap())
+    }
+    #[cfg(feature = "cuda")]
+    #[test]
+    fn cuda() {
+        match kernels::Device::cuda_with(0, BF16) {
+            Ok(d) => super::bf16_serving_linear(&d),
+            Err(e) => eprintln!("no CUDA device: {e}"),
+        }
+    }
+}
 
 /// Deterministic values in [-1, 1).
 fn vals(n: usize, seed: u32) -> Vec<f32> {

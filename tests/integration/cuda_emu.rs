@@ -1,4 +1,4 @@
-//! The CUDA kernels (`kernels/cuda/*.cu`) on the CPU: `tests/build.rs` compiles them with the
+//! The CUDA kernels (`kernels/cuda/*.cu`) on the CPU: `kernels/build.rs` (the `cuda-emu` feature) compiles them with the
 //! host C++ compiler through the SIMT emulation (`kernels/cuda/emu/simt.h`: blocks in turn,
 //! the threads of a block as real threads, barriers, warp shuffles), and each kernel is
 //! compared here with the CPU backend's op (`kernels::ops` on `Device::Cpu`) or, for the
@@ -17,28 +17,8 @@ use rand::{Rng, SeedableRng};
 mod attention;
 mod sampler;
 
-/// The launch shims of tests/build.rs, declared from the kernels' signatures: `geom` is grid
-/// x, y, z then block x, y, z; `smem` the dynamic shared memory in bytes; then the kernel's
-/// own arguments (host pointers).
-mod ffi {
-    /// `RlsSampleParams` of sampler.cu.
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug)]
-    pub struct SampleParams {
-        pub temperature: f32,
-        pub top_p: f32,
-        pub min_p: f32,
-        pub repetition_penalty: f32,
-        pub presence_penalty: f32,
-        pub frequency_penalty: f32,
-        pub top_k: i32,
-        pub pad: i32,
-        pub seed: u64,
-        pub step: u64,
-    }
-
-    include!(concat!(env!("OUT_DIR"), "/cuda_emu_ffi.rs"));
-}
+/// The launch shims (kernels/build.rs), declared from the kernels' signatures.
+use kernels::cuda::emu::ffi;
 
 /// Launch geometry for the shims: grid then block, (x, y, z) each.
 fn geom(grid: [usize; 3], block: [usize; 3]) -> [u32; 6] {

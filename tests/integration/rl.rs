@@ -23,11 +23,13 @@ pub(crate) fn tiny(name: &str, seed: u64) -> PathBuf {
 /// P(first completion byte is ASCII) after the prompt "abc", from the model's logits.
 fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
     let ids = tok.encode("abc", false).unwrap();
-    let lp =
-        kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16).unwrap(), false).unwrap()).unwrap();
+    let lp = kernels::ops::log_softmax(&model.forward(&ids, &mut model.new_cache(16).unwrap(), false).unwrap())
+        .unwrap()
+        .to_vec()
+        .unwrap();
     (0..lp.len() as u32)
         .filter(|&t| tok.decode(&[t], false).is_ok_and(|s| s.len() == 1 && s.is_ascii()))
-        .map(|t| lp.as_slice().unwrap()[t as usize].exp())
+        .map(|t| lp[t as usize].exp())
         .sum()
 }
 
@@ -55,8 +57,13 @@ type Weights = std::collections::BTreeMap<String, Vec<f32>>;
 /// The RL context of the tiny model in `dir` (engine thread started), and the runtime its
 /// handle belongs to (keep it alive while the context is used).
 pub(crate) fn context(dir: &Path) -> (RlContext, tokio::runtime::Runtime) {
+    context_on(dir, &Device::Cpu)
+}
+
+/// [`context`] with the model on `device`.
+fn context_on(dir: &Path, device: &Device) -> (RlContext, tokio::runtime::Runtime) {
     let tok = Arc::new(Tokenizer::from_dir(dir).unwrap());
-    let model = SharedModel::new(Model::load(dir, &Device::Cpu).unwrap());
+    let model = SharedModel::new(Model::load(dir, device).unwrap());
     let engine =
         LLMEngine::new(model.clone(), tok.clone(), EngineConfig { num_blocks: Some(64), ..Default::default() })
             .unwrap();
@@ -77,9 +84,14 @@ pub(crate) fn context(dir: &Path) -> (RlContext, tokio::runtime::Runtime) {
 /// A job on the tiny model in `dir` with extra TOML lines at the top level and in
 /// `[learner]`; also returns the final weights.
 pub(crate) fn run_job_in(dir: &Path, extra: &str, learner_extra: &str) -> (Arc<Job>, f32, f32, Weights) {
+    run_job_on(dir, &Device::Cpu, extra, learner_extra)
+}
+
+/// [`run_job_in`] with the model on `device`.
+fn run_job_on(dir: &Path, device: &Device, extra: &str, learner_extra: &str) -> (Arc<Job>, f32, f32, Weights) {
     let data = dir.join("data.jsonl");
     std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
-    let (ctx, _rt) = context(dir);
+    let (ctx, _rt) = context_on(dir, device);
     let (model, tok) = (ctx.model.clone(), ctx.tokenizer.clone());
     let start = p_ascii(&model.read(), &tok);
     let cfg = JobConfig::from_toml(&format!(
@@ -130,6 +142,20 @@ fn a_synchronous_job_learns_and_its_logprobs_equal_the_samplers() {
     let (job, start, end) = run_job("rl-sync", 0);
     check_job(&job, 0, start, end);
     // Staleness 0, T = 1, no truncation: the learner's ℓ equals the recorded μ bitwise.
+    for r in &job.status().history {
+        assert_eq!((r.learner.staleness_max, r.learner.loss.mismatch_max), (0, 0.0), "step {}", r.step);
+    }
+}
+
+/// The same job on the emulated CUDA device (`--batch-invariant`): engine, learner, AdamW
+/// and the in-place update under the write guard all take the CUDA code paths; it learns
+/// as on the CPU, and ℓ = μ bitwise.
+#[test]
+fn a_synchronous_job_learns_on_the_emulated_cuda_device() {
+    let dir = tiny("rl-sync-emu", 71);
+    let dev = Device::cuda_emu(kernels::CudaOptions { batch_invariant: true, bf16_weights: false }).unwrap();
+    let (job, start, end, _) = run_job_on(&dir, &dev, &format!("max_steps = {}", job_steps(0)), "max_staleness = 0");
+    check_job(&job, 0, start, end);
     for r in &job.status().history {
         assert_eq!((r.learner.staleness_max, r.learner.loss.mismatch_max), (0, 0.0), "step {}", r.step);
     }

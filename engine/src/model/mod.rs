@@ -268,9 +268,10 @@ impl Model {
         // between them instead of falling asleep ([`kernels::cpu::hot_pool`]). Not for larger
         // batches, whose products are long enough that no worker sleeps between them, and
         // where the polling only contended with the caller's queue (64-sequence decode,
-        // 8 alternations: 258 vs 277 tok/s median).
+        // 8 alternations: 258 vs 277 tok/s median). Not on CUDA either: its products run on the
+        // device, and polling workers would only take the host's cores from the launches.
         rayon::scope(|_| {
-            if batch.tokens.len() <= HOT_POOL_TOKENS {
+            if batch.tokens.len() <= HOT_POOL_TOKENS && matches!(self.device, Device::Cpu) {
                 kernels::cpu::hot_pool::hot(|| self.forward_inner(batch, cache))
             } else {
                 self.forward_inner(batch, cache)

@@ -1,13 +1,11 @@
 //! Host side of the attention kernels (paged_attention.cu, attention_backward.cu): the
 //! per-row metadata, the choice of kernel per sequence, and the launches.
 
-use super::device::{cuda_err, launch};
+use super::runtime::{r, w, Arg, LaunchCfg};
 use super::storage::{int, ints, CudaStorage};
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::ops::AttnSeq;
 use crate::Result;
-use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
-use cudarc::driver::{LaunchConfig, PushKernelArg};
 use std::ops::Range;
 
 /// Positions per decode partition (paged_attention_split); fixed, so a row's sums never
@@ -19,12 +17,8 @@ const THREADS: u32 = 128;
 const TQ: usize = 8;
 const TK: usize = 32;
 
-fn cfg(grid: (usize, usize, usize), threads: u32, smem: usize) -> LaunchConfig {
-    LaunchConfig {
-        grid_dim: (grid.0 as u32, grid.1 as u32, grid.2 as u32),
-        block_dim: (threads, 1, 1),
-        shared_mem_bytes: smem as u32,
-    }
+fn cfg(grid: (usize, usize, usize), threads: u32, smem: usize) -> LaunchCfg {
+    LaunchCfg { grid: (grid.0 as u32, grid.1 as u32, grid.2 as u32), block: (threads, 1, 1), smem: smem as u32 }
 }
 
 /// Paged attention. A sequence with one query row (decode) runs the split-KV kernels, a
@@ -74,14 +68,26 @@ pub(super) fn paged_attention(
             dev.upload_any(&ints(tiles.clone())?)?,
         );
         let smem = (2 * TQ * head_dim + 2 * TK * head_dim + TQ * TK + 3 * TQ) * 4;
-        let f = dev.function("paged_attention.cu", "paged_attention_prefill")?;
         if smem > 48 * 1024 {
-            f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, smem as i32).map_err(cuda_err)?;
+            dev.rt().set_max_dynamic_smem("paged_attention.cu", "paged_attention_prefill", smem as u32)?;
         }
-        let mut b = dev.stream().launch_builder(&f);
-        b.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&tables).arg(&rt).arg(&rp).arg(&tl).arg(&mut out.buf);
-        b.arg(&h).arg(&kvh).arg(&d).arg(&bs).arg(&scale);
-        launch(b, cfg((n_heads, tiles.len() / 2, 1), THREADS, smem))?;
+        let args = &mut [
+            r(&q.buf),
+            r(&k.buf),
+            r(&v.buf),
+            r(&tables),
+            r(&rt),
+            r(&rp),
+            r(&tl),
+            w(&mut out.buf),
+            Arg::I32(h),
+            Arg::I32(kvh),
+            Arg::I32(d),
+            Arg::I32(bs),
+            Arg::F32(scale),
+        ];
+        let c = cfg((n_heads, tiles.len() / 2, 1), THREADS, smem);
+        dev.launch("paged_attention.cu", "paged_attention_prefill", c, args)?;
     }
     if !decode_rows.is_empty() {
         // The decode rows, gathered into a compact batch and scattered back.
@@ -95,15 +101,37 @@ pub(super) fn paged_attention(
         let mut part_ml = dev.zeros_any::<f32>(nd * n_heads * max_parts * 2)?;
         let mut od = dev.zeros(nd * qc)?;
         let (pi, mp) = (int(PARTITION)?, int(max_parts)?);
-        let f = dev.function("paged_attention.cu", "paged_attention_split")?;
-        let mut b = dev.stream().launch_builder(&f);
-        b.arg(&qd.buf).arg(&k.buf).arg(&v.buf).arg(&tables).arg(&rt).arg(&rp).arg(&mut part_out).arg(&mut part_ml);
-        b.arg(&h).arg(&kvh).arg(&d).arg(&bs).arg(&pi).arg(&mp).arg(&scale);
-        launch(b, cfg((n_heads, nd, max_parts), THREADS, PARTITION * 4))?;
-        let f = dev.function("paged_attention.cu", "paged_attention_reduce")?;
-        let mut b = dev.stream().launch_builder(&f);
-        b.arg(&part_out).arg(&part_ml).arg(&rp).arg(&mut od.buf).arg(&h).arg(&d).arg(&pi).arg(&mp);
-        launch(b, cfg((n_heads, nd, 1), head_dim.div_ceil(32) as u32 * 32, 0))?;
+        let args = &mut [
+            r(&qd.buf),
+            r(&k.buf),
+            r(&v.buf),
+            r(&tables),
+            r(&rt),
+            r(&rp),
+            w(&mut part_out),
+            w(&mut part_ml),
+            Arg::I32(h),
+            Arg::I32(kvh),
+            Arg::I32(d),
+            Arg::I32(bs),
+            Arg::I32(pi),
+            Arg::I32(mp),
+            Arg::F32(scale),
+        ];
+        let c = cfg((n_heads, nd, max_parts), THREADS, PARTITION * 4);
+        dev.launch("paged_attention.cu", "paged_attention_split", c, args)?;
+        let args = &mut [
+            r(&part_out),
+            r(&part_ml),
+            r(&rp),
+            w(&mut od.buf),
+            Arg::I32(h),
+            Arg::I32(d),
+            Arg::I32(pi),
+            Arg::I32(mp),
+        ];
+        let c = cfg((n_heads, nd, 1), head_dim.div_ceil(32) as u32 * 32, 0);
+        dev.launch("paged_attention.cu", "paged_attention_reduce", c, args)?;
         out.scatter_rows(&decode_rows, &od, qc)?;
     }
     Ok(out)
@@ -141,19 +169,50 @@ pub(super) fn attention_backward(
     let (h, kvh, d) = (int(n_heads)?, int(n_kv_heads)?, int(head_dim)?);
     let scale = 1.0 / (head_dim as f32).sqrt();
     let th = THREADS as usize;
-    let f = dev.function("attention_backward.cu", "attention_backward_stats")?;
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&da.buf).arg(&rs).arg(&mut stats).arg(&h).arg(&kvh).arg(&d).arg(&scale);
-    launch(b, cfg((n_heads, t, 1), THREADS, 0))?;
-    let f = dev.function("attention_backward.cu", "attention_backward_dq")?;
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&da.buf).arg(&rs).arg(&stats).arg(&mut dq.buf);
-    b.arg(&h).arg(&kvh).arg(&d).arg(&scale);
-    launch(b, cfg((n_heads, t, 1), THREADS, (th + head_dim) * 4))?;
-    let f = dev.function("attention_backward.cu", "attention_backward_dkdv")?;
-    let mut b = dev.stream().launch_builder(&f);
-    b.arg(&q.buf).arg(&k.buf).arg(&v.buf).arg(&da.buf).arg(&rs).arg(&re).arg(&stats).arg(&mut dk.buf).arg(&mut dv.buf);
-    b.arg(&h).arg(&kvh).arg(&d).arg(&scale);
-    launch(b, cfg((n_kv_heads, t, 1), THREADS, (2 * th + 2 * head_dim) * 4))?;
+    let args = &mut [
+        r(&q.buf),
+        r(&k.buf),
+        r(&v.buf),
+        r(&da.buf),
+        r(&rs),
+        w(&mut stats),
+        Arg::I32(h),
+        Arg::I32(kvh),
+        Arg::I32(d),
+        Arg::F32(scale),
+    ];
+    dev.launch("attention_backward.cu", "attention_backward_stats", cfg((n_heads, t, 1), THREADS, 0), args)?;
+    let args = &mut [
+        r(&q.buf),
+        r(&k.buf),
+        r(&v.buf),
+        r(&da.buf),
+        r(&rs),
+        r(&stats),
+        w(&mut dq.buf),
+        Arg::I32(h),
+        Arg::I32(kvh),
+        Arg::I32(d),
+        Arg::F32(scale),
+    ];
+    let c = cfg((n_heads, t, 1), THREADS, (th + head_dim) * 4);
+    dev.launch("attention_backward.cu", "attention_backward_dq", c, args)?;
+    let args = &mut [
+        r(&q.buf),
+        r(&k.buf),
+        r(&v.buf),
+        r(&da.buf),
+        r(&rs),
+        r(&re),
+        r(&stats),
+        w(&mut dk.buf),
+        w(&mut dv.buf),
+        Arg::I32(h),
+        Arg::I32(kvh),
+        Arg::I32(d),
+        Arg::F32(scale),
+    ];
+    let c = cfg((n_kv_heads, t, 1), THREADS, (2 * th + 2 * head_dim) * 4);
+    dev.launch("attention_backward.cu", "attention_backward_dkdv", c, args)?;
     Ok((dq, dk, dv))
 }

@@ -1,5 +1,6 @@
 //! NVRTC compilation of the embedded kernel sources, with a PTX cache on disk keyed by a
-//! hash of the source, `common.cuh`, the options and the architecture.
+//! hash of the source, `common.cuh`, the options, the architecture and the NVRTC version
+//! (a newer NVRTC may emit PTX an older driver cannot load, and the other way round).
 
 use crate::{KernelError, Result};
 use cudarc::nvrtc::{compile_ptx_with_opts, CompileOptions, Ptx};
@@ -76,10 +77,22 @@ fn options(include: &Path, arch: &str) -> Vec<String> {
         .collect()
 }
 
+/// `major.minor` of the loaded libnvrtc.
+fn nvrtc_version() -> Result<String> {
+    let (mut major, mut minor) = (0, 0);
+    // SAFETY: nvrtcVersion writes two ints; the library was checked to be loadable.
+    let rc = unsafe { cudarc::nvrtc::sys::nvrtcVersion(&mut major, &mut minor) };
+    if rc != cudarc::nvrtc::sys::nvrtcResult::NVRTC_SUCCESS {
+        return Err(KernelError::Cuda(format!("nvrtcVersion failed: {rc:?}")));
+    }
+    Ok(format!("{major}.{minor}"))
+}
+
 /// PTX of every source for compute capability `major.minor`, from the cache or compiled
 /// (and then cached). Errors name the file and carry NVRTC's log.
 pub(super) fn compile_all(major: i32, minor: i32) -> Result<Vec<(&'static str, Ptx)>> {
     let arch = format!("{major}{minor}");
+    let nvrtc = nvrtc_version()?;
     let dir = cache_dir();
     let include = dir.join(format!("include-{:016x}", fnv1a(&[COMMON.as_bytes()])));
     std::fs::create_dir_all(&include).map_err(|e| io_err("creating", &include, e))?;
@@ -91,7 +104,9 @@ pub(super) fn compile_all(major: i32, minor: i32) -> Result<Vec<(&'static str, P
     SOURCES
         .iter()
         .map(|&(name, src)| {
-            let key = fnv1a(&[src.as_bytes(), COMMON.as_bytes(), opts.join("\n").as_bytes(), arch.as_bytes()]);
+            let joined = opts.join("\n");
+            let parts = [src.as_bytes(), COMMON.as_bytes(), joined.as_bytes(), arch.as_bytes(), nvrtc.as_bytes()];
+            let key = fnv1a(&parts);
             let path = dir.join(format!("{}-sm{arch}-{key:016x}.ptx", name.trim_end_matches(".cu")));
             if let Ok(ptx) = std::fs::read_to_string(&path) {
                 return Ok((name, Ptx::from_src(ptx)));

@@ -1,37 +1,25 @@
-//! The CUDA device: context, stream, compiled kernels and the cuBLAS handle.
+//! The CUDA device: options and the runtime (the driver, or the emulated device) that every
+//! op of its storages goes through ([`super::runtime`]).
 
-use super::compile;
+use super::runtime::{Arg, DevBuf, Elem, LaunchCfg, Runtime};
 use super::storage::CudaStorage;
 use crate::backend::BackendDevice;
-use crate::{CudaOptions, KernelError, Result};
-use cudarc::cublas::CudaBlas;
-use cudarc::driver::{
-    CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, LaunchArgs, LaunchConfig,
-};
-use std::collections::HashMap;
+use crate::{CudaOptions, Result};
 use std::fmt;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
-/// Any CUDA-side failure as a [`KernelError::Cuda`].
-pub(super) fn cuda_err(e: impl fmt::Debug) -> KernelError {
-    KernelError::Cuda(format!("{e:?}"))
-}
-
-/// One GPU: every op of its storages runs on its one stream, in order.
+/// One GPU (or the emulated device): every op of its storages runs on its one stream, in
+/// order.
 #[derive(Clone)]
 pub struct CudaDevice {
     inner: Arc<Inner>,
 }
 
 struct Inner {
-    ordinal: usize,
+    /// `0`, `1`, ... or `emulated`.
+    label: String,
     options: CudaOptions,
-    stream: Arc<CudaStream>,
-    blas: CudaBlas,
-    /// Loaded modules by source file name.
-    modules: HashMap<&'static str, Arc<CudaModule>>,
-    /// Kernels looked up so far, by name.
-    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+    rt: Runtime,
 }
 
 impl fmt::Debug for CudaDevice {
@@ -41,26 +29,8 @@ impl fmt::Debug for CudaDevice {
             (false, true) => ", bf16",
             (false, false) => "",
         };
-        write!(f, "CudaDevice({}{mode})", self.inner.ordinal)
+        write!(f, "CudaDevice({}{mode})", self.inner.label)
     }
-}
-
-/// Errors unless libcuda, libnvrtc and libcublas can be loaded (cudarc's calls would panic
-/// without them).
-fn check_libraries() -> Result<()> {
-    // SAFETY: these only try to dlopen the libraries.
-    let present = unsafe {
-        [
-            ("libcuda", cudarc::driver::sys::is_culib_present()),
-            ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
-            ("libcublas", cudarc::cublas::sys::is_culib_present()),
-        ]
-    };
-    let missing: Vec<&str> = present.iter().filter(|p| !p.1).map(|p| p.0).collect();
-    if missing.is_empty() {
-        return Ok(());
-    }
-    Err(KernelError::CudaLibraryMissing(missing.join("/")))
 }
 
 impl CudaDevice {
@@ -68,17 +38,21 @@ impl CudaDevice {
     /// architecture, computing as `options` says ([`CudaOptions`]). Errors: a missing
     /// library, no such device, an NVRTC failure (with its log).
     pub fn new(ordinal: usize, options: CudaOptions) -> Result<Self> {
-        check_libraries()?;
-        let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
-        let stream = ctx.default_stream();
-        let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
-        let mut modules = HashMap::new();
-        for (name, ptx) in compile::compile_all(major, minor)? {
-            modules.insert(name, ctx.load_module(ptx).map_err(cuda_err)?);
-        }
-        let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
-        let inner = Inner { ordinal, options, stream, blas, modules, functions: Mutex::default() };
-        Ok(Self { inner: Arc::new(inner) })
+        let rt = Runtime::Driver(super::runtime::Driver::new(ordinal)?);
+        Ok(Self { inner: Arc::new(Inner { label: ordinal.to_string(), options, rt }) })
+    }
+
+    /// The emulated CUDA device ([`super::emu`]): the same host code over host memory, the
+    /// kernels run through the SIMT emulation, cuBLAS replaced by the reference GEMM.
+    #[cfg(feature = "cuda-emu")]
+    pub fn emulated(options: CudaOptions) -> Self {
+        let rt = Runtime::Emu(super::emu::Emu::new());
+        Self { inner: Arc::new(Inner { label: "emulated".into(), options, rt }) }
+    }
+
+    /// Whether this is the emulated device.
+    pub fn is_emulated(&self) -> bool {
+        !matches!(self.inner.rt, Runtime::Driver(_))
     }
 
     /// Whether the forward GEMM and attention are the batch-invariant kernels (gemm.cu's
@@ -94,69 +68,64 @@ impl CudaDevice {
         self.inner.options.bf16_weights && !self.inner.options.batch_invariant
     }
 
-    pub(super) fn stream(&self) -> &Arc<CudaStream> {
-        &self.inner.stream
+    pub(super) fn rt(&self) -> &Runtime {
+        &self.inner.rt
     }
 
-    pub(super) fn blas(&self) -> &CudaBlas {
-        &self.inner.blas
-    }
-
-    /// Kernel `name` of source `file` (looked up once).
-    pub(super) fn function(&self, file: &'static str, name: &'static str) -> Result<CudaFunction> {
-        let mut cache = self.inner.functions.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(f) = cache.get(name) {
-            return Ok(f.clone());
+    /// Launches kernel `name` of source `file` ([`Runtime::launch`]). A grid with a zero
+    /// dimension (no rows, no items) is no work and launches nothing: CUDA rejects such a
+    /// grid, and rounding it up to one block would run a row kernel on a row that does not
+    /// exist (the emulated device caught `rms_norm` reading past a 0-row input that way).
+    pub(super) fn launch(
+        &self,
+        file: &'static str,
+        name: &'static str,
+        cfg: LaunchCfg,
+        args: &mut [Arg<'_>],
+    ) -> Result<()> {
+        let (g, b) = (cfg.grid, cfg.block);
+        if g.0 == 0 || g.1 == 0 || g.2 == 0 || b.0 == 0 || b.1 == 0 || b.2 == 0 {
+            return Ok(());
         }
-        let module = self.inner.modules.get(file).ok_or_else(|| KernelError::Cuda(format!("no module {file}")))?;
-        let f = module.load_function(name).map_err(cuda_err)?;
-        cache.insert(name, f.clone());
-        Ok(f)
+        self.inner.rt.launch(file, name, cfg, args)
     }
 
     /// Host values of any device type as a device buffer.
-    pub(super) fn upload_any<T: DeviceRepr>(&self, data: &[T]) -> Result<CudaSlice<T>> {
-        self.stream().clone_htod(data).map_err(cuda_err)
+    pub(super) fn upload_any<T: Elem>(&self, data: &[T]) -> Result<DevBuf<T>> {
+        self.inner.rt.htod(data)
     }
 
     /// `n` zeroed values of any device type.
-    pub(super) fn zeros_any<T: DeviceRepr + cudarc::driver::ValidAsZeroBits>(&self, n: usize) -> Result<CudaSlice<T>> {
-        self.stream().alloc_zeros(n.max(1)).map_err(cuda_err)
+    pub(super) fn zeros_any<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
+        self.inner.rt.zeros(n)
     }
 
-    pub(super) fn storage(&self, buf: CudaSlice<f32>, len: usize) -> CudaStorage {
-        CudaStorage::new(self.clone(), buf, len)
+    pub(super) fn storage(&self, buf: DevBuf<f32>) -> CudaStorage {
+        CudaStorage::new(self.clone(), buf)
     }
-}
-
-/// Submits a kernel built with [`CudaStream::launch_builder`].
-pub(super) fn launch(mut args: LaunchArgs<'_>, cfg: LaunchConfig) -> Result<()> {
-    // SAFETY: every kernel's argument list is built next to its launch, in the order of the
-    // kernel's signature (documented in its .cu header), with buffers of the sizes it reads.
-    unsafe { args.launch(cfg) }.map(|_| ()).map_err(cuda_err)
 }
 
 /// Threads per block of the grid-stride kernels.
 pub(super) const THREADS: u32 = 256;
 
 /// A grid-stride launch over `n` items (at most 4096 blocks; the kernels loop over the rest).
-pub(super) fn stride_cfg(n: usize) -> LaunchConfig {
-    let blocks = n.div_ceil(THREADS as usize).clamp(1, 4096) as u32;
-    LaunchConfig { grid_dim: (blocks, 1, 1), block_dim: (THREADS, 1, 1), shared_mem_bytes: 0 }
+pub(super) fn stride_cfg(n: usize) -> LaunchCfg {
+    let blocks = n.div_ceil(THREADS as usize).min(4096) as u32;
+    LaunchCfg { grid: (blocks, 1, 1), block: (THREADS, 1, 1), smem: 0 }
 }
 
 /// One block of `threads` per row, for `rows` rows (grid y/z = 1).
-pub(super) fn row_cfg(rows: usize, threads: u32) -> LaunchConfig {
-    LaunchConfig { grid_dim: (rows.max(1) as u32, 1, 1), block_dim: (threads, 1, 1), shared_mem_bytes: 0 }
+pub(super) fn row_cfg(rows: usize, threads: u32) -> LaunchCfg {
+    LaunchCfg { grid: (rows as u32, 1, 1), block: (threads, 1, 1), smem: 0 }
 }
 
 impl BackendDevice for CudaDevice {
     type Storage = CudaStorage;
     fn zeros(&self, n: usize) -> Result<CudaStorage> {
-        Ok(self.storage(self.zeros_any(n)?, n))
+        Ok(self.storage(self.zeros_any(n)?))
     }
     fn upload(&self, data: &[f32]) -> Result<CudaStorage> {
-        Ok(self.storage(self.upload_any(data)?, data.len()))
+        Ok(self.storage(self.upload_any(data)?))
     }
 }
 

@@ -3,16 +3,20 @@
 //! GEMMs. libcuda, libnvrtc and libcublas are loaded at run time: building needs no CUDA,
 //! and [`CudaDevice::new`] fails with a clear error when a library is missing.
 //!
-//! Status: written and type-checked without a GPU (the kernels themselves are tested on
-//! the CPU through the SIMT emulation, `tests/integration/cuda_emu.rs`); not yet run on a
-//! device. Layout: weights are not packed (row-major `[n, k]`, cuBLAS reads them as they
-//! are); `linear` and `linear_grad_weight` are cuBLAS SGEMMs, which are not batch-invariant,
-//! except in the `--batch-invariant` mode ([`CudaDevice::batch_invariant`]), where `linear`
-//! is gemm.cu's fixed-order kernel and every attention row runs the split-KV kernels.
+//! Every request to the driver goes through one seam, [`runtime`]: with the `cuda-emu`
+//! feature the same host code runs on the emulated device ([`emu`], [`CudaDevice::emulated`]),
+//! which is how CI tests it. Layout: weights are not packed (row-major `[n, k]`, cuBLAS reads
+//! them as they are); `linear` and `linear_grad_weight` are cuBLAS SGEMMs, which are not
+//! batch-invariant, except in the `--batch-invariant` mode ([`CudaDevice::batch_invariant`]),
+//! where `linear` is gemm.cu's fixed-order kernel and every attention row runs the split-KV
+//! kernels.
 
 mod attention;
 mod compile;
 mod device;
+#[cfg(feature = "cuda-emu")]
+pub mod emu;
+mod runtime;
 mod storage;
 
 pub use device::CudaDevice;

@@ -2,13 +2,11 @@
 //! call) per op, with the launch configurations the `.cu` headers specify.
 
 use super::attention;
-use super::device::{cuda_err, launch, row_cfg, stride_cfg, CudaDevice};
+use super::device::{row_cfg, stride_cfg, CudaDevice};
+use super::runtime::{r, w, Arg, DevBuf, GemmArgs, LaunchCfg};
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::ops::{AdamWStep, AttnSeq, KvLayout};
 use crate::{KernelError, Result};
-use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
-use cudarc::cublas::{Gemm, GemmConfig};
-use cudarc::driver::{CudaSlice, DevicePtr, DevicePtrMut, LaunchConfig, PushKernelArg};
 use std::ops::Range;
 use std::sync::OnceLock;
 
@@ -18,22 +16,21 @@ const ROW_THREADS: u32 = 256;
 /// Elements per block of the sum of squares' first stage (the CPU's chunk).
 const SQ_CHUNK: usize = 65536;
 
-/// A device buffer of `len` f32 (the allocation has at least one element).
+/// A device buffer of f32 (the allocation has at least one element).
 #[derive(Clone)]
 pub struct CudaStorage {
     dev: CudaDevice,
-    pub(super) buf: CudaSlice<f32>,
-    len: usize,
+    pub(super) buf: DevBuf<f32>,
     /// The bf16 serving copy of a linear weight on a device in bf16 mode: made from `buf` by
     /// the first `linear` that reads this weight (so optimizer deltas, packed like weights but
     /// never multiplied, get none), rewritten with `buf` by every `scale_add_inplace` (the
     /// optimizer's update, one launch), read by `linear`.
-    bf16: OnceLock<CudaSlice<u16>>,
+    pub(super) bf16: OnceLock<DevBuf<u16>>,
 }
 
 impl std::fmt::Debug for CudaStorage {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "CudaStorage({:?}, {} f32)", self.dev, self.len)
+        write!(f, "CudaStorage({:?}, {} f32)", self.dev, self.buf.len())
     }
 }
 
@@ -48,26 +45,22 @@ pub(super) fn ints(v: impl IntoIterator<Item = usize>) -> Result<Vec<i32>> {
 }
 
 impl CudaStorage {
-    pub(super) fn new(dev: CudaDevice, buf: CudaSlice<f32>, len: usize) -> Self {
-        Self { dev, buf, len, bf16: OnceLock::new() }
+    pub(super) fn new(dev: CudaDevice, buf: DevBuf<f32>) -> Self {
+        Self { dev, buf, bf16: OnceLock::new() }
     }
 
     /// `n` values of `x` as bf16 bits (f32_to_bf16 of elementwise.cu).
-    fn to_bf16(dev: &CudaDevice, x: &CudaSlice<f32>, n: usize) -> Result<CudaSlice<u16>> {
+    fn to_bf16(dev: &CudaDevice, x: &DevBuf<f32>, n: usize) -> Result<DevBuf<u16>> {
         let mut y = dev.zeros_any::<u16>(n)?;
-        let f = dev.function("elementwise.cu", "f32_to_bf16")?;
-        let nl = n as i64;
-        let mut b = dev.stream().launch_builder(&f);
-        b.arg(x).arg(&mut y).arg(&nl);
-        launch(b, stride_cfg(n))?;
+        dev.launch("elementwise.cu", "f32_to_bf16", stride_cfg(n), &mut [r(x), w(&mut y), Arg::I64(n as i64)])?;
         Ok(y)
     }
 
     /// The weight's bf16 serving copy, made on first use (see the field).
-    fn bf16_copy(&self) -> Result<&CudaSlice<u16>> {
+    fn bf16_copy(&self) -> Result<&DevBuf<u16>> {
         if self.bf16.get().is_none() {
             // Two readers racing here both convert; one copy is kept (the same values).
-            let _ = self.bf16.set(Self::to_bf16(&self.dev, &self.buf, self.len)?);
+            let _ = self.bf16.set(Self::to_bf16(&self.dev, &self.buf, self.to_len())?);
         }
         Ok(self.bf16.get().expect("set above"))
     }
@@ -79,107 +72,68 @@ impl CudaStorage {
 
     /// Elements of the buffer (the allocation may be larger).
     pub(super) fn to_len(&self) -> usize {
-        self.len
+        self.buf.len()
     }
 
     /// `y = s·x` (elementwise.cu `scale`).
     fn scale_into(&self, s: f32) -> Result<Self> {
-        let mut y = self.zeros_like(self.len)?;
-        let f = self.dev.function("elementwise.cu", "scale")?;
-        let n = self.len as i64;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&mut y.buf).arg(&s).arg(&n);
-        launch(b, stride_cfg(self.len))?;
+        let n = self.to_len();
+        let mut y = self.zeros_like(n)?;
+        let args = &mut [r(&self.buf), w(&mut y.buf), Arg::F32(s), Arg::I64(n as i64)];
+        self.dev.launch("elementwise.cu", "scale", stride_cfg(n), args)?;
         Ok(y)
     }
 
     /// `C = op(A) · op(B)` of `out` elements in cuBLAS's column-major terms (see
     /// [`BackendStorage::linear`]).
-    fn gemm(&self, cfg: GemmConfig<f32>, a: &CudaSlice<f32>, b: &CudaSlice<f32>, out: usize) -> Result<Self> {
+    fn gemm(&self, g: GemmArgs, a: &DevBuf<f32>, b: &DevBuf<f32>, out: usize) -> Result<Self> {
         let mut y = self.zeros_like(out)?;
-        // SAFETY: the dimensions and leading dimensions describe buffers of the sizes the
-        // contract's shapes give (checked by ops).
-        unsafe { self.dev.blas().gemm(cfg, a, b, &mut y.buf) }.map_err(cuda_err)?;
+        self.dev.rt().sgemm(&g, a, b, &mut y.buf)?;
         Ok(y)
+    }
+
+    /// Row-major `y [m, n] = x [m, k] · Wᵀ` as column-major `yᵀ = W · xᵀ`: A = W read
+    /// transposed (`lda = k`), B = xᵀ (`ldb = k`), C = yᵀ (`ldc = n`).
+    fn linear_args(m: usize, k: usize, n: usize) -> Result<GemmArgs> {
+        let (mi, ni, ki) = (int(m)?, int(n)?, int(k)?);
+        Ok(GemmArgs {
+            trans_a: true,
+            trans_b: false,
+            m: ni,
+            n: mi,
+            k: ki,
+            alpha: 1.0,
+            lda: ki,
+            ldb: ki,
+            beta: 0.0,
+            ldc: ni,
+        })
     }
 
     /// `linear` without bias through cuBLAS SGEMM (see [`BackendStorage::linear`]).
     fn linear_cublas(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
-        let cfg = GemmConfig {
-            transa: CUBLAS_OP_T,
-            transb: CUBLAS_OP_N,
-            m: int(n)?,
-            n: int(m)?,
-            k: int(k)?,
-            alpha: 1.0,
-            lda: int(k)?,
-            ldb: int(k)?,
-            beta: 0.0,
-            ldc: int(n)?,
-        };
-        self.gemm(cfg, &w.buf, &self.buf, m * n)
+        self.gemm(Self::linear_args(m, k, n)?, &w.buf, &self.buf, m * n)
     }
 
     /// `linear` without bias in bf16: `x` rounded to bf16, then `cublasGemmEx` with A = the
-    /// weight's bf16 copy read transposed, B = x (both `CUDA_R_16BF`, `lda = ldb = k`), C = y
-    /// in f32 (`ldc = n`), `CUBLAS_COMPUTE_32F` (f32 accumulation): the mapping of
-    /// [`Self::linear_cublas`] with other element types.
+    /// weight's bf16 copy and B = x (both `CUDA_R_16BF`), C = y in f32, f32 accumulation:
+    /// the mapping of [`Self::linear_cublas`] with other element types.
     fn linear_bf16(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
-        use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
         let w16 = w.bf16_copy()?;
         let x16 = Self::to_bf16(&self.dev, &self.buf, m * k)?;
         let mut y = self.zeros_like(m * n)?;
-        let (alpha, beta) = (1.0f32, 0.0f32);
-        let stream = self.dev.stream();
-        {
-            let (a, _a_in_use) = w16.device_ptr(stream);
-            let (b, _b_in_use) = x16.device_ptr(stream);
-            let (c, _c_in_use) = y.buf.device_ptr_mut(stream);
-            // SAFETY: A is the [n, k] weight, B the [m, k] activations, C the [m, n] output
-            // (row-major), all on this device's stream; the scalars are f32 as the compute type
-            // requires; the records keep the buffers in use until the call is queued.
-            unsafe {
-                cudarc::cublas::result::gemm_ex(
-                    *self.dev.blas().handle(),
-                    CUBLAS_OP_T,
-                    CUBLAS_OP_N,
-                    int(n)?,
-                    int(m)?,
-                    int(k)?,
-                    (&alpha) as *const f32 as *const _,
-                    a as *const _,
-                    cudaDataType_t::CUDA_R_16BF,
-                    int(k)?,
-                    b as *const _,
-                    cudaDataType_t::CUDA_R_16BF,
-                    int(k)?,
-                    (&beta) as *const f32 as *const _,
-                    c as *mut _,
-                    cudaDataType_t::CUDA_R_32F,
-                    int(n)?,
-                    cublasComputeType_t::CUBLAS_COMPUTE_32F,
-                    cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
-                )
-            }
-            .map_err(cuda_err)?;
-        }
+        self.dev.rt().gemm_bf16(&Self::linear_args(m, k, n)?, w16, &x16, &mut y.buf)?;
         Ok(y)
     }
 
     /// `linear` without bias through gemm.cu's `linear_bi` (`--batch-invariant`): `y[i, j]`
     /// is the CPU's FMA chain over `k`, whatever `m`.
-    fn linear_bi(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
+    fn linear_bi(&self, m: usize, k: usize, wt: &Self, n: usize) -> Result<Self> {
         let mut y = self.zeros_like(m * n)?;
-        let f = self.dev.function("gemm.cu", "linear_bi")?;
-        let (mi, ni, ki) = (int(m)?, int(n)?, int(k)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&w.buf).arg(&mut y.buf).arg(&mi).arg(&ni).arg(&ki);
-        let cfg = LaunchConfig {
-            grid_dim: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1),
-            block_dim: (16, 16, 1),
-            shared_mem_bytes: 0,
-        };
-        launch(b, cfg)?;
+        let cfg = LaunchCfg { grid: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1), block: (16, 16, 1), smem: 0 };
+        let args =
+            &mut [r(&self.buf), r(&wt.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(n)?), Arg::I32(int(k)?)];
+        self.dev.launch("gemm.cu", "linear_bi", cfg, args)?;
         Ok(y)
     }
 
@@ -193,23 +147,27 @@ impl CudaStorage {
         dst_cols: usize,
         dst_off: usize,
         m: usize,
-        w: usize,
+        width: usize,
     ) -> Result<()> {
-        let f = src.dev.function("copy.cu", "copy_cols")?;
-        let a = [int(src_cols)?, int(src_off)?, int(dst_cols)?, int(dst_off)?, int(m)?, int(w)?];
-        let mut b = src.dev.stream().launch_builder(&f);
-        b.arg(&src.buf).arg(&a[0]).arg(&a[1]).arg(&mut dst.buf).arg(&a[2]).arg(&a[3]).arg(&a[4]).arg(&a[5]);
-        launch(b, stride_cfg(m * w))
+        let a = [int(src_cols)?, int(src_off)?, int(dst_cols)?, int(dst_off)?, int(m)?, int(width)?];
+        let args = &mut [
+            r(&src.buf),
+            Arg::I32(a[0]),
+            Arg::I32(a[1]),
+            w(&mut dst.buf),
+            Arg::I32(a[2]),
+            Arg::I32(a[3]),
+            Arg::I32(a[4]),
+            Arg::I32(a[5]),
+        ];
+        src.dev.launch("copy.cu", "copy_cols", stride_cfg(m * width), args)
     }
 
     /// A row kernel `name(x, y, m, n)` (softmax.cu).
     fn rowwise(&self, name: &'static str, m: usize, n: usize) -> Result<Self> {
         let mut y = self.zeros_like(m * n)?;
-        let f = self.dev.function("softmax.cu", name)?;
-        let (mi, ni) = (int(m)?, int(n)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&mut y.buf).arg(&mi).arg(&ni);
-        launch(b, row_cfg(m, ROW_THREADS))?;
+        let args = &mut [r(&self.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(n)?)];
+        self.dev.launch("softmax.cu", name, row_cfg(m, ROW_THREADS), args)?;
         Ok(y)
     }
 
@@ -220,11 +178,9 @@ impl CudaStorage {
             return Ok(());
         }
         let ids = self.dev.upload_any(rows)?;
-        let f = self.dev.function("embedding.cu", name)?;
-        let (n, ci) = (int(rows.len())?, int(c)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&mut self.buf).arg(&ids).arg(&src.buf).arg(&n).arg(&ci);
-        launch(b, stride_cfg(rows.len() * c))
+        let dev = self.dev.clone();
+        let args = &mut [w(&mut self.buf), r(&ids), r(&src.buf), Arg::I32(int(rows.len())?), Arg::I32(int(c)?)];
+        dev.launch("embedding.cu", name, stride_cfg(rows.len() * c), args)
     }
 
     pub(super) fn device_ref(&self) -> &CudaDevice {
@@ -238,18 +194,16 @@ impl BackendStorage for CudaStorage {
         self.dev.clone()
     }
     fn to_host(&self) -> Result<Vec<f32>> {
-        let mut v = self.dev.stream().clone_dtoh(&self.buf).map_err(cuda_err)?;
-        v.truncate(self.len);
-        Ok(v)
+        self.dev.rt().dtoh(&self.buf)
     }
 
     // Weights stay row-major `[n, k]` on the GPU: cuBLAS reads them as they are.
     fn pack_weight(&self, _n: usize, _k: usize) -> Result<Self> {
-        Ok(Self::new(self.dev.clone(), self.buf.clone(), self.len))
+        Ok(Self::new(self.dev.clone(), self.buf.clone()))
     }
     /// The f32 master (a bf16 copy is not carried over).
     fn unpack_weight(&self, _n: usize, _k: usize) -> Result<Self> {
-        Ok(Self::new(self.dev.clone(), self.buf.clone(), self.len))
+        Ok(Self::new(self.dev.clone(), self.buf.clone()))
     }
     /// Row-major `y [m, n] = x [m, k] · Wᵀ`. Batch-invariant mode: gemm.cu's `linear_bi` (the
     /// CPU's FMA chains). bf16 mode: a cuBLAS bf16 GEMM over the weight's serving copy.
@@ -264,70 +218,71 @@ impl BackendStorage for CudaStorage {
             self.linear_cublas(m, k, w, n)?
         };
         if let Some(bias) = bias {
-            let f = self.dev.function("elementwise.cu", "add_bias")?;
-            let (mi, ni) = (int(m)?, int(n)?);
-            let mut b = self.dev.stream().launch_builder(&f);
-            b.arg(&mut y.buf).arg(&bias.buf).arg(&mi).arg(&ni);
-            launch(b, stride_cfg(m * n))?;
+            let args = &mut [super::runtime::w(&mut y.buf), r(&bias.buf), Arg::I32(int(m)?), Arg::I32(int(n)?)];
+            self.dev.launch("elementwise.cu", "add_bias", stride_cfg(m * n), args)?;
         }
         Ok(y)
     }
     /// Row-major `dW [n, k] = dyᵀ · x` is column-major `dWᵀ [k, n] = xᵀ · dy`: A = xᵀ
     /// (`lda = k`), B = dy read transposed (`ldb = n`), C = dWᵀ (`ldc = k`).
     fn linear_grad_weight(&self, x: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        let cfg = GemmConfig {
-            transa: CUBLAS_OP_N,
-            transb: CUBLAS_OP_T,
-            m: int(k)?,
-            n: int(n)?,
-            k: int(m)?,
+        let (mi, ni, ki) = (int(m)?, int(n)?, int(k)?);
+        let g = GemmArgs {
+            trans_a: false,
+            trans_b: true,
+            m: ki,
+            n: ni,
+            k: mi,
             alpha: 1.0,
-            lda: int(k)?,
-            ldb: int(n)?,
+            lda: ki,
+            ldb: ni,
             beta: 0.0,
-            ldc: int(k)?,
+            ldc: ki,
         };
-        self.gemm(cfg, &x.buf, &self.buf, n * k)
+        self.gemm(g, &x.buf, &self.buf, n * k)
     }
     /// Row-major `dx [m, k] = dy [m, n] · W [n, k]` is column-major `dxᵀ = Wᵀ · dyᵀ`: A = Wᵀ
     /// (`lda = k`), B = dyᵀ (`ldb = n`), C = dxᵀ (`ldc = k`).
     fn linear_grad_input(&self, w: &Self, m: usize, n: usize, k: usize) -> Result<Self> {
-        let cfg = GemmConfig {
-            transa: CUBLAS_OP_N,
-            transb: CUBLAS_OP_N,
-            m: int(k)?,
-            n: int(m)?,
-            k: int(n)?,
+        let (mi, ni, ki) = (int(m)?, int(n)?, int(k)?);
+        let g = GemmArgs {
+            trans_a: false,
+            trans_b: false,
+            m: ki,
+            n: mi,
+            k: ni,
             alpha: 1.0,
-            lda: int(k)?,
-            ldb: int(n)?,
+            lda: ki,
+            ldb: ni,
             beta: 0.0,
-            ldc: int(k)?,
+            ldc: ki,
         };
-        self.gemm(cfg, &w.buf, &self.buf, m * k)
+        self.gemm(g, &w.buf, &self.buf, m * k)
     }
 
-    fn rms_norm(&self, w: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
+    fn rms_norm(&self, wt: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
         let mut y = self.zeros_like(m * d)?;
-        let f = self.dev.function("rms_norm.cu", "rms_norm")?;
-        let (mi, di) = (int(m)?, int(d)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&w.buf).arg(&mut y.buf).arg(&mi).arg(&di).arg(&eps);
-        launch(b, row_cfg(m, ROW_THREADS))?;
+        let args = &mut [r(&self.buf), r(&wt.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(d)?), Arg::F32(eps)];
+        self.dev.launch("rms_norm.cu", "rms_norm", row_cfg(m, ROW_THREADS), args)?;
         Ok(y)
     }
-    fn rms_norm_backward(&self, w: &Self, dy: &Self, m: usize, d: usize, eps: f32) -> Result<(Self, Self)> {
+    fn rms_norm_backward(&self, wt: &Self, dy: &Self, m: usize, d: usize, eps: f32) -> Result<(Self, Self)> {
         let (mut dx, mut dw) = (self.zeros_like(m * d)?, self.zeros_like(d)?);
         let mut rstd = self.dev.zeros_any::<f64>(m)?;
         let (mi, di) = (int(m)?, int(d)?);
-        let f = self.dev.function("rms_norm.cu", "rms_norm_backward")?;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&w.buf).arg(&dy.buf).arg(&mut dx.buf).arg(&mut rstd).arg(&mi).arg(&di).arg(&eps);
-        launch(b, row_cfg(m, ROW_THREADS))?;
-        let f = self.dev.function("rms_norm.cu", "rms_norm_backward_dw")?;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&dy.buf).arg(&rstd).arg(&mut dw.buf).arg(&mi).arg(&di);
-        launch(b, stride_cfg(d))?;
+        let args = &mut [
+            r(&self.buf),
+            r(&wt.buf),
+            r(&dy.buf),
+            w(&mut dx.buf),
+            w(&mut rstd),
+            Arg::I32(mi),
+            Arg::I32(di),
+            Arg::F32(eps),
+        ];
+        self.dev.launch("rms_norm.cu", "rms_norm_backward", row_cfg(m, ROW_THREADS), args)?;
+        let args = &mut [r(&self.buf), r(&dy.buf), r(&rstd), w(&mut dw.buf), Arg::I32(mi), Arg::I32(di)];
+        self.dev.launch("rms_norm.cu", "rms_norm_backward_dw", stride_cfg(d), args)?;
         Ok((dx, dw))
     }
     fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
@@ -336,39 +291,29 @@ impl BackendStorage for CudaStorage {
             return Ok(());
         }
         let pos = self.dev.upload_any(&ints(positions.iter().copied())?)?;
-        let f = self.dev.function("rope.cu", "rope")?;
         let (mi, ci, hi) = (int(positions.len())?, int(c)?, int(head_dim)?);
-        let stream = self.dev.stream().clone();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&mut self.buf).arg(&pos).arg(&cos.buf).arg(&sin.buf).arg(&mi).arg(&ci).arg(&hi);
-        launch(b, stride_cfg(positions.len() * c / 2))
+        let dev = self.dev.clone();
+        let args = &mut [w(&mut self.buf), r(&pos), r(&cos.buf), r(&sin.buf), Arg::I32(mi), Arg::I32(ci), Arg::I32(hi)];
+        dev.launch("rope.cu", "rope", stride_cfg(positions.len() * c / 2), args)
     }
     fn silu_mul(&self, m: usize, i: usize) -> Result<Self> {
         let mut y = self.zeros_like(m * i)?;
-        let f = self.dev.function("elementwise.cu", "silu_mul")?;
-        let (mi, ii) = (int(m)?, int(i)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&mut y.buf).arg(&mi).arg(&ii);
-        launch(b, stride_cfg(m * i))?;
+        let args = &mut [r(&self.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(i)?)];
+        self.dev.launch("elementwise.cu", "silu_mul", stride_cfg(m * i), args)?;
         Ok(y)
     }
     fn silu_mul_backward(&self, da: &Self, m: usize, i: usize) -> Result<Self> {
         let mut d = self.zeros_like(m * 2 * i)?;
-        let f = self.dev.function("elementwise.cu", "silu_mul_backward")?;
-        let (mi, ii) = (int(m)?, int(i)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&da.buf).arg(&mut d.buf).arg(&mi).arg(&ii);
-        launch(b, stride_cfg(m * i))?;
+        let args = &mut [r(&self.buf), r(&da.buf), w(&mut d.buf), Arg::I32(int(m)?), Arg::I32(int(i)?)];
+        self.dev.launch("elementwise.cu", "silu_mul_backward", stride_cfg(m * i), args)?;
         Ok(d)
     }
     fn add_inplace(&mut self, other: &Self) -> Result<()> {
         self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
-        let f = self.dev.function("elementwise.cu", "add_inplace")?;
-        let n = self.len as i64;
-        let stream = self.dev.stream().clone();
-        let mut b = stream.launch_builder(&f);
-        b.arg(&mut self.buf).arg(&other.buf).arg(&n);
-        launch(b, stride_cfg(self.len))
+        let n = self.to_len();
+        let dev = self.dev.clone();
+        let args = &mut [w(&mut self.buf), r(&other.buf), Arg::I64(n as i64)];
+        dev.launch("elementwise.cu", "add_inplace", stride_cfg(n), args)
     }
     /// The packed layout is row-major here: [`Self::scale_add_inplace`].
     fn scale_add_unpacked(&mut self, s: f32, d: &Self, _n: usize, _k: usize) -> Result<()> {
@@ -377,21 +322,16 @@ impl BackendStorage for CudaStorage {
     /// `a ← s·a + d`; a weight with a bf16 serving copy gets both rewritten in one launch
     /// (`scale_add_inplace_bf16`).
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()> {
-        let n = self.len as i64;
-        let stream = self.dev.stream().clone();
-        let Self { dev, buf, bf16, .. } = self;
+        let n = self.to_len();
+        let Self { dev, buf, bf16 } = self;
         match bf16.get_mut() {
             Some(copy) => {
-                let f = dev.function("elementwise.cu", "scale_add_inplace_bf16")?;
-                let mut b = stream.launch_builder(&f);
-                b.arg(buf).arg(&s).arg(&d.buf).arg(copy).arg(&n);
-                launch(b, stride_cfg(n as usize))
+                let args = &mut [w(buf), Arg::F32(s), r(&d.buf), w(copy), Arg::I64(n as i64)];
+                dev.launch("elementwise.cu", "scale_add_inplace_bf16", stride_cfg(n), args)
             }
             None => {
-                let f = dev.function("elementwise.cu", "scale_add_inplace")?;
-                let mut b = stream.launch_builder(&f);
-                b.arg(buf).arg(&s).arg(&d.buf).arg(&n);
-                launch(b, stride_cfg(n as usize))
+                let args = &mut [w(buf), Arg::F32(s), r(&d.buf), Arg::I64(n as i64)];
+                dev.launch("elementwise.cu", "scale_add_inplace", stride_cfg(n), args)
             }
         }
     }
@@ -399,27 +339,20 @@ impl BackendStorage for CudaStorage {
         self.scale_into(s)
     }
     fn sum_squares(&self) -> Result<f64> {
-        let parts = self.len.div_ceil(SQ_CHUNK).max(1);
+        let len = self.to_len();
+        let parts = len.div_ceil(SQ_CHUNK).max(1);
         let mut partial = self.dev.zeros_any::<f64>(parts)?;
         let mut total = self.dev.zeros_any::<f64>(1)?;
-        let (n, chunk, pi) = (self.len as i64, SQ_CHUNK as i64, int(parts)?);
-        let f = self.dev.function("reduce.cu", "sum_squares_partial")?;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&n).arg(&chunk).arg(&mut partial);
-        launch(b, row_cfg(parts, ROW_THREADS))?;
-        let f = self.dev.function("reduce.cu", "sum_f64")?;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&partial).arg(&pi).arg(&mut total);
-        launch(b, row_cfg(1, ROW_THREADS))?;
-        Ok(self.dev.stream().clone_dtoh(&total).map_err(cuda_err)?[0])
+        let args = &mut [r(&self.buf), Arg::I64(len as i64), Arg::I64(SQ_CHUNK as i64), w(&mut partial)];
+        self.dev.launch("reduce.cu", "sum_squares_partial", row_cfg(parts, ROW_THREADS), args)?;
+        let args = &mut [r(&partial), Arg::I32(int(parts)?), w(&mut total)];
+        self.dev.launch("reduce.cu", "sum_f64", row_cfg(1, ROW_THREADS), args)?;
+        Ok(self.dev.rt().dtoh(&total)?[0])
     }
     fn sum_rows(&self, m: usize, n: usize) -> Result<Self> {
         let mut y = self.zeros_like(n)?;
-        let f = self.dev.function("reduce.cu", "sum_rows")?;
-        let (mi, ni) = (int(m)?, int(n)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&mut y.buf).arg(&mi).arg(&ni);
-        launch(b, stride_cfg(n))?;
+        let args = &mut [r(&self.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(n)?)];
+        self.dev.launch("reduce.cu", "sum_rows", stride_cfg(n), args)?;
         Ok(y)
     }
     fn softmax(&self, m: usize, n: usize) -> Result<Self> {
@@ -435,11 +368,8 @@ impl BackendStorage for CudaStorage {
             return Ok(y);
         }
         let idx = self.dev.upload_any(ids)?;
-        let f = self.dev.function("embedding.cu", "gather_rows")?;
-        let (n, ci) = (int(ids.len())?, int(c)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&idx).arg(&mut y.buf).arg(&n).arg(&ci);
-        launch(b, stride_cfg(ids.len() * c))?;
+        let args = &mut [r(&self.buf), r(&idx), w(&mut y.buf), Arg::I32(int(ids.len())?), Arg::I32(int(c)?)];
+        self.dev.launch("embedding.cu", "gather_rows", stride_cfg(ids.len() * c), args)?;
         Ok(y)
     }
     fn scatter_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
@@ -453,12 +383,12 @@ impl BackendStorage for CudaStorage {
         let mut off = 0;
         widths
             .iter()
-            .map(|&w| {
-                let mut part = self.zeros_like(m * w)?;
-                if m * w > 0 {
-                    Self::copy_cols(self, c, off, &mut part, w, 0, m, w)?;
+            .map(|&wd| {
+                let mut part = self.zeros_like(m * wd)?;
+                if m * wd > 0 {
+                    Self::copy_cols(self, c, off, &mut part, wd, 0, m, wd)?;
                 }
-                off += w;
+                off += wd;
                 Ok(part)
             })
             .collect()
@@ -468,37 +398,27 @@ impl BackendStorage for CudaStorage {
         let total: usize = parts.iter().map(|p| p.1).sum();
         let mut out = first.zeros_like(m * total)?;
         let mut off = 0;
-        for &(p, w) in parts {
-            if m * w > 0 {
-                Self::copy_cols(p, w, 0, &mut out, total, off, m, w)?;
+        for &(p, wd) in parts {
+            if m * wd > 0 {
+                Self::copy_cols(p, wd, 0, &mut out, total, off, m, wd)?;
             }
-            off += w;
+            off += wd;
         }
         Ok(out)
     }
     fn cat(parts: &[&Self]) -> Result<Self> {
         let first = parts.first().ok_or_else(|| KernelError::Cuda("cat of no parts".into()))?;
-        let total: usize = parts.iter().map(|p| p.len).sum();
+        let total: usize = parts.iter().map(|p| p.to_len()).sum();
         let mut out = first.zeros_like(total)?;
         let mut off = 0;
-        let stream = first.dev.stream().clone();
         for p in parts {
-            if p.len > 0 {
-                stream
-                    .memcpy_dtod(&p.buf.slice(..p.len), &mut out.buf.slice_mut(off..off + p.len))
-                    .map_err(cuda_err)?;
-            }
-            off += p.len;
+            first.dev.rt().dtod(&p.buf, 0, &mut out.buf, off, p.to_len())?;
+            off += p.to_len();
         }
         Ok(out)
     }
     fn slice(&self, range: Range<usize>) -> Result<Self> {
-        let len = range.len();
-        if len == 0 {
-            return self.zeros_like(0);
-        }
-        let buf = self.dev.stream().clone_dtod(&self.buf.slice(range)).map_err(cuda_err)?;
-        Ok(self.dev.storage(buf, len))
+        Ok(self.dev.storage(self.dev.rt().clone_range(&self.buf, range)?))
     }
 
     fn paged_attention(
@@ -540,16 +460,17 @@ impl BackendStorage for CudaStorage {
         }
         let toks = self.dev.upload_any(tokens)?;
         let (mut lp, mut ent) = (self.dev.zeros_any::<f32>(m)?, self.dev.zeros_any::<f32>(m)?);
-        let f = self.dev.function("logprob.cu", "token_logprobs")?;
-        let (mi, vi) = (int(m)?, int(v)?);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&toks).arg(&mi).arg(&vi).arg(&temperature).arg(&mut lp).arg(&mut ent);
-        launch(b, row_cfg(m, ROW_THREADS))?;
-        let s = self.dev.stream();
-        let (mut lp, mut ent) = (s.clone_dtoh(&lp).map_err(cuda_err)?, s.clone_dtoh(&ent).map_err(cuda_err)?);
-        lp.truncate(m);
-        ent.truncate(m);
-        Ok((lp, ent))
+        let args = &mut [
+            r(&self.buf),
+            r(&toks),
+            Arg::I32(int(m)?),
+            Arg::I32(int(v)?),
+            Arg::F32(temperature),
+            w(&mut lp),
+            w(&mut ent),
+        ];
+        self.dev.launch("logprob.cu", "token_logprobs", row_cfg(m, ROW_THREADS), args)?;
+        Ok((self.dev.rt().dtoh(&lp)?, self.dev.rt().dtoh(&ent)?))
     }
     fn token_logprobs_backward(
         &self,
@@ -568,33 +489,39 @@ impl BackendStorage for CudaStorage {
         let (toks, g, h) =
             (self.dev.upload_any(tokens)?, self.dev.upload_any(dl_dlogp)?, self.dev.upload_any(entropies)?);
         let e = dl_dentropy.map(|d| self.dev.upload_any(d)).transpose()?;
-        let f = self.dev.function("logprob.cu", "token_logprobs_backward")?;
-        let (mi, vi, null) = (int(m)?, int(v)?, 0u64);
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&toks).arg(&mi).arg(&vi).arg(&temperature).arg(&g);
-        match &e {
-            Some(e) => b.arg(e),
-            None => b.arg(&null),
-        };
-        b.arg(&h).arg(&mut dz.buf);
-        launch(b, row_cfg(m, ROW_THREADS))?;
+        let args = &mut [
+            r(&self.buf),
+            r(&toks),
+            Arg::I32(int(m)?),
+            Arg::I32(int(v)?),
+            Arg::F32(temperature),
+            r(&g),
+            e.as_ref().map_or(Arg::Null(0), r),
+            r(&h),
+            w(&mut dz.buf),
+        ];
+        self.dev.launch("logprob.cu", "token_logprobs_backward", row_cfg(m, ROW_THREADS), args)?;
         Ok(dz)
     }
 
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, s: &AdamWStep) -> Result<Self> {
-        let mut d = self.zeros_like(self.len)?;
-        let f = self.dev.function("adamw.cu", "adamw_delta")?;
-        let n = self.len as i64;
-        let mut b = self.dev.stream().launch_builder(&f);
-        b.arg(&self.buf).arg(&mut m.buf).arg(&mut v.buf).arg(&mut d.buf).arg(&n);
-        b.arg(&s.lr)
-            .arg(&s.beta1)
-            .arg(&s.beta2)
-            .arg(&s.eps)
-            .arg(&s.bias_correction1)
-            .arg(&s.bias_correction2)
-            .arg(&s.clip);
-        launch(b, stride_cfg(self.len))?;
+        let n = self.to_len();
+        let mut d = self.zeros_like(n)?;
+        let args = &mut [
+            r(&self.buf),
+            w(&mut m.buf),
+            w(&mut v.buf),
+            w(&mut d.buf),
+            Arg::I64(n as i64),
+            Arg::F64(s.lr),
+            Arg::F64(s.beta1),
+            Arg::F64(s.beta2),
+            Arg::F64(s.eps),
+            Arg::F64(s.bias_correction1),
+            Arg::F64(s.bias_correction2),
+            Arg::F64(s.clip),
+        ];
+        self.dev.launch("adamw.cu", "adamw_delta", stride_cfg(n), args)?;
         Ok(d)
     }
     /// The packed layout is row-major here: each part's step, concatenated.

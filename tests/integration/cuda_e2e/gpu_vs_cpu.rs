@@ -1,7 +1,9 @@
 //! The CUDA backend end to end against the CPU backend (already verified against f64
 //! references and JAX), on the same random weights: a tiny Llama (tied), a tiny Qwen2 (q/k/v
 //! biases, untied head), and SmolLM2-135M's architecture (30 layers, GQA 9/3, head_dim 64,
-//! vocab 49152). Needs a GPU; without one every test prints why and passes.
+//! vocab 49152). Each test runs on the emulated CUDA device (`emu`, the tiny models: the
+//! host code, launch geometry and cuBLAS mapping in CI) and, with the tests crate's `cuda`
+//! feature, on a GPU (`gpu`, all three models; without a GPU it prints why and passes).
 //!
 //! Tolerances. Logits: max |gpu − cpu| over a row ≤ 1e-4 · max |cpu| over that row (f32;
 //! cuBLAS SGEMM sums in another order than the CPU's FMA chains). Gradients: relative L2
@@ -20,16 +22,71 @@ use std::path::Path;
 use std::sync::Arc;
 use tests::tiny::TinySpec;
 
-/// `Device::cuda(0)`, or `None` after printing why the test is skipped.
-fn gpu() -> Option<Device> {
-    match Device::cuda(0) {
-        Ok(d) => Some(d),
-        Err(e) => {
-            eprintln!("skipped: no CUDA device: {e}");
-            None
+/// Where a test body runs: a GPU, or the emulated device.
+#[derive(Clone, Copy, Debug)]
+enum Target {
+    #[allow(dead_code)] // constructed only with the `cuda` feature
+    Gpu,
+    Emu,
+}
+
+impl Target {
+    /// The device with `options`, or `None` after printing why the test is skipped (no GPU).
+    fn device(self, options: CudaOptions) -> Option<Device> {
+        match self {
+            Target::Gpu => match Device::cuda_with(0, options) {
+                Ok(d) => Some(d),
+                Err(e) => {
+                    eprintln!("skipped: no CUDA device: {e}");
+                    None
+                }
+            },
+            Target::Emu => Some(Device::cuda_emu(options).unwrap()),
         }
     }
+
+    /// The model configs under test: (name, config.json); the emulated device (a thread per
+    /// CUDA thread, a reference GEMM) takes the tiny ones.
+    fn cases(self) -> Vec<(&'static str, serde_json::Value)> {
+        let mut c = cases();
+        if matches!(self, Target::Emu) {
+            c.retain(|(name, _)| name.starts_with("tiny"));
+        }
+        c
+    }
 }
+
+const F32: CudaOptions = CudaOptions { batch_invariant: false, bf16_weights: false };
+const BF16: CudaOptions = CudaOptions { batch_invariant: false, bf16_weights: true };
+const BATCH_INVARIANT: CudaOptions = CudaOptions { batch_invariant: true, bf16_weights: false };
+
+/// `on_targets!(body, ...)`: `body::emu` always, `body::gpu` with the `cuda` feature.
+macro_rules! on_targets {
+    ($($body:ident),+ $(,)?) => {$(
+        mod $body {
+            #[test]
+            fn emu() {
+                super::$body(super::Target::Emu)
+            }
+            #[cfg(feature = "cuda")]
+            #[test]
+            fn gpu() {
+                super::$body(super::Target::Gpu)
+            }
+        }
+    )+};
+}
+
+on_targets!(
+    prefill_and_decode_logits_match_the_cpu,
+    bf16_logits_match_the_cpu_within_bf16_rounding,
+    the_bf16_serving_copy_follows_every_update,
+    greedy_tokens_match_the_cpu_for_16_steps,
+    chunked_prefill_preemption_and_prefix_hits_match_the_cpu,
+    learner_gradients_match_the_cpu,
+    learner_logprobs_vs_behavior_logprobs_on_the_gpu,
+    batch_invariant_logprobs_equal_the_samplers_on_the_gpu,
+);
 
 /// SmolLM2-135M-Instruct's `config.json` (the default model), weights random.
 fn smollm2_135m() -> serde_json::Value {
@@ -92,8 +149,8 @@ fn argmax(row: &[f32]) -> u32 {
 
 /// Prefill of 9 tokens (every row's logits) then 4 decode steps on the contiguous cache of
 /// `dev` against the CPU: every step's [`max_row_rel_err`] ≤ `tol` (printed).
-fn prefill_and_decode_vs_cpu(dev: &Device, tol: f32) {
-    for (name, config) in cases() {
+fn prefill_and_decode_vs_cpu(t: Target, dev: &Device, tol: f32) {
+    for (name, config) in t.cases() {
         let (cpu, gpu) = (model(&config, &Device::Cpu), model(&config, dev));
         let vocab = cpu.config.vocab_size;
         let (mut cc, mut gc) = (cpu.new_cache(16).unwrap(), gpu.new_cache(16).unwrap());
@@ -111,29 +168,24 @@ fn prefill_and_decode_vs_cpu(dev: &Device, tol: f32) {
 }
 
 /// f32 (cuBLAS SGEMM): logits within 1e-4 of the CPU's.
-#[test]
-fn prefill_and_decode_logits_match_the_cpu() {
-    let Some(dev) = gpu() else { return };
-    prefill_and_decode_vs_cpu(&dev, 1e-4);
+fn prefill_and_decode_logits_match_the_cpu(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
+    prefill_and_decode_vs_cpu(t, &dev, 1e-4);
 }
 
 /// The bf16 serving copy (`--dtype bfloat16`, the CLI's default on CUDA): weights and
 /// activations rounded to bf16 (8 significant bits, relative rounding ≤ 2⁻⁹ per value) with
 /// f32 accumulation; through 30 layers the logits stay within 3e-2 of the f32 CPU's.
-#[test]
-fn bf16_logits_match_the_cpu_within_bf16_rounding() {
-    let Some(_) = gpu() else { return };
-    let dev = Device::cuda_with(0, CudaOptions { batch_invariant: false, bf16_weights: true }).unwrap();
-    prefill_and_decode_vs_cpu(&dev, 3e-2);
+fn bf16_logits_match_the_cpu_within_bf16_rounding(t: Target) {
+    let Some(dev) = t.device(BF16) else { return };
+    prefill_and_decode_vs_cpu(t, &dev, 3e-2);
 }
 
 /// An optimizer update (`scale_add_packed`, the write-guard pass) rewrites a bf16 weight's
 /// serving copy with its f32 master: `linear` after the update matches the CPU's with the
 /// updated f32 weight to bf16 rounding, and differs from before it.
-#[test]
-fn the_bf16_serving_copy_follows_every_update() {
-    let Some(_) = gpu() else { return };
-    let dev = Device::cuda_with(0, CudaOptions { batch_invariant: false, bf16_weights: true }).unwrap();
+fn the_bf16_serving_copy_follows_every_update(t: Target) {
+    let Some(dev) = t.device(BF16) else { return };
     let (m, n, k) = (5, 70, 96);
     let (x, w, d) = (
         random_weight("x", &[m, k]).unwrap(),
@@ -157,21 +209,77 @@ fn the_bf16_serving_copy_follows_every_update() {
 
 /// The engine (paged KV blocks of 16, three requests batched) on both devices.
 fn engine_outputs(model: &SharedModel, prompts: &[Vec<u32>], params: &SamplingParams) -> Vec<Vec<engine::TokenOutput>> {
+    let cfg = EngineConfig { num_blocks: Some(64), ..EngineConfig::default() };
+    run_engine(model, cfg, &[prompts], params).0
+}
+
+/// Runs `waves` of requests through one engine with `cfg`, each wave to completion before the
+/// next is added; returns each request's tokens (numbered across waves) and the engine's stats.
+fn run_engine(
+    model: &SharedModel,
+    cfg: EngineConfig,
+    waves: &[&[Vec<u32>]],
+    params: &SamplingParams,
+) -> (Vec<Vec<engine::TokenOutput>>, engine::EngineStats) {
     let dir = tests::temp_dir("cuda-e2e-tokenizer");
     tests::tiny::write_tokenizer(&dir);
     let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
-    let cfg = EngineConfig { num_blocks: Some(64), ..EngineConfig::default() };
     let mut e = LLMEngine::new(model.clone(), tok, cfg).unwrap();
-    for (i, p) in prompts.iter().enumerate() {
-        e.add_request(&i.to_string(), p.clone(), params.clone()).unwrap();
-    }
-    let mut out = vec![Vec::new(); prompts.len()];
-    while e.has_unfinished() {
-        for o in e.step().unwrap() {
-            out[o.request_id.parse::<usize>().unwrap()].extend(o.tokens);
+    let mut out = Vec::new();
+    for wave in waves {
+        for p in wave.iter() {
+            e.add_request(&out.len().to_string(), p.clone(), params.clone()).unwrap();
+            out.push(Vec::new());
+        }
+        while e.has_unfinished() {
+            for o in e.step().unwrap() {
+                out[o.request_id.parse::<usize>().unwrap()].extend(o.tokens);
+            }
         }
     }
-    out
+    (out, e.stats())
+}
+
+/// The scheduler's other paths through the device code: prompts prefilled in chunks of 8
+/// tokens, a KV pool of 12 blocks of 4 tokens that forces preemption (recomputation) while
+/// four requests decode, and a second wave whose prompts extend the first wave's (prefix-cache
+/// hits: decode continues from cached blocks). Both devices make the same schedule (asserted
+/// through the engine's counters) and the same greedy tokens (ties as in the 16-step test);
+/// raw log-probabilities agree within 1e-4.
+fn chunked_prefill_preemption_and_prefix_hits_match_the_cpu(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
+    let params = SamplingParams { temperature: 0.0, max_tokens: Some(6), ignore_eos: true, ..Default::default() };
+    let cfg = EngineConfig {
+        block_size: 4,
+        num_blocks: Some(12),
+        max_num_batched_tokens: 8,
+        max_num_seqs: 4,
+        ..EngineConfig::default()
+    };
+    for (name, config) in t.cases() {
+        let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+        let first: Vec<Vec<u32>> =
+            [9, 11, 7, 10].iter().enumerate().map(|(i, n)| tokens(vocab, *n, 40 + i as u64)).collect();
+        let second: Vec<Vec<u32>> =
+            first.iter().take(2).map(|p| [&p[..], &tokens(vocab, 3, 50)[..]].concat()).collect();
+        let waves: [&[Vec<u32>]; 2] = [&first, &second];
+        let (want, ws) = run_engine(&SharedModel::new(model(&config, &Device::Cpu)), cfg.clone(), &waves, &params);
+        let (got, gs) = run_engine(&SharedModel::new(model(&config, &dev)), cfg.clone(), &waves, &params);
+        eprintln!(
+            "{name}: {} preemptions, {}/{} prefix-cache hits, {} prefill tokens, {} steps",
+            ws.num_preemptions, ws.prefix_cache_hits, ws.prefix_cache_queries, ws.prefill_tokens, ws.steps
+        );
+        assert!(ws.num_preemptions > 0 && ws.prefix_cache_hits > 0, "{name}: the schedule exercises both: {ws:?}");
+        let counters = |s: &engine::EngineStats| (s.num_preemptions, s.prefix_cache_hits, s.prefill_tokens, s.steps);
+        assert_eq!(counters(&gs), counters(&ws), "{name}: the same schedule");
+        for (r, (w, g)) in want.iter().zip(&got).enumerate() {
+            let ids = |v: &[engine::TokenOutput]| v.iter().map(|t| t.token_id).collect::<Vec<u32>>();
+            assert_eq!(ids(g), ids(w), "{name}: request {r}");
+            for (a, b) in w.iter().zip(g) {
+                assert!((a.raw_logprob - b.raw_logprob).abs() <= 1e-4, "{name}: request {r}: {a:?} vs {b:?}");
+            }
+        }
+    }
 }
 
 fn prompts(vocab: usize) -> Vec<Vec<u32>> {
@@ -181,11 +289,10 @@ fn prompts(vocab: usize) -> Vec<Vec<u32>> {
 /// Greedy decoding: the GPU engine's tokens equal the CPU engine's for 16 steps. A
 /// divergence is accepted only at an exact tie within rounding: the CPU's own logits of the
 /// two tokens at that step differ by ≤ 1e-4 of the row's largest logit (printed).
-#[test]
-fn greedy_tokens_match_the_cpu_for_16_steps() {
-    let Some(dev) = gpu() else { return };
+fn greedy_tokens_match_the_cpu_for_16_steps(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
     let params = SamplingParams { temperature: 0.0, max_tokens: Some(16), ignore_eos: true, ..Default::default() };
-    for (name, config) in cases() {
+    for (name, config) in t.cases() {
         let cpu = model(&config, &Device::Cpu);
         let vocab = cpu.config.vocab_size;
         let ps = prompts(vocab);
@@ -209,10 +316,9 @@ fn greedy_tokens_match_the_cpu_for_16_steps() {
 
 /// One learner forward + backward of a packed batch (two sequences, T = 0.8, a policy and an
 /// entropy term): ℓ and every gradient tensor, GPU vs CPU.
-#[test]
-fn learner_gradients_match_the_cpu() {
-    let Some(dev) = gpu() else { return };
-    for (name, config) in cases() {
+fn learner_gradients_match_the_cpu(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
+    for (name, config) in t.cases() {
         let vocab = config["vocab_size"].as_u64().unwrap() as usize;
         let (p1, c1, p2, c2) = (tokens(vocab, 7, 20), tokens(vocab, 5, 21), tokens(vocab, 4, 22), tokens(vocab, 6, 23));
         let seqs: Vec<(&[u32], &[u32])> = vec![(&p1, &c1), (&p2, &c2)];
@@ -248,10 +354,10 @@ fn learner_gradients_match_the_cpu() {
 
 /// Sampling at T = 1 with no truncation on the GPU engine (`dev`), then the GPU learner's ℓ
 /// of the same tokens: `(max |ℓ − μ|, max |ℓ − raw|)` per case, printed.
-fn logprob_gaps(dev: &Device) -> Vec<(&'static str, f32, f32)> {
+fn logprob_gaps(t: Target, dev: &Device) -> Vec<(&'static str, f32, f32)> {
     let params = SamplingParams { seed: Some(3), max_tokens: Some(12), ignore_eos: true, ..Default::default() };
     let mut gaps = Vec::new();
-    for (name, config) in cases() {
+    for (name, config) in t.cases() {
         let m = SharedModel::new(model(&config, dev));
         let ps = prompts(m.read().config.vocab_size);
         let out = engine_outputs(&m, &ps, &params);
@@ -269,20 +375,17 @@ fn logprob_gaps(dev: &Device) -> Vec<(&'static str, f32, f32)> {
 }
 
 /// cuBLAS: ℓ and μ within rounding (≤ 1e-3), the measured gap printed.
-#[test]
-fn learner_logprobs_vs_behavior_logprobs_on_the_gpu() {
-    let Some(dev) = gpu() else { return };
-    for (name, d_mu, d_raw) in logprob_gaps(&dev) {
+fn learner_logprobs_vs_behavior_logprobs_on_the_gpu(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
+    for (name, d_mu, d_raw) in logprob_gaps(t, &dev) {
         assert!(d_mu <= 1e-3 && d_raw <= 1e-3, "{name}: |ℓ − μ| {d_mu:e}, |ℓ − raw| {d_raw:e}");
     }
 }
 
 /// `--batch-invariant`: ℓ = μ = raw bitwise on the GPU (the CPU's guarantee).
-#[test]
-fn batch_invariant_logprobs_equal_the_samplers_on_the_gpu() {
-    let Some(_) = gpu() else { return };
-    let dev = Device::cuda_with(0, CudaOptions { batch_invariant: true, bf16_weights: false }).unwrap();
-    for (name, d_mu, d_raw) in logprob_gaps(&dev) {
+fn batch_invariant_logprobs_equal_the_samplers_on_the_gpu(t: Target) {
+    let Some(dev) = t.device(BATCH_INVARIANT) else { return };
+    for (name, d_mu, d_raw) in logprob_gaps(t, &dev) {
         assert_eq!((d_mu, d_raw), (0.0, 0.0), "{name}: |ℓ − μ| {d_mu:e}, |ℓ − raw| {d_raw:e}");
     }
 }

@@ -1,0 +1,449 @@
+//! The device-runtime seam: everything the CUDA host code asks of the driver goes through
+//! here: allocate ([`Runtime::zeros`]), copy host→device, device→host and device→device,
+//! launch a named kernel with a grid/block/shared-memory configuration and arguments
+//! ([`Runtime::launch`]), the two GEMM calls ([`Runtime::sgemm`], [`Runtime::gemm_bf16`])
+//! and stream synchronisation. Two implementations: the driver (cudarc: NVRTC-compiled
+//! PTX, cuBLAS, one stream the backend creates) and, with the `cuda-emu` feature, the
+//! emulated device ([`super::emu`]: host memory behind bounds-checked handles, the kernels'
+//! sources run through the SIMT emulation, a column-major reference GEMM).
+//!
+//! Copies are bounds-checked here, for both runtimes, before they reach either: a copy past
+//! a buffer's end is an error naming the copy, not a driver fault.
+
+use super::compile;
+use crate::{KernelError, Result};
+use cudarc::cublas::CudaBlas;
+use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
+use std::collections::HashMap;
+use std::fmt;
+use std::ops::Range;
+use std::sync::{Arc, Mutex};
+
+/// Any CUDA-side failure as a [`KernelError::Cuda`].
+pub(super) fn cuda_err(e: impl fmt::Debug) -> KernelError {
+    KernelError::Cuda(format!("{e:?}"))
+}
+
+/// The element types of device buffers (the kernels' pointer parameters; the emulated
+/// device checks each pointer argument's type against the kernel's signature).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[cfg_attr(not(feature = "cuda-emu"), allow(dead_code))]
+pub(super) enum ElemKind {
+    F32,
+    F64,
+    I32,
+    U32,
+    U64,
+    /// bf16 bits.
+    U16,
+}
+
+/// An element type of a device buffer.
+pub(super) trait Elem: DeviceRepr + ValidAsZeroBits + Copy + Default + Send + Sync + 'static {
+    #[cfg_attr(not(feature = "cuda-emu"), allow(dead_code))]
+    const KIND: ElemKind;
+    /// The buffer as a kernel argument the kernel only reads.
+    fn read(b: &DevBuf<Self>) -> Arg<'_>;
+    /// The buffer as a kernel argument the kernel may write.
+    fn write(b: &mut DevBuf<Self>) -> Arg<'_>;
+}
+
+macro_rules! elems {
+    ($($t:ty => $kind:ident),+) => {
+        /// A buffer the kernel reads.
+        pub(super) enum BufRef<'a> { $($kind(&'a DevBuf<$t>)),+ }
+        /// A buffer the kernel may write.
+        pub(super) enum BufMut<'a> { $($kind(&'a mut DevBuf<$t>)),+ }
+        $(impl Elem for $t {
+            const KIND: ElemKind = ElemKind::$kind;
+            fn read(b: &DevBuf<Self>) -> Arg<'_> { Arg::In(BufRef::$kind(b)) }
+            fn write(b: &mut DevBuf<Self>) -> Arg<'_> { Arg::Out(BufMut::$kind(b)) }
+        })+
+        /// Pushes one argument onto a cudarc launch.
+        fn push_driver<'a>(b: &mut cudarc::driver::LaunchArgs<'a>, arg: &'a mut Arg<'_>) {
+            use cudarc::driver::PushKernelArg;
+            match arg {
+                Arg::I32(v) => { b.arg(&*v); }
+                Arg::I64(v) => { b.arg(&*v); }
+                Arg::F32(v) => { b.arg(&*v); }
+                Arg::F64(v) => { b.arg(&*v); }
+                Arg::Null(v) => { b.arg(&*v); }
+                $(Arg::In(BufRef::$kind(x)) => { let x: &'a DevBuf<$t> = x; b.arg(x.driver()); })+
+                $(Arg::Out(BufMut::$kind(x)) => { b.arg(x.driver_mut()); })+
+            }
+        }
+    };
+}
+elems!(f32 => F32, f64 => F64, i32 => I32, u32 => U32, u64 => U64, u16 => U16);
+
+/// One kernel argument, in the order of the kernel's signature.
+pub(super) enum Arg<'a> {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    /// A null pointer (an optional input the kernel does not read).
+    Null(u64),
+    In(BufRef<'a>),
+    Out(BufMut<'a>),
+}
+
+/// A read-only buffer argument.
+pub(super) fn r<T: Elem>(b: &DevBuf<T>) -> Arg<'_> {
+    T::read(b)
+}
+
+/// A written buffer argument.
+pub(super) fn w<T: Elem>(b: &mut DevBuf<T>) -> Arg<'_> {
+    T::write(b)
+}
+
+/// A device buffer of `len` values of `T` (the allocation has at least one element).
+pub struct DevBuf<T: Elem> {
+    pub(super) inner: BufInner<T>,
+    len: usize,
+}
+
+pub(super) enum BufInner<T: Elem> {
+    Driver(CudaSlice<T>),
+    #[cfg(feature = "cuda-emu")]
+    Emu(super::emu::EmuBuf),
+}
+
+impl<T: Elem> DevBuf<T> {
+    /// Values in the buffer.
+    pub(super) fn len(&self) -> usize {
+        self.len
+    }
+
+    fn driver(&self) -> &CudaSlice<T> {
+        match &self.inner {
+            BufInner::Driver(s) => s,
+            #[cfg(feature = "cuda-emu")]
+            BufInner::Emu(_) => unreachable!("an emulated buffer on the driver runtime"),
+        }
+    }
+
+    fn driver_mut(&mut self) -> &mut CudaSlice<T> {
+        match &mut self.inner {
+            BufInner::Driver(s) => s,
+            #[cfg(feature = "cuda-emu")]
+            BufInner::Emu(_) => unreachable!("an emulated buffer on the driver runtime"),
+        }
+    }
+}
+
+impl<T: Elem> Clone for DevBuf<T> {
+    /// A deep copy (cudarc's `CudaSlice::clone` copies on the device).
+    fn clone(&self) -> Self {
+        let inner = match &self.inner {
+            BufInner::Driver(s) => BufInner::Driver(s.clone()),
+            #[cfg(feature = "cuda-emu")]
+            BufInner::Emu(b) => BufInner::Emu(b.deep_copy()),
+        };
+        Self { inner, len: self.len }
+    }
+}
+
+/// `C = α·op(A)·op(B) + β·C` in cuBLAS's column-major terms: `op(A)` is `m × k`, `op(B)`
+/// `k × n`, `C` `m × n`; `trans_a` means A is stored `k × m` and read transposed; leading
+/// dimensions in elements (the cuBLAS `cublasSgemm` / `cublasGemmEx` contract).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct GemmArgs {
+    pub trans_a: bool,
+    pub trans_b: bool,
+    pub m: i32,
+    pub n: i32,
+    pub k: i32,
+    pub alpha: f32,
+    pub lda: i32,
+    pub ldb: i32,
+    pub beta: f32,
+    pub ldc: i32,
+}
+
+/// A kernel launch's geometry (CUDA's grid, block and dynamic shared memory in bytes).
+#[derive(Debug, Clone, Copy)]
+pub(super) struct LaunchCfg {
+    pub grid: (u32, u32, u32),
+    pub block: (u32, u32, u32),
+    pub smem: u32,
+}
+
+/// The driver runtime: context, the backend's own stream, loaded modules, cuBLAS.
+pub(super) struct Driver {
+    stream: Arc<CudaStream>,
+    blas: CudaBlas,
+    modules: HashMap<&'static str, Arc<CudaModule>>,
+    functions: Mutex<HashMap<&'static str, CudaFunction>>,
+}
+
+/// Which runtime a device runs on.
+pub(super) enum Runtime {
+    Driver(Driver),
+    #[cfg(feature = "cuda-emu")]
+    Emu(super::emu::Emu),
+}
+
+/// Errors unless libcuda, libnvrtc and libcublas can be loaded (cudarc's calls would panic
+/// without them).
+fn check_libraries() -> Result<()> {
+    // SAFETY: these only try to dlopen the libraries.
+    let present = unsafe {
+        [
+            ("libcuda", cudarc::driver::sys::is_culib_present()),
+            ("libnvrtc", cudarc::nvrtc::sys::is_culib_present()),
+            ("libcublas", cudarc::cublas::sys::is_culib_present()),
+        ]
+    };
+    let missing: Vec<&str> = present.iter().filter(|p| !p.1).map(|p| p.0).collect();
+    if missing.is_empty() {
+        return Ok(());
+    }
+    Err(KernelError::CudaLibraryMissing(missing.join("/")))
+}
+
+impl Driver {
+    /// The GPU with this ordinal: a stream of the backend's own (not the legacy default
+    /// stream, which cannot be captured into a CUDA graph), its kernels compiled (or read
+    /// from the PTX cache) for its architecture, and a cuBLAS handle on that stream.
+    pub(super) fn new(ordinal: usize) -> Result<Self> {
+        check_libraries()?;
+        let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
+        let stream = ctx.new_stream().map_err(cuda_err)?;
+        let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
+        let mut modules = HashMap::new();
+        for (name, ptx) in compile::compile_all(major, minor)? {
+            modules.insert(name, ctx.load_module(ptx).map_err(cuda_err)?);
+        }
+        let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
+        Ok(Self { stream, blas, modules, functions: Mutex::default() })
+    }
+
+    /// Kernel `name` of source `file` (looked up once).
+    fn function(&self, file: &'static str, name: &'static str) -> Result<CudaFunction> {
+        let mut cache = self.functions.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(f) = cache.get(name) {
+            return Ok(f.clone());
+        }
+        let module = self.modules.get(file).ok_or_else(|| KernelError::Cuda(format!("no module {file}")))?;
+        let f = module.load_function(name).map_err(cuda_err)?;
+        cache.insert(name, f.clone());
+        Ok(f)
+    }
+}
+
+fn wrap<T: Elem>(inner: BufInner<T>, len: usize) -> DevBuf<T> {
+    DevBuf { inner, len }
+}
+
+/// The error of a copy that does not fit its buffers.
+fn copy_err(what: &str, range: &Range<usize>, len: usize) -> KernelError {
+    KernelError::Cuda(format!(
+        "{what} of elements {}..{} past the end of a buffer of {len} (out-of-bounds copy)",
+        range.start, range.end
+    ))
+}
+
+impl Runtime {
+    /// `n` zeroed values (the driver allocates at least one, as cudarc refuses an empty
+    /// allocation; the emulated device exactly `n`, so that any access to an empty buffer
+    /// is a memcheck failure).
+    pub(super) fn zeros<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
+        match self {
+            Runtime::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?), n)),
+            #[cfg(feature = "cuda-emu")]
+            Runtime::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n)), n)),
+        }
+    }
+
+    /// Host values as a new device buffer.
+    pub(super) fn htod<T: Elem>(&self, data: &[T]) -> Result<DevBuf<T>> {
+        if data.is_empty() {
+            return self.zeros(0);
+        }
+        match self {
+            Runtime::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.clone_htod(data).map_err(cuda_err)?), data.len())),
+            #[cfg(feature = "cuda-emu")]
+            Runtime::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::from_host(data)), data.len())),
+        }
+    }
+
+    /// The buffer's `len` values on the host (waits for the stream).
+    pub(super) fn dtoh<T: Elem>(&self, b: &DevBuf<T>) -> Result<Vec<T>> {
+        let mut v = match &b.inner {
+            BufInner::Driver(s) => match self {
+                Runtime::Driver(d) => d.stream.clone_dtoh(s).map_err(cuda_err)?,
+                #[cfg(feature = "cuda-emu")]
+                Runtime::Emu(_) => unreachable!("a driver buffer on the emulated device"),
+            },
+            #[cfg(feature = "cuda-emu")]
+            BufInner::Emu(e) => e.to_host::<T>(),
+        };
+        v.truncate(b.len);
+        Ok(v)
+    }
+
+    /// `dst[dst_off..dst_off + n] = src[src_off..src_off + n]` on the device.
+    pub(super) fn dtod<T: Elem>(
+        &self,
+        src: &DevBuf<T>,
+        src_off: usize,
+        dst: &mut DevBuf<T>,
+        dst_off: usize,
+        n: usize,
+    ) -> Result<()> {
+        let (sr, dr) = (src_off..src_off + n, dst_off..dst_off + n);
+        if sr.end > src.len {
+            return Err(copy_err("device copy read", &sr, src.len));
+        }
+        if dr.end > dst.len {
+            return Err(copy_err("device copy write", &dr, dst.len));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        match (self, &src.inner, &mut dst.inner) {
+            (Runtime::Driver(d), BufInner::Driver(s), BufInner::Driver(t)) => {
+                d.stream.memcpy_dtod(&s.slice(sr), &mut t.slice_mut(dr)).map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            (Runtime::Emu(_), BufInner::Emu(s), BufInner::Emu(t)) => {
+                t.copy_from::<T>(s, src_off, dst_off, n);
+                Ok(())
+            }
+            #[cfg(feature = "cuda-emu")]
+            _ => unreachable!("buffers of another runtime"),
+        }
+    }
+
+    /// A new buffer holding `src[range]`.
+    pub(super) fn clone_range<T: Elem>(&self, src: &DevBuf<T>, range: Range<usize>) -> Result<DevBuf<T>> {
+        let mut out = self.zeros::<T>(range.len())?;
+        self.dtod(src, range.start, &mut out, 0, range.len())?;
+        Ok(out)
+    }
+
+    /// Raises kernel `name`'s dynamic shared memory limit to `bytes` (above the default
+    /// 48 KiB a launch must ask for it first, as `cudaFuncSetAttribute` does).
+    pub(super) fn set_max_dynamic_smem(&self, file: &'static str, name: &'static str, bytes: u32) -> Result<()> {
+        match self {
+            Runtime::Driver(d) => {
+                use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
+                let f = d.function(file, name)?;
+                f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32).map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            Runtime::Emu(e) => {
+                e.set_max_dynamic_smem(name, bytes);
+                Ok(())
+            }
+        }
+    }
+
+    /// Launches kernel `name` of source `file` with `args` in the order of its signature.
+    pub(super) fn launch(
+        &self,
+        file: &'static str,
+        name: &'static str,
+        cfg: LaunchCfg,
+        args: &mut [Arg<'_>],
+    ) -> Result<()> {
+        match self {
+            Runtime::Driver(d) => {
+                let f = d.function(file, name)?;
+                let mut b = d.stream.launch_builder(&f);
+                for a in args.iter_mut() {
+                    push_driver(&mut b, a);
+                }
+                let cfg = cudarc::driver::LaunchConfig {
+                    grid_dim: cfg.grid,
+                    block_dim: cfg.block,
+                    shared_mem_bytes: cfg.smem,
+                };
+                // SAFETY: every kernel's argument list is built next to its launch, in the
+                // order of the kernel's signature (documented in its .cu header; the emulated
+                // device checks each argument's kind against it), with buffers of the sizes
+                // it reads (the emulated device checks every access).
+                unsafe { b.launch(cfg) }.map(|_| ()).map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            Runtime::Emu(e) => e.launch(name, cfg, args),
+        }
+    }
+
+    /// f32 SGEMM ([`GemmArgs`]) over device buffers.
+    pub(super) fn sgemm(&self, g: &GemmArgs, a: &DevBuf<f32>, b: &DevBuf<f32>, c: &mut DevBuf<f32>) -> Result<()> {
+        match self {
+            Runtime::Driver(d) => {
+                use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+                use cudarc::cublas::{Gemm, GemmConfig};
+                let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+                let cfg = GemmConfig {
+                    transa: op(g.trans_a),
+                    transb: op(g.trans_b),
+                    m: g.m,
+                    n: g.n,
+                    k: g.k,
+                    alpha: g.alpha,
+                    lda: g.lda,
+                    ldb: g.ldb,
+                    beta: g.beta,
+                    ldc: g.ldc,
+                };
+                // SAFETY: the dimensions and leading dimensions describe buffers of the sizes
+                // the contract's shapes give (checked by ops; the emulated device checks them
+                // against the buffers).
+                unsafe { d.blas.gemm(cfg, a.driver(), b.driver(), c.driver_mut()) }.map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            Runtime::Emu(_) => super::emu::sgemm(g, a, b, c),
+        }
+    }
+
+    /// `cublasGemmEx` with A and B in bf16 (`CUDA_R_16BF`), C in f32, f32 compute
+    /// (`CUBLAS_COMPUTE_32F`); the layout as [`Self::sgemm`].
+    pub(super) fn gemm_bf16(&self, g: &GemmArgs, a: &DevBuf<u16>, b: &DevBuf<u16>, c: &mut DevBuf<f32>) -> Result<()> {
+        match self {
+            Runtime::Driver(d) => {
+                use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
+                use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
+                use cudarc::driver::{DevicePtr, DevicePtrMut};
+                let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
+                let (alpha, beta) = (g.alpha, g.beta);
+                let stream = &d.stream;
+                let (ap, _a_in_use) = a.driver().device_ptr(stream);
+                let (bp, _b_in_use) = b.driver().device_ptr(stream);
+                let (cp, _c_in_use) = c.driver_mut().device_ptr_mut(stream);
+                // SAFETY: as `sgemm`; the scalars are f32 as the compute type requires; the
+                // records keep the buffers in use until the call is queued.
+                unsafe {
+                    cudarc::cublas::result::gemm_ex(
+                        *d.blas.handle(),
+                        op(g.trans_a),
+                        op(g.trans_b),
+                        g.m,
+                        g.n,
+                        g.k,
+                        (&alpha) as *const f32 as *const _,
+                        ap as *const _,
+                        cudaDataType_t::CUDA_R_16BF,
+                        g.lda,
+                        bp as *const _,
+                        cudaDataType_t::CUDA_R_16BF,
+                        g.ldb,
+                        (&beta) as *const f32 as *const _,
+                        cp as *mut _,
+                        cudaDataType_t::CUDA_R_32F,
+                        g.ldc,
+                        cublasComputeType_t::CUBLAS_COMPUTE_32F,
+                        cublasGemmAlgo_t::CUBLAS_GEMM_DEFAULT,
+                    )
+                }
+                .map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            Runtime::Emu(_) => super::emu::gemm_bf16(g, a, b, c),
+        }
+    }
+}
