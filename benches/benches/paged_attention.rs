@@ -6,7 +6,7 @@
 
 use benches::{random_tensor, BLOCK_SIZE, HEAD_DIM, N_HEADS, N_KV_HEADS, PREFILL_ROWS};
 use criterion::{criterion_group, criterion_main, Criterion, Throughput};
-use kernels::ops::{self, AttnSeq, KvLayout};
+use kernels::ops::{self, AttnBatch, AttnSeq, KvLayout};
 use kernels::Tensor;
 use std::hint::black_box;
 
@@ -40,13 +40,14 @@ fn decode(c: &mut Criterion) {
         .enumerate()
         .map(|(s, t)| AttnSeq { rows: s..s + 1, start_pos: DECODE_CONTEXT - 1, block_table: t })
         .collect();
+    let seqs = AttnBatch::new(&seqs, BLOCK_SIZE).expect("sequences");
     let mut group = c.benchmark_group("paged_attention");
     group.sample_size(20);
     group.throughput(Throughput::Elements((DECODE_SEQS * DECODE_CONTEXT) as u64));
     for layout in LAYOUTS {
         group.bench_function(format!("decode_{DECODE_SEQS}seqs_ctx{DECODE_CONTEXT}_{layout:?}"), |b| {
             b.iter(|| {
-                ops::paged_attention(black_box(&q), &k, &v, &seqs, BLOCK_SIZE, N_HEADS, N_KV_HEADS, HEAD_DIM, layout)
+                ops::paged_attention(black_box(&q), &k, &v, &seqs, N_HEADS, N_KV_HEADS, HEAD_DIM, layout)
                     .expect("attention")
             })
         });
@@ -60,6 +61,7 @@ fn prefill(c: &mut Criterion) {
     let (k, v) = kv_pool(blocks);
     let q = random_tensor(&[PREFILL_ROWS, N_HEADS * HEAD_DIM], 13);
     let seqs = [AttnSeq { rows: 0..PREFILL_ROWS, start_pos: 0, block_table: &tables[0] }];
+    let seqs = AttnBatch::new(&seqs, BLOCK_SIZE).expect("sequences");
     let mut group = c.benchmark_group("paged_attention");
     group.sample_size(20);
     // Causal: row i attends i + 1 keys.
@@ -67,7 +69,7 @@ fn prefill(c: &mut Criterion) {
     for layout in LAYOUTS {
         group.bench_function(format!("prefill_1seq_{PREFILL_ROWS}tokens_{layout:?}"), |b| {
             b.iter(|| {
-                ops::paged_attention(black_box(&q), &k, &v, &seqs, BLOCK_SIZE, N_HEADS, N_KV_HEADS, HEAD_DIM, layout)
+                ops::paged_attention(black_box(&q), &k, &v, &seqs, N_HEADS, N_KV_HEADS, HEAD_DIM, layout)
                     .expect("attention")
             })
         });

@@ -6,11 +6,11 @@
 // table, not a different kernel.
 #include "common.cuh"
 
-// rope(x [m, c], positions [m] (int32), cos [max_pos, head_dim/2], sin [max_pos, head_dim/2],
+// rope(x [m, c], positions [m] (uint32), cos [max_pos, head_dim/2], sin [max_pos, head_dim/2],
 //      m, c, head_dim): c is n_heads·head_dim. The inverse rotation (the backward of RoPE) is
 // the same kernel with a negated sin table.
 // Launch: grid-stride over m·c/2 rotation pairs; any grid and block (host: 256).
-extern "C" __global__ void rope(float* x, const int* positions, const float* cos_t, const float* sin_t, int m, int c,
+extern "C" __global__ void rope(float* x, const unsigned* positions, const float* cos_t, const float* sin_t, int m, int c,
                                 int head_dim) {
     int half = head_dim / 2, pairs = c / 2;
     RLS_GRID_STRIDE(idx, (long long)m * pairs) {

@@ -14,15 +14,17 @@
 //!   [`BackendStorage::unpack_weight`], [`BackendStorage::scale_add_unpacked`] and the
 //!   elementwise [`BackendStorage::scale_add_inplace`] (between two buffers packed alike)
 //!   read: it is the only copy of a linear weight.
-//! - Index arguments (token ids, positions, KV slots, block tables, row lists) are host
-//!   slices; a device backend uploads them.
+//! - Index arguments (token ids, positions, KV slots, row lists) are [`Indices`] and the
+//!   attention's sequences an [`AttnBatch`]: host values that a device backend uploads once
+//!   and keeps resident for the rest of the step (docs/ARCHITECTURE.md, "The step's indices").
 //! - Results that the host consumes as a few numbers per row (log-probabilities,
 //!   entropies, a sum of squares) are returned on the host.
 //! - Batch invariance: a row's result must not depend on the other rows of the call
 //!   (fixed reduction order per row). The engine's alone = batched guarantee and the
 //!   learner's ℓ = μ check rest on it.
 
-use crate::ops::{AdamWStep, AttnSeq, KvLayout};
+use crate::indices::Indices;
+use crate::ops::{AdamWStep, AttnBatch, KvLayout};
 use crate::{KernelError, Result};
 use std::fmt::Debug;
 use std::ops::Range;
@@ -63,7 +65,7 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn rms_norm_backward(&self, w: &Self, dy: &Self, m: usize, d: usize, eps: f32) -> Result<(Self, Self)>;
     /// Rotate-half RoPE in place on `[positions.len(), c]` rows of heads of `head_dim`;
     /// `cos`/`sin` are `[max_pos, head_dim / 2]`.
-    fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()>;
+    fn rope_inplace(&mut self, positions: &Indices, cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()>;
     /// `silu(gate) · up` of `[m, 2i]` rows → `[m, i]`.
     fn silu_mul(&self, m: usize, i: usize) -> Result<Self>;
     /// `d gate_up [m, 2i]` of [`Self::silu_mul`] given `da [m, i]` (`self` is `gate_up`).
@@ -88,11 +90,11 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
 
     // Copies between rows and columns.
     /// Rows `ids` of `[_, c]` → `[ids.len(), c]` (embedding lookup, row selection).
-    fn gather_rows(&self, ids: &[u32], c: usize) -> Result<Self>;
+    fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self>;
     /// Row `i` of `src [n, c]` into row `rows[i]` of `self [_, c]`.
-    fn scatter_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()>;
+    fn scatter_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()>;
     /// Row `i` of `src [n, c]` added to row `rows[i]` of `self` (in row order; repeats add up).
-    fn scatter_add_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()>;
+    fn scatter_add_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()>;
     /// Column blocks of `[m, Σ widths]` → one `[m, w]` per width.
     fn split_cols(&self, m: usize, widths: &[usize]) -> Result<Vec<Self>>;
     /// `[m, c_i]` parts → `[m, Σ c_i]`; `parts` are `(buffer, c_i)`.
@@ -111,8 +113,7 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
         &self,
         k: &Self,
         v: &Self,
-        seqs: &[AttnSeq],
-        block_size: usize,
+        batch: &AttnBatch,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
@@ -122,7 +123,7 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     /// (`keys`) or a V cache in [`KvLayout::Blocked`] with blocks of `block_size`.
     fn scatter_kv_blocked(
         &mut self,
-        _slots: &[u32],
+        _slots: &Indices,
         _src: &Self,
         _block_size: usize,
         _n_kv_heads: usize,
@@ -135,7 +136,7 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     /// blocks of `block_size`, as rows `[slots.len(), n_kv_heads·head_dim]`.
     fn gather_kv_blocked(
         &self,
-        _slots: &[u32],
+        _slots: &Indices,
         _block_size: usize,
         _n_kv_heads: usize,
         _head_dim: usize,

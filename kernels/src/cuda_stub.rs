@@ -6,7 +6,8 @@
 //! device) returns [`KernelError::CudaUnavailable`].
 
 use crate::backend::{BackendDevice, BackendStorage};
-use crate::ops::{AdamWStep, AttnSeq, KvLayout};
+use crate::indices::Indices;
+use crate::ops::{AdamWStep, AttnBatch, KvLayout};
 use crate::{KernelError, Result};
 use std::ops::Range;
 
@@ -22,6 +23,10 @@ impl CudaDevice {
     /// Always fails: this build has no CUDA backend.
     pub fn new(_ordinal: usize, _options: crate::CudaOptions) -> Result<Self> {
         Err(KernelError::CudaUnavailable)
+    }
+
+    pub fn counters(&self) -> crate::DeviceCounters {
+        match *self {}
     }
 }
 
@@ -64,7 +69,7 @@ impl BackendStorage for CudaStorage {
     fn rms_norm_backward(&self, _: &Self, _: &Self, _: usize, _: usize, _: f32) -> Result<(Self, Self)> {
         match *self {}
     }
-    fn rope_inplace(&mut self, _: &[usize], _: &Self, _: &Self, _: usize, _: usize) -> Result<()> {
+    fn rope_inplace(&mut self, _: &Indices, _: &Self, _: &Self, _: usize, _: usize) -> Result<()> {
         match *self {}
     }
     fn silu_mul(&self, _: usize, _: usize) -> Result<Self> {
@@ -97,13 +102,13 @@ impl BackendStorage for CudaStorage {
     fn log_softmax(&self, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }
-    fn gather_rows(&self, _: &[u32], _: usize) -> Result<Self> {
+    fn gather_rows(&self, _: &Indices, _: usize) -> Result<Self> {
         match *self {}
     }
-    fn scatter_rows(&mut self, _: &[u32], _: &Self, _: usize) -> Result<()> {
+    fn scatter_rows(&mut self, _: &Indices, _: &Self, _: usize) -> Result<()> {
         match *self {}
     }
-    fn scatter_add_rows(&mut self, _: &[u32], _: &Self, _: usize) -> Result<()> {
+    fn scatter_add_rows(&mut self, _: &Indices, _: &Self, _: usize) -> Result<()> {
         match *self {}
     }
     fn split_cols(&self, _: usize, _: &[usize]) -> Result<Vec<Self>> {
@@ -128,8 +133,7 @@ impl BackendStorage for CudaStorage {
         &self,
         _: &Self,
         _: &Self,
-        _: &[AttnSeq],
-        _: usize,
+        _: &AttnBatch,
         _: usize,
         _: usize,
         _: usize,

@@ -19,11 +19,13 @@ pub mod cuda;
 #[path = "cuda_stub.rs"]
 pub mod cuda;
 mod error;
+mod indices;
 pub mod ops;
 mod tensor;
 
 pub use error::KernelError;
-pub use tensor::{CudaOptions, DType, Device, Storage, Tensor};
+pub use indices::{Idx, Indices};
+pub use tensor::{CudaOptions, DType, Device, DeviceCounters, Storage, Tensor};
 
 /// Result type of every op.
 pub type Result<T> = std::result::Result<T, KernelError>;

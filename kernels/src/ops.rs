@@ -7,6 +7,7 @@
 
 use crate::backend::BackendStorage;
 use crate::error::shape_err;
+use crate::indices::{Idx, Indices};
 use crate::tensor::Storage;
 use crate::{Device, KernelError, Result, Tensor};
 use std::ops::Range;
@@ -182,7 +183,14 @@ pub fn rms_norm(x: &Tensor, w: &Tensor, eps: f32) -> Result<Tensor> {
 /// Rotary position embedding in place, HF `rotate_half` layout (Su et al. 2021, eq. 34):
 /// within each head, dims `i` and `i + head_dim/2` rotate by `positions[row] · inv_freq[i]`.
 /// `x [m, n_heads·head_dim]`, `cos`/`sin [max_pos, head_dim/2]`, `positions.len() == m`.
-pub fn rope_inplace(x: &mut Tensor, positions: &[usize], cos: &Tensor, sin: &Tensor, head_dim: usize) -> Result<()> {
+pub fn rope_inplace<'a>(
+    x: &mut Tensor,
+    positions: impl Into<Idx<'a>>,
+    cos: &Tensor,
+    sin: &Tensor,
+    head_dim: usize,
+) -> Result<()> {
+    let positions = positions.into();
     let (m, c) = x.dims2("rope")?;
     let (max_pos, half) = cos.dims2("rope")?;
     if positions.len() != m || half * 2 != head_dim || c % head_dim != 0 || sin.shape() != cos.shape() {
@@ -191,11 +199,11 @@ pub fn rope_inplace(x: &mut Tensor, positions: &[usize], cos: &Tensor, sin: &Ten
             format!("x [{m}, {c}], {} positions, tables [{max_pos}, {half}], head_dim {head_dim}", positions.len()),
         ));
     }
-    if let Some(&p) = positions.iter().find(|&&p| p >= max_pos) {
+    if let Some(p) = positions.max().filter(|&p| p as usize >= max_pos) {
         return Err(shape_err("rope", format!("position {p} beyond table of {max_pos}")));
     }
     let (a, cs, ss) = (&mut x.storage, &cos.storage, &sin.storage);
-    backend!("rope"; a, cs, ss => a.rope_inplace(positions, cs, ss, c, head_dim))
+    backend!("rope"; a, cs, ss => a.rope_inplace(&positions, cs, ss, c, head_dim))
 }
 
 /// SwiGLU `silu(gate) · up` (Shazeer 2020, eq. 5) on a fused projection:
@@ -336,21 +344,111 @@ pub struct AttnSeq<'a> {
     pub block_table: &'a [u32],
 }
 
+/// The sequences of one attention call, built once per step (the engine) or batch (the
+/// learner) and read by every layer: rows, positions and block tables are checked here once,
+/// and on a CUDA device the per-row metadata (block tables, row tables, the decode/prefill
+/// split) is built and uploaded by the first layer and read by the rest (docs/ARCHITECTURE.md,
+/// "The step's indices"). Rows `0..rows()` of `q` must each belong to exactly one sequence.
+pub struct AttnBatch {
+    /// (rows, start_pos, range of `tables`) per sequence.
+    seqs: Vec<(Range<usize>, usize, Range<usize>)>,
+    /// The block tables, concatenated.
+    tables: Vec<u32>,
+    block_size: usize,
+    rows: usize,
+    max_block: Option<u32>,
+    /// The device's metadata (the first CUDA layer builds it).
+    #[cfg(feature = "cuda")]
+    pub(crate) resident: std::sync::OnceLock<crate::cuda::ResidentAttn>,
+}
+
+impl AttnBatch {
+    /// Errors: `block_size` 0, a sequence with fewer blocks than its context needs, a row in
+    /// two sequences or in none of `0..max row`.
+    pub fn new(seqs: &[AttnSeq], block_size: usize) -> Result<Self> {
+        let bad = |d: String| Err(shape_err("attention", d));
+        if block_size == 0 {
+            return bad("block_size 0".into());
+        }
+        let rows = seqs.iter().map(|s| s.rows.end).max().unwrap_or(0);
+        let mut covered = vec![false; rows];
+        let (mut out, mut tables) = (Vec::with_capacity(seqs.len()), Vec::new());
+        for (si, s) in seqs.iter().enumerate() {
+            let context = s.start_pos + s.rows.len();
+            if s.block_table.len() * block_size < context {
+                return bad(format!(
+                    "sequence {si}: {} blocks of {block_size} for {context} positions",
+                    s.block_table.len()
+                ));
+            }
+            for r in s.rows.clone() {
+                if std::mem::replace(&mut covered[r], true) {
+                    return bad(format!("row {r} belongs to two sequences"));
+                }
+            }
+            out.push((s.rows.clone(), s.start_pos, tables.len()..tables.len() + s.block_table.len()));
+            tables.extend_from_slice(s.block_table);
+        }
+        if covered.contains(&false) {
+            return bad("a row of q belongs to no sequence".into());
+        }
+        let max_block = tables.iter().copied().max();
+        Ok(Self {
+            seqs: out,
+            tables,
+            block_size,
+            rows,
+            max_block,
+            #[cfg(feature = "cuda")]
+            resident: std::sync::OnceLock::new(),
+        })
+    }
+
+    /// Packed sequences without a cache (the learner's): sequence `s` is rows `spans[s]` at
+    /// positions `0..len`, with one-slot blocks (its own rows).
+    pub fn packed(spans: &[Range<usize>]) -> Result<Self> {
+        let tables: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
+        let seqs: Vec<AttnSeq> =
+            spans.iter().zip(&tables).map(|(s, t)| AttnSeq { rows: s.clone(), start_pos: 0, block_table: t }).collect();
+        Self::new(&seqs, 1)
+    }
+
+    /// The sequences, borrowing the block tables.
+    pub fn seqs(&self) -> Vec<AttnSeq<'_>> {
+        self.seqs
+            .iter()
+            .map(|(rows, start_pos, t)| AttnSeq {
+                rows: rows.clone(),
+                start_pos: *start_pos,
+                block_table: &self.tables[t.clone()],
+            })
+            .collect()
+    }
+
+    /// Rows of `q` (the largest row end of the sequences).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    pub fn block_size(&self) -> usize {
+        self.block_size
+    }
+}
+
 /// Causal grouped-query attention over a paged KV cache (PagedAttention, Kwon et al. 2023):
 /// `softmax(q kᵀ / sqrt(head_dim)) v` (Vaswani et al. 2017, eq. 1; GQA: Ainslie et al. 2023).
-/// `q [t, n_heads·head_dim]`; `k`, `v [num_blocks·block_size, n_kv_heads·head_dim]` laid out
-/// as `layout`; a query at position `p` attends positions `0..=p` of its sequence, position
-/// `j` stored in slot `block_table[j / block_size] · block_size + j % block_size`. Every row
-/// of `q` belongs to exactly one sequence. Returns `[t, n_heads·head_dim]`. Each (row, head)
-/// is computed by the same code in the same order whatever the batch and the layout:
-/// batch-invariant, equal to dense.
+/// `q [t, n_heads·head_dim]` with `t = batch.rows()`; `k`, `v [num_blocks·block_size,
+/// n_kv_heads·head_dim]` laid out as `layout`; a query at position `p` attends positions
+/// `0..=p` of its sequence, position `j` stored in slot
+/// `block_table[j / block_size] · block_size + j % block_size`. Returns `[t, n_heads·head_dim]`.
+/// Each (row, head) is computed by the same code in the same order whatever the batch and
+/// the layout: batch-invariant, equal to dense.
 #[allow(clippy::too_many_arguments)]
 pub fn paged_attention(
     q: &Tensor,
     k: &Tensor,
     v: &Tensor,
-    seqs: &[AttnSeq],
-    block_size: usize,
+    batch: &AttnBatch,
     n_heads: usize,
     n_kv_heads: usize,
     head_dim: usize,
@@ -358,45 +456,28 @@ pub fn paged_attention(
 ) -> Result<Tensor> {
     let (t, qc) = q.dims2("attention")?;
     let (l, kc) = k.dims2("attention")?;
+    let block_size = batch.block_size;
     let bad = |d: String| Err(shape_err("attention", d));
     if qc != n_heads * head_dim
         || kc != n_kv_heads * head_dim
         || k.shape() != v.shape()
         || n_kv_heads == 0
         || !n_heads.is_multiple_of(n_kv_heads)
-        || block_size == 0
+        || t != batch.rows
     {
         return bad(format!(
-            "q [{t}, {qc}], k/v [{l}, {kc}], heads {n_heads}/{n_kv_heads}, head_dim {head_dim}, block_size {block_size}"
+            "q [{t}, {qc}] for {} rows of sequences, k/v [{l}, {kc}], heads {n_heads}/{n_kv_heads}, head_dim {head_dim}",
+            batch.rows
         ));
     }
-    let mut covered = vec![false; t];
-    for (si, s) in seqs.iter().enumerate() {
-        let context = s.start_pos + s.rows.len();
-        if s.rows.end > t || s.block_table.len() * block_size < context {
-            return bad(format!(
-                "sequence {si}: rows {:?} of {t}, {} blocks of {block_size} for {context} positions",
-                s.rows,
-                s.block_table.len()
-            ));
-        }
-        if let Some(&b) = s.block_table.iter().find(|&&b| (b as usize + 1) * block_size > l) {
-            return bad(format!("sequence {si}: block {b} beyond {l} cache slots"));
-        }
-        for r in s.rows.clone() {
-            if std::mem::replace(&mut covered[r], true) {
-                return bad(format!("row {r} belongs to two sequences"));
-            }
-        }
-    }
-    if covered.contains(&false) {
-        return bad("a row of q belongs to no sequence".into());
+    if let Some(b) = batch.max_block.filter(|&b| (b as usize + 1) * block_size > l) {
+        return bad(format!("block {b} beyond {l} cache slots"));
     }
     layout.check("attention", &k.device(), l, block_size)?;
     let (a, ks, vs) = (&q.storage, &k.storage, &v.storage);
     out(
         backend!("attention"; a, ks, vs =>
-            a.paged_attention(ks, vs, seqs, block_size, n_heads, n_kv_heads, head_dim, layout).map(Storage::from)),
+            a.paged_attention(ks, vs, batch, n_heads, n_kv_heads, head_dim, layout).map(Storage::from)),
         &[t, qc],
     )
 }
@@ -413,8 +494,8 @@ pub fn attention(
     head_dim: usize,
 ) -> Result<Tensor> {
     let (t, l) = (q.dims2("attention")?.0, k.dims2("attention")?.0);
-    let seq = AttnSeq { rows: 0..t, start_pos: past, block_table: &[0] };
-    paged_attention(q, k, v, &[seq], l.max(1), n_heads, n_kv_heads, head_dim, KvLayout::Rows)
+    let batch = AttnBatch::new(&[AttnSeq { rows: 0..t, start_pos: past, block_table: &[0] }], l.max(1))?;
+    paged_attention(q, k, v, &batch, n_heads, n_kv_heads, head_dim, KvLayout::Rows)
 }
 
 /// Causal attention over packed sequences without a cache (the learner's forward): sequence
@@ -429,48 +510,48 @@ pub fn attention_packed(
     n_kv_heads: usize,
     head_dim: usize,
 ) -> Result<Tensor> {
-    let tables: Vec<Vec<u32>> = spans.iter().map(|s| (s.start as u32..s.end as u32).collect()).collect();
-    let seqs: Vec<AttnSeq> =
-        spans.iter().zip(&tables).map(|(s, t)| AttnSeq { rows: s.clone(), start_pos: 0, block_table: t }).collect();
-    paged_attention(q, k, v, &seqs, 1, n_heads, n_kv_heads, head_dim, KvLayout::Rows)
+    paged_attention(q, k, v, &AttnBatch::packed(spans)?, n_heads, n_kv_heads, head_dim, KvLayout::Rows)
 }
 
 /// Embedding gather: rows `ids` of `table [vocab, d]` → `[ids.len(), d]` (also any row
 /// selection). Errors on an id ≥ vocab.
-pub fn embedding(table: &Tensor, ids: &[u32]) -> Result<Tensor> {
+pub fn embedding<'a>(table: &Tensor, ids: impl Into<Idx<'a>>) -> Result<Tensor> {
+    let ids = ids.into();
     let (vocab, d) = table.dims2("embedding")?;
-    if let Some(&bad) = ids.iter().find(|&&i| i as usize >= vocab) {
+    if let Some(bad) = ids.max().filter(|&i| i as usize >= vocab) {
         return Err(shape_err("embedding", format!("token id {bad} >= vocab size {vocab}")));
     }
     let a = &table.storage;
-    out(backend!("embedding"; a => a.gather_rows(ids, d).map(Storage::from)), &[ids.len(), d])
+    out(backend!("embedding"; a => a.gather_rows(&ids, d).map(Storage::from)), &[ids.len(), d])
 }
 
-fn check_scatter(op: &'static str, dst: &Tensor, rows: &[u32], src: &Tensor) -> Result<usize> {
+fn check_scatter(op: &'static str, dst: &Tensor, rows: &Indices, src: &Tensor) -> Result<usize> {
     let (l, c) = dst.dims2(op)?;
     let (n, c2) = src.dims2(op)?;
-    if c != c2 || rows.len() != n || rows.iter().any(|&s| s as usize >= l) {
+    if c != c2 || rows.len() != n || rows.max().is_some_and(|s| s as usize >= l) {
         return Err(shape_err(
             op,
-            format!("{} rows (max {:?}) of [{l}, {c}] from [{n}, {c2}]", rows.len(), rows.iter().max()),
+            format!("{} rows (max {:?}) of [{l}, {c}] from [{n}, {c2}]", rows.len(), rows.max()),
         ));
     }
     Ok(c)
 }
 
 /// Writes row `i` of `src [n, c]` into row `rows[i]` of `dst [L, c]` (KV-cache append).
-pub fn scatter_rows(dst: &mut Tensor, rows: &[u32], src: &Tensor) -> Result<()> {
-    let c = check_scatter("scatter_rows", dst, rows, src)?;
+pub fn scatter_rows<'a>(dst: &mut Tensor, rows: impl Into<Idx<'a>>, src: &Tensor) -> Result<()> {
+    let rows = rows.into();
+    let c = check_scatter("scatter_rows", dst, &rows, src)?;
     let (d, s) = (&mut dst.storage, &src.storage);
-    backend!("scatter_rows"; d, s => d.scatter_rows(rows, s, c))
+    backend!("scatter_rows"; d, s => d.scatter_rows(&rows, s, c))
 }
 
 /// Adds row `i` of `src [n, c]` to row `rows[i]` of `dst [L, c]`, in order (the embedding's
 /// backward: repeated ids accumulate).
-pub fn scatter_add_rows(dst: &mut Tensor, rows: &[u32], src: &Tensor) -> Result<()> {
-    let c = check_scatter("scatter_add_rows", dst, rows, src)?;
+pub fn scatter_add_rows<'a>(dst: &mut Tensor, rows: impl Into<Idx<'a>>, src: &Tensor) -> Result<()> {
+    let rows = rows.into();
+    let c = check_scatter("scatter_add_rows", dst, &rows, src)?;
     let (d, s) = (&mut dst.storage, &src.storage);
-    backend!("scatter_add_rows"; d, s => d.scatter_add_rows(rows, s, c))
+    backend!("scatter_add_rows"; d, s => d.scatter_add_rows(&rows, s, c))
 }
 
 /// Gradient of [`linear`] w.r.t. its input: `dx [m, k] = dy [m, n] · W [n, k]`, reading the

@@ -48,6 +48,15 @@ impl Device {
         }
     }
 
+    /// The CUDA device's counters ([`DeviceCounters`]); `None` on the CPU.
+    pub fn counters(&self) -> Option<DeviceCounters> {
+        match self {
+            Device::Cpu => None,
+            #[allow(unreachable_patterns)]
+            Device::Cuda(d) => Some(d.counters()),
+        }
+    }
+
     /// A copy of host data on this device.
     pub(crate) fn upload(&self, data: &[f32]) -> Result<Storage> {
         match self {
@@ -70,6 +79,43 @@ pub struct CudaOptions {
     /// activations rounded to bf16, f32 accumulation and output) and each optimizer update
     /// rewrites master and copy in one launch. The backward and the learner's state stay f32.
     pub bf16_weights: bool,
+}
+
+/// What the host has asked of a CUDA device since it was opened ([`Device::counters`]); the
+/// difference of two readings is what the work between them cost. A device→host copy waits
+/// for the stream, so it is also a host synchronisation.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct DeviceCounters {
+    /// Host→device copies, and their bytes.
+    pub htod_copies: u64,
+    pub htod_bytes: u64,
+    /// Device→host copies, and their bytes.
+    pub dtoh_copies: u64,
+    pub dtoh_bytes: u64,
+    /// Device buffers allocated (each a stream-ordered allocation on a GPU).
+    pub allocations: u64,
+    /// Kernel launches (not counting cuBLAS's own).
+    pub launches: u64,
+    /// cuBLAS GEMM calls.
+    pub gemms: u64,
+    /// Times the host waited for the stream.
+    pub syncs: u64,
+}
+
+impl std::ops::Sub for DeviceCounters {
+    type Output = DeviceCounters;
+    fn sub(self, b: Self) -> Self {
+        DeviceCounters {
+            htod_copies: self.htod_copies - b.htod_copies,
+            htod_bytes: self.htod_bytes - b.htod_bytes,
+            dtoh_copies: self.dtoh_copies - b.dtoh_copies,
+            dtoh_bytes: self.dtoh_bytes - b.dtoh_bytes,
+            allocations: self.allocations - b.allocations,
+            launches: self.launches - b.launches,
+            gemms: self.gemms - b.gemms,
+            syncs: self.syncs - b.syncs,
+        }
+    }
 }
 
 /// Element type of a tensor. Every tensor is f32; a CUDA device in bf16 mode keeps a bf16

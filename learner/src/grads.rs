@@ -26,7 +26,13 @@ impl Grads {
 
     /// Adds row `i` of `src` to row `rows[i]` of the gradient of `name` (zeros of `shape`
     /// the first time): an embedding's gradient without a dense `[vocab, hidden]` temporary.
-    pub fn scatter_add_rows(&mut self, name: &str, shape: &[usize], rows: &[u32], src: &Tensor) -> Result<()> {
+    pub fn scatter_add_rows(
+        &mut self,
+        name: &str,
+        shape: &[usize],
+        rows: &kernels::Indices,
+        src: &Tensor,
+    ) -> Result<()> {
         if !self.tensors.contains_key(name) {
             self.tensors.insert(name.to_string(), Tensor::zeros(shape, &src.device())?);
         }

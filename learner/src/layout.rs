@@ -11,8 +11,8 @@
 //! linear layers, norms and the LM head are row-wise, so sharing only removes rows.
 
 use crate::Result;
-use kernels::ops::{self, AttnSeq};
-use kernels::{KernelError, Tensor};
+use kernels::ops::{self, AttnBatch, AttnSeq};
+use kernels::{Indices, KernelError, Tensor};
 use std::collections::HashMap;
 use std::ops::Range;
 
@@ -24,17 +24,20 @@ struct AttnRows {
     keys: Vec<u32>,
 }
 
-/// The packed rows of a batch of `(prompt, completion)` pairs (see the module doc).
+/// The packed rows of a batch of `(prompt, completion)` pairs (see the module doc). The
+/// index arrays are [`Indices`], built once per batch: on a device each is uploaded once and
+/// read by every layer's forward and backward.
 pub(crate) struct Layout {
     /// Token of each row.
-    pub inputs: Vec<u32>,
+    pub inputs: Indices,
     /// Position of each row in its sequence.
-    pub positions: Vec<usize>,
+    pub positions: Indices,
     /// The row whose logits predict each completion token (all samples, batch order); the
     /// last prompt row appears once per sample of the prompt.
-    pub pred_rows: Vec<u32>,
-    /// The prompts' rows (shared) and the samples' completion rows.
-    attn: Vec<AttnRows>,
+    pub pred_rows: Indices,
+    /// The prompts' rows (shared) and the samples' completion rows, for every layer's
+    /// attention ([`Self::attention`]).
+    attn: AttnBatch,
     /// Per sample: its keys `prompt rows ++ own rows`, its prompt length, and whether it
     /// carries the prompt's query rows in the backward (the first sample of each prompt).
     samples: Vec<(Vec<u32>, usize, bool)>,
@@ -45,14 +48,7 @@ pub(crate) struct Layout {
 impl Layout {
     /// The layout of `seqs`; errors when a pair is empty or longer than `max_positions`.
     pub fn new(seqs: &[(&[u32], &[u32])], max_positions: usize) -> Result<Self> {
-        let mut l = Layout {
-            inputs: vec![],
-            positions: vec![],
-            pred_rows: vec![],
-            attn: vec![],
-            samples: vec![],
-            shared: false,
-        };
+        let mut l = Rows::default();
         let mut prompts: HashMap<&[u32], Range<usize>> = HashMap::new();
         for (prompt, comp) in seqs {
             if prompt.is_empty() || comp.is_empty() {
@@ -81,26 +77,25 @@ impl Layout {
             l.pred_rows.extend(rows(&own));
             l.samples.push((keys, prompt.len(), owner));
         }
-        Ok(l)
-    }
-
-    /// Appends rows for `tokens` at positions `start..`; returns their range.
-    fn push_rows(&mut self, tokens: &[u32], start: usize) -> Range<usize> {
-        let r0 = self.inputs.len();
-        self.inputs.extend_from_slice(tokens);
-        self.positions.extend(start..start + tokens.len());
-        r0..self.inputs.len()
+        let seqs: Vec<AttnSeq> = l
+            .attn
+            .iter()
+            .map(|a| AttnSeq { rows: a.rows.clone(), start_pos: a.start_pos, block_table: &a.keys })
+            .collect();
+        Ok(Layout {
+            attn: AttnBatch::new(&seqs, 1)?,
+            inputs: Indices::new(l.inputs),
+            positions: l.positions.into_iter().map(|p| p as u32).collect(),
+            pred_rows: Indices::new(l.pred_rows),
+            samples: l.samples,
+            shared: l.shared,
+        })
     }
 
     /// Causal attention of every row over its sequence ([`ops::paged_attention`] with one-row
     /// blocks: block `i` of a sequence is the row of its position `i`).
     pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, heads: (usize, usize, usize)) -> Result<Tensor> {
-        let seqs: Vec<AttnSeq> = self
-            .attn
-            .iter()
-            .map(|a| AttnSeq { rows: a.rows.clone(), start_pos: a.start_pos, block_table: &a.keys })
-            .collect();
-        Ok(ops::paged_attention(q, k, v, &seqs, 1, heads.0, heads.1, heads.2, ops::KvLayout::Rows)?)
+        Ok(ops::paged_attention(q, k, v, &self.attn, heads.0, heads.1, heads.2, ops::KvLayout::Rows)?)
     }
 
     /// `(dq, dk, dv)` of [`Self::attention`] given `da`. Without sharing every sample's rows
@@ -144,6 +139,27 @@ impl Layout {
             Ok(out)
         };
         Ok((scatter(&dq_c)?, scatter(&dk_c)?, scatter(&dv_c)?))
+    }
+}
+
+/// [`Layout`] while it is built.
+#[derive(Default)]
+struct Rows {
+    inputs: Vec<u32>,
+    positions: Vec<usize>,
+    pred_rows: Vec<u32>,
+    attn: Vec<AttnRows>,
+    samples: Vec<(Vec<u32>, usize, bool)>,
+    shared: bool,
+}
+
+impl Rows {
+    /// Appends rows for `tokens` at positions `start..`; returns their range.
+    fn push_rows(&mut self, tokens: &[u32], start: usize) -> Range<usize> {
+        let r0 = self.inputs.len();
+        self.inputs.extend_from_slice(tokens);
+        self.positions.extend(start..start + tokens.len());
+        r0..self.inputs.len()
     }
 }
 

@@ -308,7 +308,7 @@ impl SeqForward {
         // Embedding: scatter-add rows (into the tied LM head's gradient when there is one),
         // none for the pad token (HF's `nn.Embedding(padding_idx = pad_token_id)`).
         if let Some(pad) = c.pad_token_id {
-            let at: Vec<u32> = (0..t as u32).filter(|&i| self.layout.inputs[i as usize] == pad).collect();
+            let at: Vec<u32> = (0..t as u32).filter(|&i| self.layout.inputs.host()[i as usize] == pad).collect();
             if !at.is_empty() {
                 ops::scatter_rows(&mut dx, &at, &Tensor::zeros(&[at.len(), h], model.device())?)?;
             }

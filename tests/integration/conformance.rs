@@ -4,7 +4,7 @@
 //! and the CUDA backend on the emulated device run them in CI; with `--features cuda` (and a
 //! GPU) the CUDA backend runs the same bodies on the GPU; CUDA also in `--batch-invariant` mode.
 
-use kernels::ops::{self, AdamWStep, AttnSeq, KvLayout};
+use kernels::ops::{self, AdamWStep, AttnBatch, AttnSeq, KvLayout};
 use kernels::{Device, Tensor};
 use std::ops::Range;
 
@@ -230,7 +230,7 @@ fn rms_norm_case(dev: &Device, m: usize) {
 fn rope(dev: &Device) {
     let (heads, hd, max_pos) = (3, 8, 20);
     let half = hd / 2;
-    let positions = [0usize, 5, 19, 7];
+    let positions = [0u32, 5, 19, 7];
     let m = positions.len();
     let angle = |p: usize, i: usize| p as f64 / 10000f64.powf(2.0 * i as f64 / hd as f64);
     let table =
@@ -243,7 +243,7 @@ fn rope(dev: &Device) {
         .map(|j| {
             let (row, c) = (j / (heads * hd), j % hd);
             let base = j - c;
-            let (i, a) = (c % half, angle(positions[row], c % half));
+            let (i, a) = (c % half, angle(positions[row] as usize, c % half));
             let (x1, x2) = (x[base + i] as f64, x[base + i + half] as f64);
             if c < half {
                 x1 * a.cos() - x2 * a.sin()
@@ -379,13 +379,15 @@ fn attend64(q: &[f64], k: &[f64], v: &[f64], keys: &[usize], heads: usize, kv_he
     out
 }
 
-/// The sequences of a paged-attention case: `(rows, start position)` and a block table each.
-fn attn_seqs<'a>(specs: &[(Range<usize>, usize)], tables: &'a [Vec<u32>]) -> Vec<AttnSeq<'a>> {
-    specs
+/// The sequences of a paged-attention case: `(rows, start position)` and a block table each,
+/// in blocks of `bs`.
+fn attn_batch(specs: &[(Range<usize>, usize)], tables: &[Vec<u32>], bs: usize) -> AttnBatch {
+    let seqs: Vec<AttnSeq> = specs
         .iter()
         .zip(tables)
         .map(|((rows, start), table)| AttnSeq { rows: rows.clone(), start_pos: *start, block_table: table })
-        .collect()
+        .collect();
+    AttnBatch::new(&seqs, bs).unwrap()
 }
 
 /// The f64 reference of a paged-attention case over slot-row K/V (`heads` = query heads, KV
@@ -422,7 +424,7 @@ fn kv_cache_layouts(dev: &Device) {
     let t = 31;
     let (q, k, v) = (vals(t * qc, 23), vals(slots * kc, 24), vals(slots * kc, 25));
     let all: Vec<u32> = (0..slots as u32).collect();
-    let seqs = attn_seqs(&specs, &tables);
+    let seqs = attn_batch(&specs, &tables, bs);
     let want = paged_attention64(&specs, &tables, (&q, &k, &v), bs, (heads, kv_heads, hd));
     let mut outs = vec![];
     for layout in [KvLayout::Rows, KvLayout::for_device(dev, bs)] {
@@ -439,9 +441,8 @@ fn kv_cache_layouts(dev: &Device) {
         }
         let (kr, vr) = ops::read_kv(&kt, &vt, &all, layout, bs, kv_heads).unwrap();
         assert_eq!((host(&kr), host(&vr)), (k.clone(), v.clone()), "{layout:?}: read back");
-        let out = host(
-            &ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, bs, heads, kv_heads, hd, layout).unwrap(),
-        );
+        let out =
+            host(&ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, heads, kv_heads, hd, layout).unwrap());
         close(&out, &want, 1e-5, &format!("{layout:?} attention"));
         outs.push(out);
         // Slots 3 and 40 copied into 17 and 79.
@@ -474,15 +475,17 @@ fn paged_attention_with_block_tables(dev: &Device) {
     let specs = [(0..5, 0usize), (5..6, 9), (6..10, 3)];
     let t = 10;
     let (q, k, v) = (vals(t * qc, 18), vals(blocks * bs * kc, 19), vals(blocks * bs * kc, 20));
-    let seqs = attn_seqs(&specs, &tables);
+    let seqs = attn_batch(&specs, &tables, bs);
     let (kt, vt) = (up(dev, &k, &[blocks * bs, kc]), up(dev, &v, &[blocks * bs, kc]));
     let out =
-        ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, bs, heads, kv_heads, hd, KvLayout::Rows).unwrap();
+        ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &seqs, heads, kv_heads, hd, KvLayout::Rows).unwrap();
     let want = paged_attention64(&specs, &tables, (&q, &k, &v), bs, (heads, kv_heads, hd));
     close(&host(&out), &want, 1e-5, "paged_attention");
     // Too few blocks for the context, a block outside the cache, a row in no sequence.
     let bad = |seqs: &[AttnSeq]| {
-        ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, seqs, bs, heads, kv_heads, hd, KvLayout::Rows)
+        AttnBatch::new(seqs, bs).and_then(|b| {
+            ops::paged_attention(&up(dev, &q, &[t, qc]), &kt, &vt, &b, heads, kv_heads, hd, KvLayout::Rows)
+        })
     };
     let short = [AttnSeq { rows: 0..t, start_pos: 0, block_table: &[1, 2] }];
     let outside = [AttnSeq { rows: 0..t, start_pos: 0, block_table: &[1, 2, 12] }];

@@ -358,11 +358,11 @@ fn check_rope(m: usize, heads: usize, head_dim: usize) {
             (a.cos() as f32, a.sin() as f32)
         })
         .unzip();
-    let positions: Vec<usize> = (0..m).map(|r| (r * 37 + 5) % max_pos).collect();
+    let positions: Vec<u32> = (0..m).map(|r| ((r * 37 + 5) % max_pos) as u32).collect();
     let c = heads * head_dim;
     let x0 = rnd(m * c, 30);
     let mut x = x0.clone();
-    let pos = i32s(positions.iter().copied());
+    let pos = positions.clone();
     unsafe {
         ffi::emu_rope(
             stride(m * c / 2).as_ptr(),
@@ -425,7 +425,7 @@ fn row_gather_scatter_and_kv_cache_write() {
 
     check_scatter(
         ffi::emu_scatter_rows,
-        ops::scatter_rows,
+        |d, r, s| ops::scatter_rows(d, r, s),
         &table,
         &ids,
         &src,
@@ -433,7 +433,7 @@ fn row_gather_scatter_and_kv_cache_write() {
         "scatter_rows (repeats: the last wins)",
     );
     let what = "scatter_add_rows (repeats add in row order)";
-    check_scatter(ffi::emu_scatter_add_rows, ops::scatter_add_rows, &table, &ids, &src, c, what);
+    check_scatter(ffi::emu_scatter_add_rows, |d, r, s| ops::scatter_add_rows(d, r, s), &table, &ids, &src, c, what);
 
     // KV write: distinct slots, K and V at once, as two scatter_rows.
     let slots: Vec<u32> = vec![9, 2, 5, 0];

@@ -4,7 +4,7 @@
 pub mod naive;
 pub mod tiny;
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
 /// Workspace root (the tests crate lives in `<root>/tests`).
@@ -30,10 +30,22 @@ pub fn fixture(name: &str) -> PathBuf {
     workspace_root().join("tests/fixtures").join(name)
 }
 
-/// A fresh empty directory under the system temp dir (`$TMPDIR/rlserve-tests/<name>`),
-/// emptied again by the next run that uses the same name.
+/// A fresh empty directory under the system temp dir (`$TMPDIR/rlserve-tests/<pid>/<name>`:
+/// two test runs at once, such as a CI clone's beside a working tree's, never share one),
+/// emptied again if asked for twice; the first call of a run removes the folders of runs
+/// whose process has ended.
 pub fn temp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join("rlserve-tests").join(name);
+    static SWEPT: std::sync::Once = std::sync::Once::new();
+    let root = std::env::temp_dir().join("rlserve-tests");
+    SWEPT.call_once(|| {
+        for e in std::fs::read_dir(&root).into_iter().flatten().flatten() {
+            let pid = e.file_name().to_string_lossy().parse::<u32>().ok();
+            if pid.is_none_or(|p| !Path::new(&format!("/proc/{p}")).exists()) {
+                let _ = std::fs::remove_dir_all(e.path());
+            }
+        }
+    });
+    let d = root.join(std::process::id().to_string()).join(name);
     let _ = std::fs::remove_dir_all(&d);
     std::fs::create_dir_all(&d).unwrap();
     d

@@ -49,7 +49,7 @@ impl KvCache {
     }
 
     /// Writes row `i` of `k`, `v` into slot `slots[i]` of layer `l`.
-    pub(crate) fn write(&mut self, l: usize, slots: &[u32], k: &Tensor, v: &Tensor) -> kernels::Result<()> {
+    pub(crate) fn write(&mut self, l: usize, slots: &kernels::Indices, k: &Tensor, v: &Tensor) -> kernels::Result<()> {
         let (kc, vc) = &mut self.layers[l];
         ops::write_kv(kc, vc, slots, k, v, self.layout, self.block_size, self.n_kv_heads)
     }
@@ -96,6 +96,7 @@ impl KvCache {
             return Ok(());
         }
         let (from, to): (Vec<u32>, Vec<u32>) = pairs.iter().copied().unzip();
+        let (from, to) = (kernels::Indices::new(from), kernels::Indices::new(to));
         let (layout, bs, heads) = (self.layout, self.block_size, self.n_kv_heads);
         for (k, v) in &mut self.layers {
             let (ks, vs) = ops::read_kv(k, v, &from, layout, bs, heads)?;

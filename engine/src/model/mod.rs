@@ -19,7 +19,8 @@ pub use update::{StepSource, WeightDelta};
 pub use weights::{write_f32_safetensors, WeightFiles};
 
 use crate::error::Result;
-use kernels::ops::{AttnSeq, PackedWeight};
+use kernels::ops::{AttnBatch, AttnSeq, PackedWeight};
+use kernels::Indices;
 use kernels::{ops, Device, Tensor};
 use std::collections::BTreeMap;
 use std::path::Path;
@@ -287,18 +288,23 @@ impl Model {
             .iter()
             .map(|s| AttnSeq { rows: s.rows.clone(), start_pos: s.start_pos, block_table: &s.block_table })
             .collect();
+        // The step's indices, built once: a device uploads each once and every layer reads
+        // the resident copy (docs/ARCHITECTURE.md, "The step's indices").
+        let attn = AttnBatch::new(&seqs, b.block_size)?;
+        let positions: Indices = b.positions.iter().map(|&p| p as u32).collect();
+        let slots = Indices::new(b.slot_mapping.clone());
         let mut x = ops::embedding(&self.embed_tokens, &b.tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
             let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
             let [mut q, mut k, v]: [Tensor; 3] =
                 ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
-            ops::rope_inplace(&mut q, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            ops::rope_inplace(&mut k, &b.positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            cache.write(l, &b.slot_mapping, &k, &v)?;
+            ops::rope_inplace(&mut q, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            ops::rope_inplace(&mut k, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            cache.write(l, &slots, &k, &v)?;
             let (kc, vc) = cache.layer(l);
             let (heads, kv_heads, layout) = (c.num_attention_heads, c.num_key_value_heads, cache.layout());
-            let a = ops::paged_attention(&q, kc, vc, &seqs, b.block_size, heads, kv_heads, c.head_dim, layout)?;
+            let a = ops::paged_attention(&q, kc, vc, &attn, heads, kv_heads, c.head_dim, layout)?;
             ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
             let gu = ops::linear(&n2, &w.gate_up_proj, None)?;

@@ -63,9 +63,10 @@ pub fn rms_norm(x: &[f32], w: &[f32], y: &mut [f32], d: usize, eps: f32) {
 }
 
 /// Rotate-half RoPE on rows of width `c` (heads of `head_dim`).
-pub fn rope(x: &mut [f32], positions: &[usize], cos: &[f32], sin: &[f32], c: usize, head_dim: usize) {
+pub fn rope(x: &mut [f32], positions: &[u32], cos: &[f32], sin: &[f32], c: usize, head_dim: usize) {
     let half = head_dim / 2;
-    let f = |(row, &p): (&mut [f32], &usize)| {
+    let f = |(row, &p): (&mut [f32], &u32)| {
+        let p = p as usize;
         let (cr, sr) = (&cos[p * half..(p + 1) * half], &sin[p * half..(p + 1) * half]);
         for head in row.chunks_mut(head_dim) {
             for i in 0..half {

@@ -2,7 +2,8 @@
 
 use super::{attention, backward, elementwise, kv_blocked, logprob, matmul, optim, HostBuf};
 use crate::backend::{BackendDevice, BackendStorage};
-use crate::ops::{AdamWStep, AttnSeq, KvLayout};
+use crate::indices::Indices;
+use crate::ops::{AdamWStep, AttnBatch, KvLayout};
 use crate::Result;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -73,8 +74,8 @@ impl BackendStorage for CpuStorage {
         backward::rms_norm_backward(&self.0, &w.0, &dy.0, &mut dx, &mut dw, d, eps);
         Ok((Self::from(dx), Self::from(dw)))
     }
-    fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
-        elementwise::rope(&mut self.0, positions, &cos.0, &sin.0, c, head_dim);
+    fn rope_inplace(&mut self, positions: &Indices, cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
+        elementwise::rope(&mut self.0, positions.host(), &cos.0, &sin.0, c, head_dim);
         Ok(())
     }
     fn silu_mul(&self, _m: usize, i: usize) -> Result<Self> {
@@ -124,21 +125,21 @@ impl BackendStorage for CpuStorage {
         Ok(Self::from(y))
     }
 
-    fn gather_rows(&self, ids: &[u32], c: usize) -> Result<Self> {
+    fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self> {
         let mut y = Vec::with_capacity(ids.len() * c);
-        for &i in ids {
+        for &i in ids.host() {
             y.extend_from_slice(&self.0[i as usize * c..(i as usize + 1) * c]);
         }
         Ok(Self::from(y))
     }
-    fn scatter_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
-        for (i, &r) in rows.iter().enumerate() {
+    fn scatter_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()> {
+        for (i, &r) in rows.host().iter().enumerate() {
             self.0[r as usize * c..(r as usize + 1) * c].copy_from_slice(&src.0[i * c..(i + 1) * c]);
         }
         Ok(())
     }
-    fn scatter_add_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
-        for (i, &r) in rows.iter().enumerate() {
+    fn scatter_add_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()> {
+        for (i, &r) in rows.host().iter().enumerate() {
             elementwise::add_inplace(&mut self.0[r as usize * c..(r as usize + 1) * c], &src.0[i * c..(i + 1) * c]);
         }
         Ok(())
@@ -179,40 +180,44 @@ impl BackendStorage for CpuStorage {
         &self,
         k: &Self,
         v: &Self,
-        seqs: &[AttnSeq],
-        block_size: usize,
+        batch: &AttnBatch,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
         layout: KvLayout,
     ) -> Result<Self> {
         let mut out = vec![0.0f32; self.0.len()];
-        let geom = attention::Geometry { block_size, n_heads, n_kv_heads, head_dim, layout };
-        attention::paged_attention(&self.0, &k.0, &v.0, &mut out, seqs, &geom);
+        let geom = attention::Geometry { block_size: batch.block_size(), n_heads, n_kv_heads, head_dim, layout };
+        attention::paged_attention(&self.0, &k.0, &v.0, &mut out, &batch.seqs(), &geom);
         Ok(Self::from(out))
     }
     fn scatter_kv_blocked(
         &mut self,
-        slots: &[u32],
+        slots: &Indices,
         src: &Self,
         block_size: usize,
         n_kv_heads: usize,
         head_dim: usize,
         keys: bool,
     ) -> Result<()> {
-        kv_blocked::scatter(&mut self.0, slots, &src.0, &kv_blocked::Blocks { block_size, n_kv_heads, head_dim, keys });
+        kv_blocked::scatter(
+            &mut self.0,
+            slots.host(),
+            &src.0,
+            &kv_blocked::Blocks { block_size, n_kv_heads, head_dim, keys },
+        );
         Ok(())
     }
     fn gather_kv_blocked(
         &self,
-        slots: &[u32],
+        slots: &Indices,
         block_size: usize,
         n_kv_heads: usize,
         head_dim: usize,
         keys: bool,
     ) -> Result<Self> {
         let b = kv_blocked::Blocks { block_size, n_kv_heads, head_dim, keys };
-        Ok(Self::from(kv_blocked::gather(&self.0, slots, &b)))
+        Ok(Self::from(kv_blocked::gather(&self.0, slots.host(), &b)))
     }
     fn attention_backward(
         &self,

@@ -1,12 +1,14 @@
 //! The CUDA device: options and the runtime (the driver, or the emulated device) that every
 //! op of its storages goes through ([`super::runtime`]).
 
-use super::runtime::{Arg, DevBuf, Elem, LaunchCfg, Runtime};
+use super::attention::AttnMeta;
+use super::runtime::{Arg, Backend, DevBuf, Elem, LaunchCfg, Runtime};
 use super::storage::CudaStorage;
 use crate::backend::BackendDevice;
-use crate::{CudaOptions, Result};
+use crate::ops::AttnBatch;
+use crate::{CudaOptions, Indices, Result};
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Weak};
 
 /// One GPU (or the emulated device): every op of its storages runs on its one stream, in
 /// order.
@@ -38,7 +40,7 @@ impl CudaDevice {
     /// architecture, computing as `options` says ([`CudaOptions`]). Errors: a missing
     /// library, no such device, an NVRTC failure (with its log).
     pub fn new(ordinal: usize, options: CudaOptions) -> Result<Self> {
-        let rt = Runtime::Driver(super::runtime::Driver::new(ordinal)?);
+        let rt = Runtime::new(Backend::Driver(super::runtime::Driver::new(ordinal)?));
         Ok(Self { inner: Arc::new(Inner { label: ordinal.to_string(), options, rt }) })
     }
 
@@ -46,13 +48,13 @@ impl CudaDevice {
     /// kernels run through the SIMT emulation, cuBLAS replaced by the reference GEMM.
     #[cfg(feature = "cuda-emu")]
     pub fn emulated(options: CudaOptions) -> Self {
-        let rt = Runtime::Emu(super::emu::Emu::new());
+        let rt = Runtime::new(Backend::Emu(super::emu::Emu::new()));
         Self { inner: Arc::new(Inner { label: "emulated".into(), options, rt }) }
     }
 
     /// Whether this is the emulated device.
     pub fn is_emulated(&self) -> bool {
-        !matches!(self.inner.rt, Runtime::Driver(_))
+        !matches!(self.inner.rt.backend, Backend::Driver(_))
     }
 
     /// Whether the forward GEMM and attention are the batch-invariant kernels (gemm.cu's
@@ -66,6 +68,44 @@ impl CudaDevice {
     /// never in the batch-invariant mode, which computes in f32).
     pub fn bf16_weights(&self) -> bool {
         self.inner.options.bf16_weights && !self.inner.options.batch_invariant
+    }
+
+    /// What the host has asked of this device so far ([`crate::DeviceCounters`]).
+    pub fn counters(&self) -> crate::DeviceCounters {
+        self.inner.rt.counters()
+    }
+
+    /// `idx` on this device: its resident copy (uploaded by the first call for these
+    /// indices), or a fresh upload when another device holds the resident copy.
+    pub(super) fn indices<'a>(&self, idx: &'a Indices) -> Result<Resident<'a, DevBuf<u32>>> {
+        if let Some(r) = idx.resident.get() {
+            if r.owner.ptr_eq(&Arc::downgrade(&self.inner)) {
+                return Ok(Resident::Shared(&r.buf));
+            }
+            return Ok(Resident::Own(self.upload_any(idx.host())?));
+        }
+        let buf = self.upload_any(idx.host())?;
+        let _ = idx.resident.set(ResidentIndices { owner: Arc::downgrade(&self.inner), buf });
+        // Set just above (a racing setter's copy is as good).
+        Ok(Resident::Shared(&idx.resident.get().expect("set").buf))
+    }
+
+    /// The attention metadata of `batch` on this device (built by `build` on first use, or
+    /// per call when another device holds it).
+    pub(super) fn attn_meta<'a>(
+        &self,
+        batch: &'a AttnBatch,
+        build: impl FnOnce() -> Result<AttnMeta>,
+    ) -> Result<Resident<'a, AttnMeta>> {
+        if let Some(r) = batch.resident.get() {
+            if r.owner.ptr_eq(&Arc::downgrade(&self.inner)) {
+                return Ok(Resident::Shared(&r.meta));
+            }
+            return Ok(Resident::Own(build()?));
+        }
+        let meta = build()?;
+        let _ = batch.resident.set(ResidentAttn { owner: Arc::downgrade(&self.inner), meta });
+        Ok(Resident::Shared(&batch.resident.get().expect("set").meta))
     }
 
     pub(super) fn rt(&self) -> &Runtime {
@@ -102,6 +142,34 @@ impl CudaDevice {
 
     pub(super) fn storage(&self, buf: DevBuf<f32>) -> CudaStorage {
         CudaStorage::new(self.clone(), buf)
+    }
+}
+
+/// [`Indices`] resident on a device (see [`CudaDevice::indices`]).
+pub struct ResidentIndices {
+    owner: Weak<Inner>,
+    buf: DevBuf<u32>,
+}
+
+/// An [`AttnBatch`]'s metadata resident on a device ([`CudaDevice::attn_meta`]).
+pub struct ResidentAttn {
+    owner: Weak<Inner>,
+    meta: AttnMeta,
+}
+
+/// A device-side value that is either held by its owner for the step, or this call's own.
+pub(super) enum Resident<'a, T> {
+    Shared(&'a T),
+    Own(T),
+}
+
+impl<T> std::ops::Deref for Resident<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        match self {
+            Resident::Shared(t) => t,
+            Resident::Own(t) => t,
+        }
     }
 }
 

@@ -19,5 +19,5 @@ pub mod emu;
 mod runtime;
 mod storage;
 
-pub use device::CudaDevice;
+pub use device::{CudaDevice, ResidentAttn, ResidentIndices};
 pub use storage::CudaStorage;

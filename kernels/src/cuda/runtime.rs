@@ -11,12 +11,13 @@
 //! a buffer's end is an error naming the copy, not a driver fault.
 
 use super::compile;
-use crate::{KernelError, Result};
+use crate::{DeviceCounters, KernelError, Result};
 use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use std::collections::HashMap;
 use std::fmt;
 use std::ops::Range;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Any CUDA-side failure as a [`KernelError::Cuda`].
@@ -179,10 +180,33 @@ pub(super) struct Driver {
 }
 
 /// Which runtime a device runs on.
-pub(super) enum Runtime {
+pub(super) enum Backend {
     Driver(Driver),
     #[cfg(feature = "cuda-emu")]
     Emu(super::emu::Emu),
+}
+
+/// A device's runtime and the counts of what the host asked of it.
+pub(super) struct Runtime {
+    pub(super) backend: Backend,
+    counters: Counters,
+}
+
+/// Running totals behind [`DeviceCounters`].
+#[derive(Default)]
+struct Counters {
+    htod_copies: AtomicU64,
+    htod_bytes: AtomicU64,
+    dtoh_copies: AtomicU64,
+    dtoh_bytes: AtomicU64,
+    allocations: AtomicU64,
+    launches: AtomicU64,
+    gemms: AtomicU64,
+    syncs: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
 }
 
 /// Errors unless libcuda, libnvrtc and libcublas can be loaded (cudarc's calls would panic
@@ -246,14 +270,35 @@ fn copy_err(what: &str, range: &Range<usize>, len: usize) -> KernelError {
 }
 
 impl Runtime {
+    pub(super) fn new(backend: Backend) -> Self {
+        Self { backend, counters: Counters::default() }
+    }
+
+    /// The totals so far.
+    pub(super) fn counters(&self) -> DeviceCounters {
+        let c = &self.counters;
+        let g = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        DeviceCounters {
+            htod_copies: g(&c.htod_copies),
+            htod_bytes: g(&c.htod_bytes),
+            dtoh_copies: g(&c.dtoh_copies),
+            dtoh_bytes: g(&c.dtoh_bytes),
+            allocations: g(&c.allocations),
+            launches: g(&c.launches),
+            gemms: g(&c.gemms),
+            syncs: g(&c.syncs),
+        }
+    }
+
     /// `n` zeroed values (the driver allocates at least one, as cudarc refuses an empty
     /// allocation; the emulated device exactly `n`, so that any access to an empty buffer
     /// is a memcheck failure).
     pub(super) fn zeros<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
-        match self {
-            Runtime::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?), n)),
+        bump(&self.counters.allocations, 1);
+        match &self.backend {
+            Backend::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?), n)),
             #[cfg(feature = "cuda-emu")]
-            Runtime::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n)), n)),
+            Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n)), n)),
         }
     }
 
@@ -262,20 +307,26 @@ impl Runtime {
         if data.is_empty() {
             return self.zeros(0);
         }
-        match self {
-            Runtime::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.clone_htod(data).map_err(cuda_err)?), data.len())),
+        bump(&self.counters.allocations, 1);
+        bump(&self.counters.htod_copies, 1);
+        bump(&self.counters.htod_bytes, std::mem::size_of_val(data) as u64);
+        match &self.backend {
+            Backend::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.clone_htod(data).map_err(cuda_err)?), data.len())),
             #[cfg(feature = "cuda-emu")]
-            Runtime::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::from_host(data)), data.len())),
+            Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::from_host(data)), data.len())),
         }
     }
 
     /// The buffer's `len` values on the host (waits for the stream).
     pub(super) fn dtoh<T: Elem>(&self, b: &DevBuf<T>) -> Result<Vec<T>> {
+        bump(&self.counters.dtoh_copies, 1);
+        bump(&self.counters.dtoh_bytes, (b.len * std::mem::size_of::<T>()) as u64);
+        bump(&self.counters.syncs, 1);
         let mut v = match &b.inner {
-            BufInner::Driver(s) => match self {
-                Runtime::Driver(d) => d.stream.clone_dtoh(s).map_err(cuda_err)?,
+            BufInner::Driver(s) => match &self.backend {
+                Backend::Driver(d) => d.stream.clone_dtoh(s).map_err(cuda_err)?,
                 #[cfg(feature = "cuda-emu")]
-                Runtime::Emu(_) => unreachable!("a driver buffer on the emulated device"),
+                Backend::Emu(_) => unreachable!("a driver buffer on the emulated device"),
             },
             #[cfg(feature = "cuda-emu")]
             BufInner::Emu(e) => e.to_host::<T>(),
@@ -303,12 +354,12 @@ impl Runtime {
         if n == 0 {
             return Ok(());
         }
-        match (self, &src.inner, &mut dst.inner) {
-            (Runtime::Driver(d), BufInner::Driver(s), BufInner::Driver(t)) => {
+        match (&self.backend, &src.inner, &mut dst.inner) {
+            (Backend::Driver(d), BufInner::Driver(s), BufInner::Driver(t)) => {
                 d.stream.memcpy_dtod(&s.slice(sr), &mut t.slice_mut(dr)).map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            (Runtime::Emu(_), BufInner::Emu(s), BufInner::Emu(t)) => {
+            (Backend::Emu(_), BufInner::Emu(s), BufInner::Emu(t)) => {
                 t.copy_from::<T>(s, src_off, dst_off, n);
                 Ok(())
             }
@@ -327,14 +378,14 @@ impl Runtime {
     /// Raises kernel `name`'s dynamic shared memory limit to `bytes` (above the default
     /// 48 KiB a launch must ask for it first, as `cudaFuncSetAttribute` does).
     pub(super) fn set_max_dynamic_smem(&self, file: &'static str, name: &'static str, bytes: u32) -> Result<()> {
-        match self {
-            Runtime::Driver(d) => {
+        match &self.backend {
+            Backend::Driver(d) => {
                 use cudarc::driver::sys::CUfunction_attribute_enum::CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES;
                 let f = d.function(file, name)?;
                 f.set_attribute(CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES, bytes as i32).map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Runtime::Emu(e) => {
+            Backend::Emu(e) => {
                 e.set_max_dynamic_smem(name, bytes);
                 Ok(())
             }
@@ -349,8 +400,9 @@ impl Runtime {
         cfg: LaunchCfg,
         args: &mut [Arg<'_>],
     ) -> Result<()> {
-        match self {
-            Runtime::Driver(d) => {
+        bump(&self.counters.launches, 1);
+        match &self.backend {
+            Backend::Driver(d) => {
                 let f = d.function(file, name)?;
                 let mut b = d.stream.launch_builder(&f);
                 for a in args.iter_mut() {
@@ -368,14 +420,15 @@ impl Runtime {
                 unsafe { b.launch(cfg) }.map(|_| ()).map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Runtime::Emu(e) => e.launch(name, cfg, args),
+            Backend::Emu(e) => e.launch(name, cfg, args),
         }
     }
 
     /// f32 SGEMM ([`GemmArgs`]) over device buffers.
     pub(super) fn sgemm(&self, g: &GemmArgs, a: &DevBuf<f32>, b: &DevBuf<f32>, c: &mut DevBuf<f32>) -> Result<()> {
-        match self {
-            Runtime::Driver(d) => {
+        bump(&self.counters.gemms, 1);
+        match &self.backend {
+            Backend::Driver(d) => {
                 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
                 use cudarc::cublas::{Gemm, GemmConfig};
                 let op = |t: bool| if t { CUBLAS_OP_T } else { CUBLAS_OP_N };
@@ -397,15 +450,16 @@ impl Runtime {
                 unsafe { d.blas.gemm(cfg, a.driver(), b.driver(), c.driver_mut()) }.map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Runtime::Emu(_) => super::emu::sgemm(g, a, b, c),
+            Backend::Emu(_) => super::emu::sgemm(g, a, b, c),
         }
     }
 
     /// `cublasGemmEx` with A and B in bf16 (`CUDA_R_16BF`), C in f32, f32 compute
     /// (`CUBLAS_COMPUTE_32F`); the layout as [`Self::sgemm`].
     pub(super) fn gemm_bf16(&self, g: &GemmArgs, a: &DevBuf<u16>, b: &DevBuf<u16>, c: &mut DevBuf<f32>) -> Result<()> {
-        match self {
-            Runtime::Driver(d) => {
+        bump(&self.counters.gemms, 1);
+        match &self.backend {
+            Backend::Driver(d) => {
                 use cudarc::cublas::sys::cublasOperation_t::{CUBLAS_OP_N, CUBLAS_OP_T};
                 use cudarc::cublas::sys::{cublasComputeType_t, cublasGemmAlgo_t, cudaDataType_t};
                 use cudarc::driver::{DevicePtr, DevicePtrMut};
@@ -443,7 +497,7 @@ impl Runtime {
                 .map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Runtime::Emu(_) => super::emu::gemm_bf16(g, a, b, c),
+            Backend::Emu(_) => super::emu::gemm_bf16(g, a, b, c),
         }
     }
 }

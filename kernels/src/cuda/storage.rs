@@ -5,7 +5,8 @@ use super::attention;
 use super::device::{row_cfg, stride_cfg, CudaDevice};
 use super::runtime::{r, w, Arg, DevBuf, GemmArgs, LaunchCfg};
 use crate::backend::{BackendDevice, BackendStorage};
-use crate::ops::{AdamWStep, AttnSeq, KvLayout};
+use crate::ops::{AdamWStep, AttnBatch, KvLayout};
+use crate::Indices;
 use crate::{KernelError, Result};
 use std::ops::Range;
 use std::sync::OnceLock;
@@ -172,15 +173,28 @@ impl CudaStorage {
     }
 
     /// A scatter kernel `name(dst, rows, src, n, c)` of embedding.cu.
-    fn scatter(&mut self, name: &'static str, rows: &[u32], src: &Self, c: usize) -> Result<()> {
+    /// Kernel `name` of embedding.cu (`scatter_rows`, `scatter_add_rows`): row `i` of `src`
+    /// into (or added to) row `rows[i]` of `self`, for the `n` device-resident `rows`.
+    pub(super) fn scatter(
+        &mut self,
+        name: &'static str,
+        rows: &DevBuf<u32>,
+        n: usize,
+        src: &Self,
+        c: usize,
+    ) -> Result<()> {
         self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
-        if rows.is_empty() {
-            return Ok(());
-        }
-        let ids = self.dev.upload_any(rows)?;
         let dev = self.dev.clone();
-        let args = &mut [w(&mut self.buf), r(&ids), r(&src.buf), Arg::I32(int(rows.len())?), Arg::I32(int(c)?)];
-        dev.launch("embedding.cu", name, stride_cfg(rows.len() * c), args)
+        let args = &mut [w(&mut self.buf), r(rows), r(&src.buf), Arg::I32(int(n)?), Arg::I32(int(c)?)];
+        dev.launch("embedding.cu", name, stride_cfg(n * c), args)
+    }
+
+    /// Rows `ids[0..n]` (device-resident) of `self [_, c]` → `[n, c]`.
+    pub(super) fn gather(&self, ids: &DevBuf<u32>, n: usize, c: usize) -> Result<Self> {
+        let mut y = self.zeros_like(n * c)?;
+        let args = &mut [r(&self.buf), r(ids), w(&mut y.buf), Arg::I32(int(n)?), Arg::I32(int(c)?)];
+        self.dev.launch("embedding.cu", "gather_rows", stride_cfg(n * c), args)?;
+        Ok(y)
     }
 
     pub(super) fn device_ref(&self) -> &CudaDevice {
@@ -285,15 +299,16 @@ impl BackendStorage for CudaStorage {
         self.dev.launch("rms_norm.cu", "rms_norm_backward_dw", stride_cfg(d), args)?;
         Ok((dx, dw))
     }
-    fn rope_inplace(&mut self, positions: &[usize], cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
+    fn rope_inplace(&mut self, positions: &Indices, cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
         self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
         if positions.is_empty() {
             return Ok(());
         }
-        let pos = self.dev.upload_any(&ints(positions.iter().copied())?)?;
-        let (mi, ci, hi) = (int(positions.len())?, int(c)?, int(head_dim)?);
         let dev = self.dev.clone();
-        let args = &mut [w(&mut self.buf), r(&pos), r(&cos.buf), r(&sin.buf), Arg::I32(mi), Arg::I32(ci), Arg::I32(hi)];
+        let pos = dev.indices(positions)?;
+        let (mi, ci, hi) = (int(positions.len())?, int(c)?, int(head_dim)?);
+        let args =
+            &mut [w(&mut self.buf), r(&*pos), r(&cos.buf), r(&sin.buf), Arg::I32(mi), Arg::I32(ci), Arg::I32(hi)];
         dev.launch("rope.cu", "rope", stride_cfg(positions.len() * c / 2), args)
     }
     fn silu_mul(&self, m: usize, i: usize) -> Result<Self> {
@@ -362,21 +377,25 @@ impl BackendStorage for CudaStorage {
         self.rowwise("log_softmax_rows", m, n)
     }
 
-    fn gather_rows(&self, ids: &[u32], c: usize) -> Result<Self> {
-        let mut y = self.zeros_like(ids.len() * c)?;
+    fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self> {
         if ids.is_empty() {
-            return Ok(y);
+            return self.zeros_like(0);
         }
-        let idx = self.dev.upload_any(ids)?;
-        let args = &mut [r(&self.buf), r(&idx), w(&mut y.buf), Arg::I32(int(ids.len())?), Arg::I32(int(c)?)];
-        self.dev.launch("embedding.cu", "gather_rows", stride_cfg(ids.len() * c), args)?;
-        Ok(y)
+        self.gather(&*self.dev.indices(ids)?, ids.len(), c)
     }
-    fn scatter_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
-        self.scatter("scatter_rows", rows, src, c)
+    fn scatter_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let dev = self.dev.clone();
+        self.scatter("scatter_rows", &*dev.indices(rows)?, rows.len(), src, c)
     }
-    fn scatter_add_rows(&mut self, rows: &[u32], src: &Self, c: usize) -> Result<()> {
-        self.scatter("scatter_add_rows", rows, src, c)
+    fn scatter_add_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()> {
+        if rows.is_empty() {
+            return Ok(());
+        }
+        let dev = self.dev.clone();
+        self.scatter("scatter_add_rows", &*dev.indices(rows)?, rows.len(), src, c)
     }
     fn split_cols(&self, m: usize, widths: &[usize]) -> Result<Vec<Self>> {
         let c: usize = widths.iter().sum();
@@ -425,8 +444,7 @@ impl BackendStorage for CudaStorage {
         &self,
         k: &Self,
         v: &Self,
-        seqs: &[AttnSeq],
-        block_size: usize,
+        batch: &AttnBatch,
         n_heads: usize,
         n_kv_heads: usize,
         head_dim: usize,
@@ -438,7 +456,7 @@ impl BackendStorage for CudaStorage {
                 detail: "the Blocked KV layout is CPU-only".into(),
             });
         }
-        attention::paged_attention(self, k, v, seqs, block_size, n_heads, n_kv_heads, head_dim)
+        attention::paged_attention(self, k, v, batch, n_heads, n_kv_heads, head_dim)
     }
     fn attention_backward(
         &self,

@@ -4,6 +4,7 @@
 use super::check_scatter;
 use crate::backend::BackendStorage;
 use crate::error::shape_err;
+use crate::indices::Idx;
 use crate::tensor::Storage;
 use crate::{Device, KernelError, Result, Tensor};
 
@@ -60,25 +61,26 @@ impl KvLayout {
 /// `k_cache`, `v_cache [num_slots, n_kv_heads·head_dim]` laid out as `layout` (blocks of
 /// `block_size`): the KV append of a forward step.
 #[allow(clippy::too_many_arguments)]
-pub fn write_kv(
+pub fn write_kv<'a>(
     k_cache: &mut Tensor,
     v_cache: &mut Tensor,
-    slots: &[u32],
+    slots: impl Into<Idx<'a>>,
     k: &Tensor,
     v: &Tensor,
     layout: KvLayout,
     block_size: usize,
     n_kv_heads: usize,
 ) -> Result<()> {
+    let slots = slots.into();
     for (cache, src, keys) in [(k_cache, k, true), (v_cache, v, false)] {
-        let c = check_scatter("write_kv", cache, slots, src)?;
+        let c = check_scatter("write_kv", cache, &slots, src)?;
         layout.check("write_kv", &cache.device(), cache.dims2("write_kv")?.0, block_size)?;
         let (d, s) = (&mut cache.storage, &src.storage);
         match layout {
-            KvLayout::Rows => backend!("write_kv"; d, s => d.scatter_rows(slots, s, c))?,
+            KvLayout::Rows => backend!("write_kv"; d, s => d.scatter_rows(&slots, s, c))?,
             KvLayout::Blocked => {
                 let head_dim = head_dim("write_kv", c, n_kv_heads)?;
-                backend!("write_kv"; d, s => d.scatter_kv_blocked(slots, s, block_size, n_kv_heads, head_dim, keys))?
+                backend!("write_kv"; d, s => d.scatter_kv_blocked(&slots, s, block_size, n_kv_heads, head_dim, keys))?
             }
         }
     }
@@ -88,27 +90,28 @@ pub fn write_kv(
 /// Slots `slots` of the caches `k_cache`, `v_cache` (laid out as `layout`, blocks of
 /// `block_size`) as rows: `(k, v)`, each `[slots.len(), n_kv_heads·head_dim]`. With
 /// [`write_kv`], copies slots (a forked sequence's partial block).
-pub fn read_kv(
+pub fn read_kv<'a>(
     k_cache: &Tensor,
     v_cache: &Tensor,
-    slots: &[u32],
+    slots: impl Into<Idx<'a>>,
     layout: KvLayout,
     block_size: usize,
     n_kv_heads: usize,
 ) -> Result<(Tensor, Tensor)> {
+    let slots = slots.into();
     let read = |cache: &Tensor, keys: bool| -> Result<Tensor> {
         let (l, c) = cache.dims2("read_kv")?;
-        if let Some(&bad) = slots.iter().find(|&&s| s as usize >= l) {
+        if let Some(bad) = slots.max().filter(|&s| s as usize >= l) {
             return Err(shape_err("read_kv", format!("slot {bad} >= {l} cache slots")));
         }
         layout.check("read_kv", &cache.device(), l, block_size)?;
         let a = &cache.storage;
         let storage = match layout {
-            KvLayout::Rows => backend!("read_kv"; a => a.gather_rows(slots, c).map(Storage::from))?,
+            KvLayout::Rows => backend!("read_kv"; a => a.gather_rows(&slots, c).map(Storage::from))?,
             KvLayout::Blocked => {
                 let head_dim = head_dim("read_kv", c, n_kv_heads)?;
                 backend!("read_kv"; a =>
-                    a.gather_kv_blocked(slots, block_size, n_kv_heads, head_dim, keys).map(Storage::from))?
+                    a.gather_kv_blocked(&slots, block_size, n_kv_heads, head_dim, keys).map(Storage::from))?
             }
         };
         Ok(Tensor::new(storage, &[slots.len(), c]))

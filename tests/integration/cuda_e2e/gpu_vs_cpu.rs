@@ -83,6 +83,7 @@ on_targets!(
     the_bf16_serving_copy_follows_every_update,
     greedy_tokens_match_the_cpu_for_16_steps,
     chunked_prefill_preemption_and_prefix_hits_match_the_cpu,
+    a_decode_steps_uploads_do_not_grow_with_depth,
     learner_gradients_match_the_cpu,
     learner_logprobs_vs_behavior_logprobs_on_the_gpu,
     batch_invariant_logprobs_equal_the_samplers_on_the_gpu,
@@ -312,6 +313,40 @@ fn greedy_tokens_match_the_cpu_for_16_steps(t: Target) {
             assert!(gap <= 1e-4 * scale, "{name}: request {r}: GPU tokens {g:?} vs CPU {w:?}");
         }
     }
+}
+
+/// The step's indices are uploaded once per step, not per layer ([`kernels::Indices`],
+/// `ops::AttnBatch`): a decode step of a 2-layer and of a 6-layer model make the same
+/// host→device copies — token ids, positions, KV slots, logit rows, and the attention's
+/// block tables, row tables and positions: 7 — and one device→host copy (the logits).
+/// Before, each layer uploaded its own (9 per layer).
+fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
+    let mut per_depth = Vec::new();
+    for layers in [2, 6] {
+        let config = TinySpec { layers, ..TinySpec::default() }.config();
+        let shared = SharedModel::new(model(&config, &dev));
+        let dir = tests::temp_dir("cuda-e2e-counters");
+        tests::tiny::write_tokenizer(&dir);
+        let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+        let cfg = EngineConfig { num_blocks: Some(16), ..EngineConfig::default() };
+        let mut e = LLMEngine::new(shared, tok, cfg).unwrap();
+        let params = SamplingParams { temperature: 0.0, max_tokens: Some(4), ignore_eos: true, ..Default::default() };
+        e.add_request("0", tokens(tests::tiny::VOCAB, 5, 3), params).unwrap();
+        let mut steps = Vec::new();
+        while e.has_unfinished() {
+            let before = dev.counters().unwrap();
+            e.step().unwrap();
+            steps.push(dev.counters().unwrap() - before);
+        }
+        eprintln!("{layers} layers: per step {steps:#?}");
+        assert_eq!(steps.len(), 4, "a prefill and three decode steps");
+        for s in &steps[1..] {
+            assert_eq!((s.htod_copies, s.dtoh_copies, s.syncs), (7, 1, 1), "{layers} layers, a decode step: {s:?}");
+        }
+        per_depth.push(steps[3]);
+    }
+    assert_eq!(per_depth[0].htod_bytes, per_depth[1].htod_bytes, "the same bytes whatever the depth");
 }
 
 /// One learner forward + backward of a packed batch (two sequences, T = 0.8, a policy and an

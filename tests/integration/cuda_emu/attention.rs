@@ -2,7 +2,7 @@
 //! invariance.
 
 use super::{bitwise, close, cpu, ffi, geom, host, i32s, rnd};
-use kernels::ops::{self, AttnSeq, KvLayout};
+use kernels::ops::{self, AttnBatch, AttnSeq, KvLayout};
 use rand::rngs::StdRng;
 use rand::seq::SliceRandom;
 use rand::SeedableRng;
@@ -144,8 +144,7 @@ fn check_attention(s: AttnShape) {
         &cpu(&q, &[t, qc]),
         &cpu(&k, &[slots, kc]),
         &cpu(&v, &[slots, kc]),
-        &attn,
-        s.bs,
+        &AttnBatch::new(&attn, s.bs).unwrap(),
         s.h,
         s.kvh,
         s.d,

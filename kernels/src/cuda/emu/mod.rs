@@ -1,5 +1,5 @@
 //! The emulated CUDA device (`cuda-emu` feature): the CUDA backend's host code runs
-//! unchanged over this runtime ([`super::runtime::Runtime::Emu`]), so CI exercises argument
+//! unchanged over this runtime ([`super::runtime::Backend::Emu`]), so CI exercises argument
 //! packing, launch configurations, per-step metadata, buffer sizes and the cuBLAS argument
 //! mapping without a GPU.
 //!
