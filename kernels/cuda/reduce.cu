@@ -28,11 +28,12 @@ extern "C" __global__ void sum_squares_partial(const float* x, long long n, long
     if (threadIdx.x == 0) partial[blockIdx.x] = s;
 }
 
-// sum_f64(x [n], n, out [1]): out = Σ x in f64. Launch: grid 1, any block ≤ 1024 (host: 256).
-extern "C" __global__ void sum_f64(const double* x, int n, double* out) {
+// sum_f64(x [n], n, out [at + 1], at): out[at] = Σ x in f64 (the total of one tensor of a
+// multi-tensor sum of squares goes to its slot). Launch: grid 1, any block ≤ 1024 (host: 256).
+extern "C" __global__ void sum_f64(const double* x, int n, double* out, int at) {
     __shared__ double red[RLS_MAX_THREADS];
     double s = 0.0;
     for (int i = threadIdx.x; i < n; i += blockDim.x) s += x[i];
     s = rls_block_reduce(s, red, RlsSum());
-    if (threadIdx.x == 0) out[0] = s;
+    if (threadIdx.x == 0) out[at] = s;
 }

@@ -79,8 +79,9 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn scale_add_unpacked(&mut self, s: f32, d: &Self, n: usize, k: usize) -> Result<()>;
     /// `s · self`.
     fn scale(&self, s: f32) -> Result<Self>;
-    /// `Σ x²` in f64.
-    fn sum_squares(&self) -> Result<f64>;
+    /// `Σ x²` over every element of every part, in f64 (each part's sum, then the parts in
+    /// order; a device reads the result back once for all parts).
+    fn sum_squares(parts: &[&Self]) -> Result<f64>;
     /// Column sums of `[m, n]` → `[n]`.
     fn sum_rows(&self, m: usize, n: usize) -> Result<Self>;
     /// Row-wise softmax of `[m, n]`.

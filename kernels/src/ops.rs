@@ -132,10 +132,21 @@ pub fn scale(x: &Tensor, s: f32) -> Result<Tensor> {
     out(backend!("scale"; a => a.scale(s).map(Storage::from)), x.shape())
 }
 
-/// `Σ x²` over every element, in f64 (global gradient norms).
+/// `Σ x²` over every element, in f64.
 pub fn sum_squares(x: &Tensor) -> Result<f64> {
-    let a = &x.storage;
-    backend!("sum_squares"; a => a.sum_squares())
+    sum_squares_all(&[x])
+}
+
+/// `Σ x²` over every element of every tensor, in f64 (the global gradient norm): on a device
+/// one pass per tensor and one read back for all of them (not one per tensor). Tensors on
+/// different devices are [`KernelError::DeviceMismatch`].
+pub fn sum_squares_all(xs: &[&Tensor]) -> Result<f64> {
+    let Some(first) = xs.first() else { return Ok(0.0) };
+    let st: Vec<&Storage> = xs.iter().map(|t| &t.storage).collect();
+    match &first.storage {
+        Storage::Cpu(_) => BackendStorage::sum_squares(&same_backend(&st, cpu_of, "sum_squares")?),
+        Storage::Cuda(_) => BackendStorage::sum_squares(&same_backend(&st, cuda_of, "sum_squares")?),
+    }
 }
 
 /// Linear layer `y = x · Wᵀ (+ bias)`: `x [m, k]`, `w` packed `[n, k]`, `bias [n]` → `[m, n]`.

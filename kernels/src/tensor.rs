@@ -102,19 +102,33 @@ pub struct DeviceCounters {
     pub syncs: u64,
 }
 
+impl DeviceCounters {
+    fn zip(self, b: Self, f: fn(u64, u64) -> u64) -> Self {
+        DeviceCounters {
+            htod_copies: f(self.htod_copies, b.htod_copies),
+            htod_bytes: f(self.htod_bytes, b.htod_bytes),
+            dtoh_copies: f(self.dtoh_copies, b.dtoh_copies),
+            dtoh_bytes: f(self.dtoh_bytes, b.dtoh_bytes),
+            allocations: f(self.allocations, b.allocations),
+            launches: f(self.launches, b.launches),
+            gemms: f(self.gemms, b.gemms),
+            syncs: f(self.syncs, b.syncs),
+        }
+    }
+}
+
+/// What was asked between two readings (`later − earlier`).
 impl std::ops::Sub for DeviceCounters {
     type Output = DeviceCounters;
     fn sub(self, b: Self) -> Self {
-        DeviceCounters {
-            htod_copies: self.htod_copies - b.htod_copies,
-            htod_bytes: self.htod_bytes - b.htod_bytes,
-            dtoh_copies: self.dtoh_copies - b.dtoh_copies,
-            dtoh_bytes: self.dtoh_bytes - b.dtoh_bytes,
-            allocations: self.allocations - b.allocations,
-            launches: self.launches - b.launches,
-            gemms: self.gemms - b.gemms,
-            syncs: self.syncs - b.syncs,
-        }
+        self.zip(b, |x, y| x - y)
+    }
+}
+
+impl std::ops::Add for DeviceCounters {
+    type Output = DeviceCounters;
+    fn add(self, b: Self) -> Self {
+        self.zip(b, |x, y| x + y)
     }
 }
 

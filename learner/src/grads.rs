@@ -43,10 +43,6 @@ impl Grads {
 
     /// `sqrt(Σ g²)` over every tensor (before clipping), accumulated in f64.
     pub fn global_norm(&self) -> Result<f64> {
-        let mut s = 0.0;
-        for g in self.tensors.values() {
-            s += ops::sum_squares(g)?;
-        }
-        Ok(s.sqrt())
+        Ok(ops::sum_squares_all(&self.tensors.values().collect::<Vec<_>>())?.sqrt())
     }
 }

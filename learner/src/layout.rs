@@ -38,11 +38,25 @@ pub(crate) struct Layout {
     /// The prompts' rows (shared) and the samples' completion rows, for every layer's
     /// attention ([`Self::attention`]).
     attn: AttnBatch,
-    /// Per sample: its keys `prompt rows ++ own rows`, its prompt length, and whether it
-    /// carries the prompt's query rows in the backward (the first sample of each prompt).
-    samples: Vec<(Vec<u32>, usize, bool)>,
-    /// Whether any prompt is shared by two samples.
-    shared: bool,
+    /// The attention backward's rows: each sample's span of keys (contiguous rows without
+    /// sharing), or with sharing its gathered copies ([`SharedRows`]).
+    backward: Backward,
+}
+
+/// How [`Layout::attention_backward`] sees the rows.
+enum Backward {
+    /// No prompt is shared: each sample's keys are its own contiguous rows, `spans`.
+    Contiguous(Vec<Range<usize>>),
+    Shared(Box<SharedRows>),
+}
+
+/// With sharing, each sample's keys gathered into a contiguous copy: rows `gather` of the
+/// batch, `da` read from rows `da_rows` (row `t` is a zero row: non-carriers' prompt
+/// queries), copy `s` being rows `spans[s]`.
+struct SharedRows {
+    gather: Indices,
+    da_rows: Indices,
+    spans: Vec<Range<usize>>,
 }
 
 impl Layout {
@@ -82,13 +96,13 @@ impl Layout {
             .iter()
             .map(|a| AttnSeq { rows: a.rows.clone(), start_pos: a.start_pos, block_table: &a.keys })
             .collect();
+        let backward = if l.shared { Backward::Shared(Box::new(l.shared_rows())) } else { Backward::Contiguous(l.spans()) };
         Ok(Layout {
             attn: AttnBatch::new(&seqs, 1)?,
             inputs: Indices::new(l.inputs),
             positions: l.positions.into_iter().map(|p| p as u32).collect(),
             pred_rows: Indices::new(l.pred_rows),
-            samples: l.samples,
-            shared: l.shared,
+            backward,
         })
     }
 
@@ -112,30 +126,18 @@ impl Layout {
         heads: (usize, usize, usize),
     ) -> Result<(Tensor, Tensor, Tensor)> {
         let (h, kvh, d) = heads;
-        if !self.shared {
-            // Each sample's keys are its own contiguous rows.
-            let spans: Vec<Range<usize>> =
-                self.samples.iter().map(|(keys, ..)| keys[0] as usize..keys[keys.len() - 1] as usize + 1).collect();
-            return Ok(ops::attention_backward(q, k, v, da, &spans, h, kvh, d)?);
-        }
-        let t = self.inputs.len();
-        let (mut gather, mut da_rows, mut spans) = (vec![], vec![], vec![]);
-        for &(ref keys, p, owner) in &self.samples {
-            if !owner && p == keys.len() {
-                continue; // no own rows and not the prompt's carrier: nothing to add
-            }
-            spans.push(gather.len()..gather.len() + keys.len());
-            gather.extend_from_slice(keys);
-            // Rows past `t` in `da_ext` are zeros: non-owners' prompt queries read them.
-            da_rows.extend(keys.iter().enumerate().map(|(i, &r)| if i < p && !owner { t as u32 } else { r }));
-        }
+        let s = match &self.backward {
+            Backward::Contiguous(spans) => return Ok(ops::attention_backward(q, k, v, da, spans, h, kvh, d)?),
+            Backward::Shared(s) => s,
+        };
+        let (t, gather, spans) = (self.inputs.len(), &s.gather, &s.spans);
         let da_ext = ops::cat_rows(&[da, &Tensor::zeros(&[1, da.shape()[1]], &da.device())?])?;
-        let (qc, kc, vc) = (ops::embedding(q, &gather)?, ops::embedding(k, &gather)?, ops::embedding(v, &gather)?);
+        let (qc, kc, vc) = (ops::embedding(q, gather)?, ops::embedding(k, gather)?, ops::embedding(v, gather)?);
         let (dq_c, dk_c, dv_c) =
-            ops::attention_backward(&qc, &kc, &vc, &ops::embedding(&da_ext, &da_rows)?, &spans, h, kvh, d)?;
+            ops::attention_backward(&qc, &kc, &vc, &ops::embedding(&da_ext, &s.da_rows)?, spans, h, kvh, d)?;
         let scatter = |src: &Tensor| -> Result<Tensor> {
             let mut out = Tensor::zeros(&[t, src.shape()[1]], &src.device())?;
-            ops::scatter_add_rows(&mut out, &gather, src)?;
+            ops::scatter_add_rows(&mut out, gather, src)?;
             Ok(out)
         };
         Ok((scatter(&dq_c)?, scatter(&dk_c)?, scatter(&dv_c)?))
@@ -160,6 +162,27 @@ impl Rows {
         self.inputs.extend_from_slice(tokens);
         self.positions.extend(start..start + tokens.len());
         r0..self.inputs.len()
+    }
+
+    /// Each sample's keys as one span of rows (no prompt shared: they are contiguous).
+    fn spans(&self) -> Vec<Range<usize>> {
+        self.samples.iter().map(|(keys, ..)| keys[0] as usize..keys[keys.len() - 1] as usize + 1).collect()
+    }
+
+    /// The gathered copies of [`SharedRows`].
+    fn shared_rows(&self) -> SharedRows {
+        let t = self.inputs.len();
+        let (mut gather, mut da_rows, mut spans) = (vec![], vec![], vec![]);
+        for &(ref keys, p, owner) in &self.samples {
+            if !owner && p == keys.len() {
+                continue; // no own rows and not the prompt's carrier: nothing to add
+            }
+            spans.push(gather.len()..gather.len() + keys.len());
+            gather.extend_from_slice(keys);
+            // Rows past `t` in `da_ext` are zeros: non-owners' prompt queries read them.
+            da_rows.extend(keys.iter().enumerate().map(|(i, &r)| if i < p && !owner { t as u32 } else { r }));
+        }
+        SharedRows { gather: Indices::new(gather), da_rows: Indices::new(da_rows), spans }
     }
 }
 

@@ -296,6 +296,12 @@ fn elementwise_and_reductions(dev: &Device) {
     close(&host(&ops::unpack_weight(&w).unwrap()), &axpby, 1e-6, "scale_add_packed");
     let ss: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
     assert!((ops::sum_squares(&up(dev, &a, &[m, n])).unwrap() - ss).abs() < 1e-9 * ss, "sum_squares");
+    // Several tensors (the global gradient norm), one of them empty: the sum of all squares.
+    let (ta, tb, te) = (up(dev, &a, &[m, n]), up(dev, &b, &[m, n]), up(dev, &[], &[0]));
+    let all = ss + b.iter().map(|x| (*x as f64).powi(2)).sum::<f64>();
+    let got = ops::sum_squares_all(&[&ta, &te, &tb]).unwrap();
+    assert!((got - all).abs() < 1e-9 * all, "sum_squares_all: {got} vs {all}");
+    assert_eq!(ops::sum_squares_all(&[]).unwrap(), 0.0);
     let cols: Vec<f64> = (0..n).map(|j| (0..m).map(|r| a[r * n + j] as f64).sum()).collect();
     close(&host(&ops::sum_rows(&up(dev, &a, &[m, n])).unwrap()), &cols, 1e-6, "sum_rows");
     assert!(ops::add_inplace(&mut up(dev, &a, &[m, n]), &up(dev, &b[..n], &[1, n])).is_err());

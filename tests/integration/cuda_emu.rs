@@ -221,7 +221,7 @@ fn reductions_and_copies() {
             chunk as i64,
             partial.as_mut_ptr(),
         );
-        ffi::emu_sum_f64(per_row(1, 64).as_ptr(), 0, partial.as_ptr(), parts as i32, &mut total);
+        ffi::emu_sum_f64(per_row(1, 64).as_ptr(), 0, partial.as_ptr(), parts as i32, &mut total, 0);
     }
     let want = ops::sum_squares(&cpu(&big, &[len])).unwrap();
     assert!((total - want).abs() <= 1e-12 * want, "sum_squares: {total} vs {want}");

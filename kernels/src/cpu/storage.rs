@@ -101,11 +101,13 @@ impl BackendStorage for CpuStorage {
     fn scale(&self, s: f32) -> Result<Self> {
         Ok(Self::from(self.0.par_iter().map(|v| v * s).collect::<Vec<f32>>()))
     }
-    fn sum_squares(&self) -> Result<f64> {
-        // Per-chunk partials collected in order, then summed in order: the same bits
-        // whatever the thread count or work stealing.
-        let partials: Vec<f64> = self.0.par_chunks(CHUNK).map(elementwise::sum_squares).collect();
-        Ok(partials.iter().sum())
+    fn sum_squares(parts: &[&Self]) -> Result<f64> {
+        // Per-chunk partials collected in order, then summed in order, then the tensors in
+        // order: the same bits whatever the thread count or work stealing.
+        let one = |p: &Self| -> f64 {
+            p.0.par_chunks(CHUNK).map(elementwise::sum_squares).collect::<Vec<f64>>().iter().sum()
+        };
+        Ok(parts.iter().fold(0.0, |s, p| s + one(p)))
     }
     fn sum_rows(&self, _m: usize, n: usize) -> Result<Self> {
         let mut s = vec![0.0f32; n];

@@ -353,16 +353,25 @@ impl BackendStorage for CudaStorage {
     fn scale(&self, s: f32) -> Result<Self> {
         self.scale_into(s)
     }
-    fn sum_squares(&self) -> Result<f64> {
-        let len = self.to_len();
-        let parts = len.div_ceil(SQ_CHUNK).max(1);
-        let mut partial = self.dev.zeros_any::<f64>(parts)?;
-        let mut total = self.dev.zeros_any::<f64>(1)?;
-        let args = &mut [r(&self.buf), Arg::I64(len as i64), Arg::I64(SQ_CHUNK as i64), w(&mut partial)];
-        self.dev.launch("reduce.cu", "sum_squares_partial", row_cfg(parts, ROW_THREADS), args)?;
-        let args = &mut [r(&partial), Arg::I32(int(parts)?), w(&mut total)];
-        self.dev.launch("reduce.cu", "sum_f64", row_cfg(1, ROW_THREADS), args)?;
-        Ok(self.dev.rt().dtoh(&total)?[0])
+    fn sum_squares(parts: &[&Self]) -> Result<f64> {
+        let Some(first) = parts.first() else { return Ok(0.0) };
+        let dev = &first.dev;
+        // Chunk sums of each tensor into one reused buffer (the stream orders the uses),
+        // each tensor's total into its slot, the slots summed: one host read for them all.
+        let chunks = |p: &Self| p.to_len().div_ceil(SQ_CHUNK).max(1);
+        let mut partial = dev.zeros_any::<f64>(parts.iter().map(|p| chunks(p)).max().unwrap_or(1))?;
+        let mut totals = dev.zeros_any::<f64>(parts.len())?;
+        for (i, p) in parts.iter().enumerate() {
+            let (len, n) = (p.to_len(), chunks(p));
+            let args = &mut [r(&p.buf), Arg::I64(len as i64), Arg::I64(SQ_CHUNK as i64), w(&mut partial)];
+            dev.launch("reduce.cu", "sum_squares_partial", row_cfg(n, ROW_THREADS), args)?;
+            let args = &mut [r(&partial), Arg::I32(int(n)?), w(&mut totals), Arg::I32(int(i)?)];
+            dev.launch("reduce.cu", "sum_f64", row_cfg(1, ROW_THREADS), args)?;
+        }
+        let mut total = dev.zeros_any::<f64>(1)?;
+        let args = &mut [r(&totals), Arg::I32(int(parts.len())?), w(&mut total), Arg::I32(0)];
+        dev.launch("reduce.cu", "sum_f64", row_cfg(1, ROW_THREADS), args)?;
+        Ok(dev.rt().dtoh(&total)?[0])
     }
     fn sum_rows(&self, m: usize, n: usize) -> Result<Self> {
         let mut y = self.zeros_like(n)?;

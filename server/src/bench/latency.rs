@@ -39,6 +39,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         (0..a.prompt_tokens as u32).map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100))).collect();
     let threads = rayon::current_num_threads();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
+    let mut decode_counters = device.counters().map(|_| kernels::DeviceCounters::default());
     // Greedy, never stopping early: decode exactly gen_tokens.
     let params = SamplingParams { temperature: 0.0, ..Default::default() };
     for _ in 0..a.repetitions {
@@ -47,14 +48,20 @@ pub fn run(a: BenchArgs) -> Result<()> {
         // The last row's logits copied to the host: on a GPU this waits for the forward.
         model.forward(&prompt, &mut cache, false)?.to_vec()?;
         pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        let c0 = device.counters();
         let (_, stats) = generate(&model, &prompt[..1], &params, a.gen_tokens, &[], |_| {})?;
         tg.push(stats.decode_tokens_per_s());
+        if let (Some(sum), Some(c0), Some(c1)) = (decode_counters.as_mut(), c0, device.counters()) {
+            *sum = *sum + (c1 - c0);
+        }
     }
     println!("| model | threads | test | t/s |");
     println!("| --- | --- | --- | --- |");
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
     println!("| {name} f32 (rlserve) | {threads} | pp{} | {:.1} |", a.prompt_tokens, median(pp));
     println!("| {name} f32 (rlserve) | {threads} | tg{} | {:.1} |", a.gen_tokens, median(tg));
+    // One prefill of the first token, then gen_tokens − 1 decode steps, per repetition.
+    super::print_device_per_step("generated token", decode_counters, a.gen_tokens * a.repetitions);
     if let Some(rss) = peak_rss_mib() {
         println!("peak RSS: {rss:.0} MiB");
     }

@@ -55,6 +55,8 @@ struct RunResult {
     decode_tokens: usize,
     decode_steps: usize,
     decode_secs: f64,
+    /// What the device was asked over the decode steps (CUDA only).
+    decode_counters: Option<kernels::DeviceCounters>,
 }
 
 /// Runs `prompts` to completion on a fresh engine.
@@ -71,8 +73,10 @@ fn run_batch(
         e.add_request(&format!("b{i}"), p.clone(), params.clone())?;
     }
     let (mut output_tokens, mut decode_tokens, mut decode_steps, mut decode_secs) = (0, 0, 0, 0.0);
+    let device = model.read().device().clone();
+    let mut decode_counters = device.counters().map(|_| kernels::DeviceCounters::default());
     while e.has_unfinished() {
-        let (prefilled, t0) = (e.stats().prefill_tokens, Instant::now());
+        let (prefilled, t0, c0) = (e.stats().prefill_tokens, Instant::now(), device.counters());
         let n = e.step()?.iter().map(|o| o.tokens.len()).sum::<usize>();
         output_tokens += n;
         // A step that computed no prompt token is a pure decode step (llama-batched-bench's
@@ -81,6 +85,9 @@ fn run_batch(
             decode_tokens += n;
             decode_secs += t0.elapsed().as_secs_f64();
             decode_steps += 1;
+            if let (Some(sum), Some(c0), Some(c1)) = (decode_counters.as_mut(), c0, device.counters()) {
+                *sum = *sum + (c1 - c0);
+            }
         }
     }
     let secs = t.elapsed().as_secs_f64();
@@ -93,6 +100,7 @@ fn run_batch(
         decode_tokens,
         decode_steps,
         decode_secs,
+        decode_counters,
     })
 }
 
@@ -164,6 +172,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         r.decode_steps,
         1e3 * r.decode_secs / r.decode_steps.max(1) as f64
     );
+    super::print_device_per_step("decode step", r.decode_counters, r.decode_steps);
     let mut curve = Vec::new();
     if !a.no_curve {
         println!("| concurrency | output tokens/s | speed-up vs 1 |");

@@ -84,6 +84,7 @@ on_targets!(
     greedy_tokens_match_the_cpu_for_16_steps,
     chunked_prefill_preemption_and_prefix_hits_match_the_cpu,
     a_decode_steps_uploads_do_not_grow_with_depth,
+    a_learner_steps_host_reads_do_not_grow_with_depth,
     learner_gradients_match_the_cpu,
     learner_logprobs_vs_behavior_logprobs_on_the_gpu,
     batch_invariant_logprobs_equal_the_samplers_on_the_gpu,
@@ -347,6 +348,34 @@ fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
         per_depth.push(steps[3]);
     }
     assert_eq!(per_depth[0].htod_bytes, per_depth[1].htod_bytes, "the same bytes whatever the depth");
+}
+
+/// A learner forward + backward + global gradient norm reads the device back the same
+/// number of times at any depth (3: ℓ and the entropies after the forward, and the norm
+/// once for all gradient tensors, `ops::sum_squares_all`; before, once per tensor: 9 more
+/// per layer). Its uploads grow by 2 per layer: the attention backward's row span tables
+/// (before the layout's `Indices`, 9; making the spans resident too is left to do).
+fn a_learner_steps_host_reads_do_not_grow_with_depth(t: Target) {
+    let Some(dev) = t.device(F32) else { return };
+    let mut per_depth = Vec::new();
+    for layers in [1, 2] {
+        let m = model(&TinySpec { layers, ..TinySpec::default() }.config(), &dev);
+        let (p, c1, c2) =
+            (tokens(tests::tiny::VOCAB, 7, 20), tokens(tests::tiny::VOCAB, 5, 21), tokens(tests::tiny::VOCAB, 6, 23));
+        let seqs: Vec<(&[u32], &[u32])> = vec![(&p, &c1), (&p, &c2)];
+        let w = vec![0.5f32; c1.len() + c2.len()];
+        let before = dev.counters().unwrap();
+        let f = learner::forward_batch(&m, &seqs, 1.0).unwrap();
+        let mut grads = Grads::default();
+        f.backward(&m, &OutputGrads::logprobs(&w), &mut grads).unwrap();
+        let norm = grads.global_norm().unwrap();
+        let used = dev.counters().unwrap() - before;
+        eprintln!("{layers} layers: {} gradient tensors, norm {norm:.4}: {used:?}", grads.tensors.len());
+        per_depth.push(used);
+    }
+    let (a, b) = (per_depth[0], per_depth[1]);
+    assert_eq!((a.dtoh_copies, a.syncs), (3, 3), "{a:?}");
+    assert_eq!((b.dtoh_copies, b.syncs, b.htod_copies), (3, 3, a.htod_copies + 2), "{a:?} vs {b:?}");
 }
 
 /// One learner forward + backward of a packed batch (two sequences, T = 0.8, a policy and an
