@@ -94,6 +94,8 @@ pub struct DeviceCounters {
     pub dtoh_bytes: u64,
     /// Device buffers allocated (each a stream-ordered allocation on a GPU).
     pub allocations: u64,
+    /// Of those, the ones zero-filled (a memset each).
+    pub zero_fills: u64,
     /// Kernel launches (not counting cuBLAS's own).
     pub launches: u64,
     /// cuBLAS GEMM calls.
@@ -110,6 +112,7 @@ impl DeviceCounters {
             dtoh_copies: f(self.dtoh_copies, b.dtoh_copies),
             dtoh_bytes: f(self.dtoh_bytes, b.dtoh_bytes),
             allocations: f(self.allocations, b.allocations),
+            zero_fills: f(self.zero_fills, b.zero_fills),
             launches: f(self.launches, b.launches),
             gemms: f(self.gemms, b.gemms),
             syncs: f(self.syncs, b.syncs),

@@ -96,7 +96,8 @@ impl Layout {
             .iter()
             .map(|a| AttnSeq { rows: a.rows.clone(), start_pos: a.start_pos, block_table: &a.keys })
             .collect();
-        let backward = if l.shared { Backward::Shared(Box::new(l.shared_rows())) } else { Backward::Contiguous(l.spans()) };
+        let backward =
+            if l.shared { Backward::Shared(Box::new(l.shared_rows())) } else { Backward::Contiguous(l.spans()) };
         Ok(Layout {
             attn: AttnBatch::new(&seqs, 1)?,
             inputs: Indices::new(l.inputs),

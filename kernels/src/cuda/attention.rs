@@ -123,7 +123,7 @@ pub(super) fn paged_attention(
     let (h, kvh, d, bs) = (int(n_heads)?, int(n_kv_heads)?, int(head_dim)?, int(batch.block_size())?);
     let mut out = match &meta.decode {
         Some(dm) if dm.rows.is_none() => None, // the split-KV output is the whole output
-        _ => Some(dev.zeros(t * qc)?),
+        _ => Some(q.uninit_like(t * qc)?),
     };
     if let (Some(p), Some(out)) = (&meta.prefill, out.as_mut()) {
         let smem = (2 * TQ * head_dim + 2 * TK * head_dim + TQ * TK + 3 * TQ) * 4;
@@ -160,9 +160,9 @@ pub(super) fn paged_attention(
             }
             None => q,
         };
-        let mut part_out = dev.zeros_any::<f32>(nd * n_heads * dm.max_parts * head_dim)?;
-        let mut part_ml = dev.zeros_any::<f32>(nd * n_heads * dm.max_parts * 2)?;
-        let mut od = dev.zeros(nd * qc)?;
+        let mut part_out = dev.alloc_any::<f32>(nd * n_heads * dm.max_parts * head_dim)?;
+        let mut part_ml = dev.alloc_any::<f32>(nd * n_heads * dm.max_parts * 2)?;
+        let mut od = q.uninit_like(nd * qc)?;
         let (pi, mp) = (int(PARTITION)?, int(dm.max_parts)?);
         let args = &mut [
             r(&qd.buf),
@@ -231,7 +231,7 @@ pub(super) fn attention_backward(
         }
     }
     let (rs, re) = (dev.upload_any(&start)?, dev.upload_any(&end)?);
-    let mut stats = dev.zeros_any::<f32>(t * n_heads * 3)?;
+    let mut stats = dev.alloc_any::<f32>(t * n_heads * 3)?;
     let (h, kvh, d) = (int(n_heads)?, int(n_kv_heads)?, int(head_dim)?);
     let scale = 1.0 / (head_dim as f32).sqrt();
     let th = THREADS as usize;

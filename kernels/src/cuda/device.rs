@@ -135,6 +135,12 @@ impl CudaDevice {
         self.inner.rt.htod(data)
     }
 
+    /// `n` values of any device type for an output a kernel writes in full
+    /// ([`Runtime::alloc`]: no zero fill).
+    pub(super) fn alloc_any<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
+        self.inner.rt.alloc(n)
+    }
+
     /// `n` zeroed values of any device type.
     pub(super) fn zeros_any<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
         self.inner.rt.zeros(n)

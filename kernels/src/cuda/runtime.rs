@@ -200,6 +200,7 @@ struct Counters {
     dtoh_copies: AtomicU64,
     dtoh_bytes: AtomicU64,
     allocations: AtomicU64,
+    zero_fills: AtomicU64,
     launches: AtomicU64,
     gemms: AtomicU64,
     syncs: AtomicU64,
@@ -284,6 +285,7 @@ impl Runtime {
             dtoh_copies: g(&c.dtoh_copies),
             dtoh_bytes: g(&c.dtoh_bytes),
             allocations: g(&c.allocations),
+            zero_fills: g(&c.zero_fills),
             launches: g(&c.launches),
             gemms: g(&c.gemms),
             syncs: g(&c.syncs),
@@ -295,10 +297,26 @@ impl Runtime {
     /// is a memcheck failure).
     pub(super) fn zeros<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
         bump(&self.counters.allocations, 1);
+        bump(&self.counters.zero_fills, 1);
         match &self.backend {
             Backend::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?), n)),
             #[cfg(feature = "cuda-emu")]
             Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n)), n)),
+        }
+    }
+
+    /// `n` values left as the allocator gives them, for an output a kernel writes in full
+    /// (no zero fill). The emulated device fills them with `0xFF` bytes (NaN as f32 or f64,
+    /// the largest index as u32): a kernel that reads an element it did not write gets NaN
+    /// or an out-of-range index, which the tests see (compute-sanitizer's initcheck).
+    pub(super) fn alloc<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
+        bump(&self.counters.allocations, 1);
+        match &self.backend {
+            // SAFETY: the buffer is only read after a kernel or copy has written it (the
+            // callers' contract, checked on the emulated device by the poison fill).
+            Backend::Driver(d) => Ok(wrap(BufInner::Driver(unsafe { d.stream.alloc(n.max(1)) }.map_err(cuda_err)?), n)),
+            #[cfg(feature = "cuda-emu")]
+            Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::poisoned::<T>(n)), n)),
         }
     }
 

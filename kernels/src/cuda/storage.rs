@@ -4,7 +4,7 @@
 use super::attention;
 use super::device::{row_cfg, stride_cfg, CudaDevice};
 use super::runtime::{r, w, Arg, DevBuf, GemmArgs, LaunchCfg};
-use crate::backend::{BackendDevice, BackendStorage};
+use crate::backend::BackendStorage;
 use crate::ops::{AdamWStep, AttnBatch, KvLayout};
 use crate::Indices;
 use crate::{KernelError, Result};
@@ -52,7 +52,7 @@ impl CudaStorage {
 
     /// `n` values of `x` as bf16 bits (f32_to_bf16 of elementwise.cu).
     fn to_bf16(dev: &CudaDevice, x: &DevBuf<f32>, n: usize) -> Result<DevBuf<u16>> {
-        let mut y = dev.zeros_any::<u16>(n)?;
+        let mut y = dev.alloc_any::<u16>(n)?;
         dev.launch("elementwise.cu", "f32_to_bf16", stride_cfg(n), &mut [r(x), w(&mut y), Arg::I64(n as i64)])?;
         Ok(y)
     }
@@ -67,8 +67,9 @@ impl CudaStorage {
     }
 
     /// A zeroed buffer of `n` on the same device.
-    fn zeros_like(&self, n: usize) -> Result<Self> {
-        self.dev.zeros(n)
+    /// `n` f32 on this device for an output the op writes in full (no zero fill).
+    pub(super) fn uninit_like(&self, n: usize) -> Result<Self> {
+        Ok(self.dev.storage(self.dev.alloc_any(n)?))
     }
 
     /// Elements of the buffer (the allocation may be larger).
@@ -79,7 +80,7 @@ impl CudaStorage {
     /// `y = s·x` (elementwise.cu `scale`).
     fn scale_into(&self, s: f32) -> Result<Self> {
         let n = self.to_len();
-        let mut y = self.zeros_like(n)?;
+        let mut y = self.uninit_like(n)?;
         let args = &mut [r(&self.buf), w(&mut y.buf), Arg::F32(s), Arg::I64(n as i64)];
         self.dev.launch("elementwise.cu", "scale", stride_cfg(n), args)?;
         Ok(y)
@@ -88,7 +89,7 @@ impl CudaStorage {
     /// `C = op(A) · op(B)` of `out` elements in cuBLAS's column-major terms (see
     /// [`BackendStorage::linear`]).
     fn gemm(&self, g: GemmArgs, a: &DevBuf<f32>, b: &DevBuf<f32>, out: usize) -> Result<Self> {
-        let mut y = self.zeros_like(out)?;
+        let mut y = self.uninit_like(out)?;
         self.dev.rt().sgemm(&g, a, b, &mut y.buf)?;
         Ok(y)
     }
@@ -122,7 +123,7 @@ impl CudaStorage {
     fn linear_bf16(&self, m: usize, k: usize, w: &Self, n: usize) -> Result<Self> {
         let w16 = w.bf16_copy()?;
         let x16 = Self::to_bf16(&self.dev, &self.buf, m * k)?;
-        let mut y = self.zeros_like(m * n)?;
+        let mut y = self.uninit_like(m * n)?;
         self.dev.rt().gemm_bf16(&Self::linear_args(m, k, n)?, w16, &x16, &mut y.buf)?;
         Ok(y)
     }
@@ -130,7 +131,7 @@ impl CudaStorage {
     /// `linear` without bias through gemm.cu's `linear_bi` (`--batch-invariant`): `y[i, j]`
     /// is the CPU's FMA chain over `k`, whatever `m`.
     fn linear_bi(&self, m: usize, k: usize, wt: &Self, n: usize) -> Result<Self> {
-        let mut y = self.zeros_like(m * n)?;
+        let mut y = self.uninit_like(m * n)?;
         let cfg = LaunchCfg { grid: (n.div_ceil(64) as u32, m.div_ceil(64) as u32, 1), block: (16, 16, 1), smem: 0 };
         let args =
             &mut [r(&self.buf), r(&wt.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(n)?), Arg::I32(int(k)?)];
@@ -166,7 +167,7 @@ impl CudaStorage {
 
     /// A row kernel `name(x, y, m, n)` (softmax.cu).
     fn rowwise(&self, name: &'static str, m: usize, n: usize) -> Result<Self> {
-        let mut y = self.zeros_like(m * n)?;
+        let mut y = self.uninit_like(m * n)?;
         let args = &mut [r(&self.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(n)?)];
         self.dev.launch("softmax.cu", name, row_cfg(m, ROW_THREADS), args)?;
         Ok(y)
@@ -191,7 +192,7 @@ impl CudaStorage {
 
     /// Rows `ids[0..n]` (device-resident) of `self [_, c]` → `[n, c]`.
     pub(super) fn gather(&self, ids: &DevBuf<u32>, n: usize, c: usize) -> Result<Self> {
-        let mut y = self.zeros_like(n * c)?;
+        let mut y = self.uninit_like(n * c)?;
         let args = &mut [r(&self.buf), r(ids), w(&mut y.buf), Arg::I32(int(n)?), Arg::I32(int(c)?)];
         self.dev.launch("embedding.cu", "gather_rows", stride_cfg(n * c), args)?;
         Ok(y)
@@ -275,14 +276,14 @@ impl BackendStorage for CudaStorage {
     }
 
     fn rms_norm(&self, wt: &Self, m: usize, d: usize, eps: f32) -> Result<Self> {
-        let mut y = self.zeros_like(m * d)?;
+        let mut y = self.uninit_like(m * d)?;
         let args = &mut [r(&self.buf), r(&wt.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(d)?), Arg::F32(eps)];
         self.dev.launch("rms_norm.cu", "rms_norm", row_cfg(m, ROW_THREADS), args)?;
         Ok(y)
     }
     fn rms_norm_backward(&self, wt: &Self, dy: &Self, m: usize, d: usize, eps: f32) -> Result<(Self, Self)> {
-        let (mut dx, mut dw) = (self.zeros_like(m * d)?, self.zeros_like(d)?);
-        let mut rstd = self.dev.zeros_any::<f64>(m)?;
+        let (mut dx, mut dw) = (self.uninit_like(m * d)?, self.uninit_like(d)?);
+        let mut rstd = self.dev.alloc_any::<f64>(m)?;
         let (mi, di) = (int(m)?, int(d)?);
         let args = &mut [
             r(&self.buf),
@@ -312,13 +313,13 @@ impl BackendStorage for CudaStorage {
         dev.launch("rope.cu", "rope", stride_cfg(positions.len() * c / 2), args)
     }
     fn silu_mul(&self, m: usize, i: usize) -> Result<Self> {
-        let mut y = self.zeros_like(m * i)?;
+        let mut y = self.uninit_like(m * i)?;
         let args = &mut [r(&self.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(i)?)];
         self.dev.launch("elementwise.cu", "silu_mul", stride_cfg(m * i), args)?;
         Ok(y)
     }
     fn silu_mul_backward(&self, da: &Self, m: usize, i: usize) -> Result<Self> {
-        let mut d = self.zeros_like(m * 2 * i)?;
+        let mut d = self.uninit_like(m * 2 * i)?;
         let args = &mut [r(&self.buf), r(&da.buf), w(&mut d.buf), Arg::I32(int(m)?), Arg::I32(int(i)?)];
         self.dev.launch("elementwise.cu", "silu_mul_backward", stride_cfg(m * i), args)?;
         Ok(d)
@@ -359,8 +360,8 @@ impl BackendStorage for CudaStorage {
         // Chunk sums of each tensor into one reused buffer (the stream orders the uses),
         // each tensor's total into its slot, the slots summed: one host read for them all.
         let chunks = |p: &Self| p.to_len().div_ceil(SQ_CHUNK).max(1);
-        let mut partial = dev.zeros_any::<f64>(parts.iter().map(|p| chunks(p)).max().unwrap_or(1))?;
-        let mut totals = dev.zeros_any::<f64>(parts.len())?;
+        let mut partial = dev.alloc_any::<f64>(parts.iter().map(|p| chunks(p)).max().unwrap_or(1))?;
+        let mut totals = dev.alloc_any::<f64>(parts.len())?;
         for (i, p) in parts.iter().enumerate() {
             let (len, n) = (p.to_len(), chunks(p));
             let args = &mut [r(&p.buf), Arg::I64(len as i64), Arg::I64(SQ_CHUNK as i64), w(&mut partial)];
@@ -368,13 +369,13 @@ impl BackendStorage for CudaStorage {
             let args = &mut [r(&partial), Arg::I32(int(n)?), w(&mut totals), Arg::I32(int(i)?)];
             dev.launch("reduce.cu", "sum_f64", row_cfg(1, ROW_THREADS), args)?;
         }
-        let mut total = dev.zeros_any::<f64>(1)?;
+        let mut total = dev.alloc_any::<f64>(1)?;
         let args = &mut [r(&totals), Arg::I32(int(parts.len())?), w(&mut total), Arg::I32(0)];
         dev.launch("reduce.cu", "sum_f64", row_cfg(1, ROW_THREADS), args)?;
         Ok(dev.rt().dtoh(&total)?[0])
     }
     fn sum_rows(&self, m: usize, n: usize) -> Result<Self> {
-        let mut y = self.zeros_like(n)?;
+        let mut y = self.uninit_like(n)?;
         let args = &mut [r(&self.buf), w(&mut y.buf), Arg::I32(int(m)?), Arg::I32(int(n)?)];
         self.dev.launch("reduce.cu", "sum_rows", stride_cfg(n), args)?;
         Ok(y)
@@ -388,7 +389,7 @@ impl BackendStorage for CudaStorage {
 
     fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self> {
         if ids.is_empty() {
-            return self.zeros_like(0);
+            return self.uninit_like(0);
         }
         self.gather(&*self.dev.indices(ids)?, ids.len(), c)
     }
@@ -412,7 +413,7 @@ impl BackendStorage for CudaStorage {
         widths
             .iter()
             .map(|&wd| {
-                let mut part = self.zeros_like(m * wd)?;
+                let mut part = self.uninit_like(m * wd)?;
                 if m * wd > 0 {
                     Self::copy_cols(self, c, off, &mut part, wd, 0, m, wd)?;
                 }
@@ -424,7 +425,7 @@ impl BackendStorage for CudaStorage {
     fn cat_cols(parts: &[(&Self, usize)], m: usize) -> Result<Self> {
         let first = parts.first().ok_or_else(|| KernelError::Cuda("cat_cols of no parts".into()))?.0;
         let total: usize = parts.iter().map(|p| p.1).sum();
-        let mut out = first.zeros_like(m * total)?;
+        let mut out = first.uninit_like(m * total)?;
         let mut off = 0;
         for &(p, wd) in parts {
             if m * wd > 0 {
@@ -437,7 +438,7 @@ impl BackendStorage for CudaStorage {
     fn cat(parts: &[&Self]) -> Result<Self> {
         let first = parts.first().ok_or_else(|| KernelError::Cuda("cat of no parts".into()))?;
         let total: usize = parts.iter().map(|p| p.to_len()).sum();
-        let mut out = first.zeros_like(total)?;
+        let mut out = first.uninit_like(total)?;
         let mut off = 0;
         for p in parts {
             first.dev.rt().dtod(&p.buf, 0, &mut out.buf, off, p.to_len())?;
@@ -486,7 +487,7 @@ impl BackendStorage for CudaStorage {
             return Ok((vec![], vec![]));
         }
         let toks = self.dev.upload_any(tokens)?;
-        let (mut lp, mut ent) = (self.dev.zeros_any::<f32>(m)?, self.dev.zeros_any::<f32>(m)?);
+        let (mut lp, mut ent) = (self.dev.alloc_any::<f32>(m)?, self.dev.alloc_any::<f32>(m)?);
         let args = &mut [
             r(&self.buf),
             r(&toks),
@@ -509,7 +510,7 @@ impl BackendStorage for CudaStorage {
         entropies: &[f32],
     ) -> Result<Self> {
         let m = tokens.len();
-        let mut dz = self.zeros_like(m * v)?;
+        let mut dz = self.uninit_like(m * v)?;
         if m == 0 {
             return Ok(dz);
         }
@@ -533,7 +534,7 @@ impl BackendStorage for CudaStorage {
 
     fn adamw_delta(&self, m: &mut Self, v: &mut Self, s: &AdamWStep) -> Result<Self> {
         let n = self.to_len();
-        let mut d = self.zeros_like(n)?;
+        let mut d = self.uninit_like(n)?;
         let args = &mut [
             r(&self.buf),
             w(&mut m.buf),

@@ -128,6 +128,14 @@ impl EmuBuf {
         Self { alloc: Arc::new(alloc) }
     }
 
+    /// `n` values of `0xFF` bytes ([`super::runtime::Runtime::alloc`]).
+    pub(super) fn poisoned<T: Elem>(n: usize) -> Self {
+        let alloc = Alloc::new(n * std::mem::size_of::<T>());
+        // SAFETY: the data region is writable and `bytes` long.
+        unsafe { std::ptr::write_bytes(alloc.data, 0xFF, alloc.bytes) };
+        Self { alloc: Arc::new(alloc) }
+    }
+
     pub(super) fn from_host<T: Elem>(v: &[T]) -> Self {
         let b = Self::zeroed::<T>(v.len());
         // SAFETY: the allocation holds exactly `v.len()` values of T, aligned (size_of::<T>()
