@@ -21,7 +21,12 @@
 #     batch 1 (bytes of bf16 weights read per token × decode tokens/s ÷ HBM bandwidth), % of
 #     the bf16 peak of the serving GEMM FLOPs and % of the FP32 peak of the learner step's
 #     (lower bounds on the GEMMs' own efficiency: the step's other kernels count as GEMM
-#     time).
+#     time). Beside each: the device counters per decode step (copies, allocations,
+#     launches, syncs), and PyTorch + transformers on the same folders and workloads
+#     (scripts/torch_peer.py: prefill, batch-1 and batch-64 decode in bf16, an f32 train
+#     step with AdamW) with the ratio rlserve / PyTorch and the GPU-engine issue's target.
+#  5. Online RL: a three-step `rlserve train --device cuda` job (GRPO on SmolLM2-135M's
+#     shapes): its steps, policy versions and the engine's pause per update.
 #
 # Peaks assumed (NVIDIA H200 Tensor Core GPU datasheet, H200 SXM): HBM3e 4.8 TB/s; FP32
 # 67 TFLOPS (rlserve's cuBLAS SGEMMs run in the default math mode: FP32, no TF32; TF32
@@ -177,10 +182,12 @@ for m in "${MODELS[@]}"; do
     bytes=$(($(json bytes_per_token "$m") / 2))
     fwd=$(json flops_per_token_forward "$m")
     train=$(json flops_per_token_train "$m")
+    pp="" tg="" out="" tps=""
     if bench latency "$m" --prompt-tokens 512 --gen-tokens 128 --repetitions 3; then
         log="$LOGS/latency-$m.log"
         pp=$(awk -F'|' '$4 ~ /pp512/ {gsub(/ /, "", $5); print $5}' "$log")
         tg=$(awk -F'|' '$4 ~ /tg128/ {gsub(/ /, "", $5); print $5}' "$log")
+        l=$(grep -m 1 '^Device per' "$log") && record "device counters $m" ok "$l"
         record "bench latency $m" ok "pp512 $pp tok/s, tg128 $tg tok/s = $(pct "$tg" "$bytes" "${HBM_TBPS}e12")% of the HBM roof ($((bytes / 1000000)) MB of bf16 weights per token)"
     fi
     if bench throughput "$m" --num-prompts 64 --input-len 128 --output-len 64 --max-num-seqs 64 --no-curve; then
@@ -189,13 +196,72 @@ for m in "${MODELS[@]}"; do
         out=$(sed -E 's/.* ([0-9.]+) output tokens\/s.*/\1/' <<<"$line")
         decode=$(sed -nE 's/^Decode phase: ([0-9.]+) output tokens\/s.*/\1/p' "$LOGS/throughput-$m.log")
         record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${BF16_TFLOPS}e12")% of bf16 peak (2N FLOPs/token); decode phase $decode output tok/s"
+        l=$(grep -m 1 '^Device per' "$LOGS/throughput-$m.log") && record "device counters $m" ok "$l"
     fi
     if bench train "$m" --num-seqs 8 --prompt-len 128 --completion-len 128 --steps 2; then
         line=$(grep -m 1 '^fwd+bwd+AdamW:' "$LOGS/train-$m.log")
         tps=$(sed -E 's/.*, ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
         record "bench train $m" ok "8 × 256 tokens: ${line#fwd+bwd+AdamW: } = $(pct "$tps" "$train" "${FP32_TFLOPS}e12")% of FP32 peak (6N FLOPs/token); $(grep -m 1 '^split' "$LOGS/train-$m.log")"
     fi
+    # PyTorch + transformers on the same folder, same workloads (scripts/torch_peer.py), the
+    # ratio rlserve / PyTorch beside each; the GPU-engine issue's targets quoted for Qwen2-0.5B.
+    plog="$LOGS/torch-$m.log"
+    timeout "$(budget 150)" "$PYTHON" scripts/torch_peer.py "$WORK/models/$m" >"$plog" 2>&1
+    rc=$?
+    if ((rc != 0)); then
+        record "torch peer $m" FAIL "exit $rc: $(tail -n 1 "$plog")"
+        continue
+    fi
+    # peer LABEL RLSERVE_VALUE TORCH_LINE_PREFIX TARGET: one row with the ratio.
+    peer() {
+        local t
+        t=$(sed -nE "s/^torch $3: ([0-9.]+) .*/\1/p" "$plog" | head -n 1)
+        if [[ -z "$2" || -z "$t" ]]; then
+            record "vs PyTorch $1 $m" FAIL "rlserve '${2}', PyTorch '${t}' (see $plog)"
+            return
+        fi
+        record "vs PyTorch $1 $m" ok "rlserve $2, PyTorch $t tok/s: $("$PYTHON" -c "print(f'{$2 / $t:.2f}')")x; $4"
+    }
+    peer "prefill 512" "$pp" "prefill" "no target"
+    peer "decode batch 1" "$tg" "decode batch 1" "target ≥ 1000 tok/s at Qwen2-0.5B shapes, bf16"
+    peer "decode batch 64" "$out" "decode batch 64" "target ≥ 30000 output tok/s offline (256 sequences) at Qwen2-0.5B shapes"
+    peer "train step 8 × 256" "$tps" "train step" "target ≥ 1.0x PyTorch"
 done
+
+# ---- 5. online RL on the GPU: a short `rlserve train` job ----
+# Three GRPO steps on SmolLM2-135M's shapes (random weights): the engine samples, the
+# learner updates the served weights in place under the write guard; the pause per update
+# (the guard's hold) comes from metrics.jsonl. Target: ≤ 1 ms (at Qwen2-0.5B).
+rl="$WORK/rl"
+rm -rf "$rl" && mkdir -p "$rl"
+printf '{"prompt": "abc"}\n{"prompt": "xyz"}\n' >"$rl/data.jsonl"
+cat >"$rl/job.toml" <<EOF_JOB
+model = "$WORK/models/smollm2-135m"
+dataset = "$rl/data.jsonl"
+apply_chat_template = false
+num_generations = 8
+prompts_per_step = 2
+max_steps = 3
+output_dir = "$rl/run"
+rewards = [{ type = "regex", pattern = '^[a-z]' }]
+[learner]
+max_completion_length = 16
+EOF_JOB
+timeout "$(budget 120)" "$BIN/rlserve" train --config "$rl/job.toml" --no-serve --device cuda >"$LOGS/rl-train.log" 2>&1
+rc=$?
+if ((rc != 0)); then
+    record "rlserve train (GPU)" FAIL "exit $rc: $(tail -n 1 "$LOGS/rl-train.log")"
+else
+    cat >"$rl/pauses.py" <<'EOF_PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1])]
+rows = [r for r in rows if r.get("kind") == "train"]
+ms = [round(1e3 * r["pause_seconds"], 3) for r in rows]
+print(f"{len(rows)} steps, policy versions {[r['version'] for r in rows]}, pause per update {ms} ms")
+EOF_PY
+    pauses=$("$PYTHON" "$rl/pauses.py" "$rl/run/metrics.jsonl" 2>&1)
+    record "rlserve train (GPU)" ok "$pauses; target pause ≤ 1 ms"
+fi
 
 # ---- summary ----
 echo
