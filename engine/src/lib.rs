@@ -9,6 +9,7 @@ pub mod detokenizer;
 pub mod engine;
 pub mod error;
 pub mod fetch;
+pub mod files;
 pub mod generate;
 pub mod handle;
 pub mod model;

@@ -236,14 +236,16 @@ fn write_synced(path: &Path, bytes: &[u8]) -> Result<()> {
 /// The `trainer_state.json` saved by [`save`].
 pub fn load_state(dir: &Path) -> Result<serde_json::Value> {
     let sp = dir.join("trainer_state.json");
-    serde_json::from_str(&std::fs::read_to_string(&sp).map_err(|e| LearnerError::io(&sp, e))?)
-        .map_err(|e| LearnerError::Checkpoint { path: sp, msg: format!("invalid JSON: {e}") })
+    let text = engine::files::read_bounded_string(&sp, engine::files::MAX_SMALL_FILE_BYTES)
+        .map_err(|e| LearnerError::io(&sp, e))?;
+    serde_json::from_str(&text).map_err(|e| LearnerError::Checkpoint { path: sp, msg: format!("invalid JSON: {e}") })
 }
 
 /// Loads the AdamW state saved by [`save`] onto `device`.
 pub fn load_optimizer(dir: &Path, device: &Device) -> Result<AdamW> {
     let path = dir.join("optimizer.safetensors");
-    let bytes = std::fs::read(&path).map_err(|e| LearnerError::io(&path, e))?;
+    let bytes = engine::files::read_bounded(&path, engine::files::MAX_CHECKPOINT_BYTES)
+        .map_err(|e| LearnerError::io(&path, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| LearnerError::Checkpoint { path: path.clone(), msg: format!("invalid safetensors file: {e}") })?;
     let mut opt = AdamW::default();

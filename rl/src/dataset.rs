@@ -12,6 +12,7 @@
 use super::error::{Result, RlError};
 use engine::{ChatMessage, ChatOptions, Tokenizer};
 use serde_json::{Map, Value};
+use std::path::Path;
 
 /// One prompt: its token ids and the line's fields (`answer`, ...) for the rewards.
 #[derive(Debug, Clone)]
@@ -160,8 +161,8 @@ fn rows(key: &'static str, spec: &str) -> Result<Vec<Map<String, Value>>> {
             ))
         }
         path => {
-            let text =
-                std::fs::read_to_string(path).map_err(|source| RlError::File { key, path: path.into(), source })?;
+            let text = engine::files::read_bounded_string(Path::new(path), engine::files::MAX_DATASET_BYTES)
+                .map_err(|source| RlError::File { key, path: path.into(), source })?;
             let mut rows = Vec::new();
             for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
                 match serde_json::from_str::<Value>(line) {

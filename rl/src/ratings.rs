@@ -137,6 +137,16 @@ impl Ratings {
                         format!("`chosen` and `rejected` must be two different choices, got {w} and {l}"),
                     ));
                 }
+                if k.choices[w].prompt_ids != k.choices[l].prompt_ids {
+                    return Err(RlError::invalid(
+                        "rejected",
+                        format!(
+                            "`chosen` {w} and `rejected` {l} answer different prompts of `{}`: a preference pair \
+                             is two answers to one prompt",
+                            req.id
+                        ),
+                    ));
+                }
                 if k.rewards.iter().any(Option::is_some) {
                     return Err(RlError::AlreadyRated(format!("response `{}` already has ratings", req.id)));
                 }
@@ -162,6 +172,17 @@ impl Ratings {
                     return Err(RlError::invalid(
                         "preferred",
                         format!("`preferred` {p} is out of range: the response has {n} choice(s)"),
+                    ));
+                }
+                if k.choices.iter().any(|c| c.prompt_ids != k.choices[0].prompt_ids) {
+                    return Err(RlError::invalid(
+                        "preferred",
+                        format!(
+                            "response `{}` answers several prompts: `preferred` picks one of the answers to one \
+                             prompt; rate its choices with `choice` and `reward`, or pair two answers to one \
+                             prompt with `chosen` and `rejected`",
+                            req.id
+                        ),
                     ));
                 }
                 if k.rewards.iter().any(Option::is_some) {
@@ -227,11 +248,39 @@ impl Ratings {
             }
             return;
         }
+        // One group per prompt (a completions request with several prompts is one
+        // response): a group never mixes answers to different prompts; a prompt answered
+        // once is a single sample (REINFORCE with the baseline).
         let k = self.retire(&line.id).expect("present");
-        self.next_group += 1;
-        for (c, r) in k.choices.iter().zip(&k.rewards) {
-            let sample = TrainSample { reward: *r, group: Some(self.next_group), ..c.clone() };
-            self.ready.push_back((k.seq, sample));
+        let mut prompts: Vec<&[u32]> = Vec::new();
+        for c in &k.choices {
+            if !prompts.contains(&c.prompt_ids.as_slice()) {
+                prompts.push(&c.prompt_ids);
+            }
+        }
+        for p in prompts {
+            let of_p = |c: &&TrainSample| c.prompt_ids == p;
+            if k.choices.iter().filter(of_p).count() < 2 {
+                let single = Kept {
+                    choices: k.choices.iter().filter(of_p).cloned().collect(),
+                    rewards: k
+                        .choices
+                        .iter()
+                        .zip(&k.rewards)
+                        .filter(|(c, _)| c.prompt_ids == p)
+                        .map(|(_, r)| *r)
+                        .collect(),
+                    greedy: false,
+                    seq: k.seq,
+                };
+                self.flush_partial(&single);
+                continue;
+            }
+            self.next_group += 1;
+            for (c, r) in k.choices.iter().zip(&k.rewards).filter(|(c, _)| c.prompt_ids == p) {
+                let sample = TrainSample { reward: *r, group: Some(self.next_group), ..c.clone() };
+                self.ready.push_back((k.seq, sample));
+            }
         }
     }
 
@@ -280,5 +329,55 @@ impl Ratings {
             self.ready.pop_front();
         }
         self.trained += n as u64;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sample(prompt: &[u32]) -> TrainSample {
+        TrainSample {
+            prompt_ids: prompt.to_vec(),
+            completion_ids: vec![7],
+            behavior_logprobs: vec![-1.0],
+            advantage: None,
+            reward: None,
+            group: None,
+            versions: None,
+            finish_reason: None,
+        }
+    }
+
+    fn req(json: serde_json::Value) -> FeedbackRequest {
+        serde_json::from_value(json).unwrap()
+    }
+
+    /// A completions request with two prompts is one response: choices 0, 1 answer prompt A,
+    /// choice 2 prompt B. Pairs and `preferred` across prompts are refused naming why; rated
+    /// in full, A's answers are one group and B's answer a single sample (REINFORCE: the
+    /// baseline is 0 before any single-choice reward, so its advantage is its reward).
+    #[test]
+    fn groups_and_pairs_never_mix_prompts() {
+        let mut r = Ratings::new();
+        r.register("x".into(), vec![sample(&[1, 2]), sample(&[1, 2]), sample(&[3])], false, 8);
+        let e = r.check(&req(serde_json::json!({"id": "x", "chosen": 0, "rejected": 2}))).unwrap_err();
+        assert!(e.to_string().contains("answer different prompts"), "{e}");
+        let e = r.check(&req(serde_json::json!({"id": "x", "preferred": 0}))).unwrap_err();
+        assert!(e.to_string().contains("answers several prompts"), "{e}");
+        assert!(r.check(&req(serde_json::json!({"id": "x", "chosen": 1, "rejected": 0}))).is_ok());
+        for (c, reward) in [(0, 1.0), (1, 0.0), (2, 0.5)] {
+            let line = r.check(&req(serde_json::json!({"id": "x", "choice": c, "reward": reward}))).unwrap();
+            r.apply(&line, 0, 8);
+        }
+        let got: Vec<_> = r.ready.iter().map(|(_, s)| (s.prompt_ids.clone(), s.group, s.reward, s.advantage)).collect();
+        assert_eq!(
+            got,
+            vec![
+                (vec![1, 2], Some(1), Some(1.0), None),
+                (vec![1, 2], Some(1), Some(0.0), None),
+                (vec![3], None, Some(0.5), Some(0.5)),
+            ]
+        );
     }
 }

@@ -373,6 +373,9 @@ async fn rollouts_return_tokens_logprobs_and_versions() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rl_requests_get_a_4xx_that_says_why() {
     let (s, base) = start_server(tiny("rl-bad", 73), ServeArgs::default()).await;
+    // A sparse file one byte over the dataset limit (no disk used).
+    let huge = temp_dir("rl-bad-huge").join("huge.jsonl");
+    std::fs::File::create(&huge).unwrap().set_len(engine::files::MAX_DATASET_BYTES + 1).unwrap();
     let cases: Vec<(&str, Value, u16, &str)> = vec![
         ("/v1/rollouts", json!({"prompts": []}), 400, "`prompts`"),
         ("/v1/rollouts", json!({"max_tokens": 3}), 400, "prompts"),
@@ -415,6 +418,11 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"learner": {"learning_rat": 1e-5}}), 400, "unknown field `learning_rat`"),
         ("/v1/train/jobs", json!({"learner": {"total_steps": 0}}), 400, "`learner.total_steps`"),
         ("/v1/train/jobs", json!({"dataset": "/nonexistent.jsonl"}), 400, "/nonexistent.jsonl"),
+        // Read whole, /dev/zero took 20 GB and the server with it: now a 400 naming the file
+        // (the cases after it show the server still serves).
+        ("/v1/train/jobs", json!({"dataset": "/dev/zero"}), 400, "`dataset` /dev/zero: not a regular file"),
+        ("/v1/train/jobs", json!({"eval_dataset": "/dev/zero"}), 400, "`eval_dataset` /dev/zero: not a regular file"),
+        ("/v1/train/jobs", json!({"dataset": &huge}), 400, "bytes exceed the limit of 1073741824"),
         ("/v1/train/jobs", json!({"rewards": [{"type": "regex", "pattern": "("}]}), 400, "regex"),
         ("/v1/train/jobs", json!({"rewards": [{"type": "http", "url": "ftp://x"}]}), 400, "http://"),
         ("/v1/train/jobs", json!({"learner": {"temperature": 0}}), 400, "`learner.temperature`"),

@@ -39,7 +39,8 @@ impl ValueHead {
     /// safetensors file. Shapes are checked against `hidden`.
     pub fn load(path: &Path, hidden: usize, device: &Device) -> Result<Self> {
         let file = if path.is_dir() { path.join(FILE) } else { path.to_path_buf() };
-        let bytes = std::fs::read(&file).map_err(|e| LearnerError::io(&file, e))?;
+        let bytes = engine::files::read_bounded(&file, engine::files::MAX_SMALL_FILE_BYTES)
+            .map_err(|e| LearnerError::io(&file, e))?;
         let bad = |msg: String| LearnerError::Checkpoint { path: file.clone(), msg };
         let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| bad(format!("invalid safetensors: {e}")))?;
         let get = |name: &str, shape: &[usize]| -> Result<Tensor> {

@@ -150,13 +150,24 @@ async fn oversized_body(req: Request, next: Next) -> Response {
         .into_response()
 }
 
+/// The key of `Authorization: Bearer <key>`, if any.
+fn bearer(req: &Request) -> Option<&str> {
+    req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "))
+}
+
+/// Whether `got` is `key`, compared in constant time (`subtle`): the time taken does not
+/// tell how many leading bytes of a guess were right (only whether the lengths differ).
+fn key_matches(got: Option<&str>, key: Option<&str>) -> bool {
+    use subtle::ConstantTimeEq;
+    matches!((got, key), (Some(g), Some(k)) if bool::from(g.as_bytes().ct_eq(k.as_bytes())))
+}
+
 /// `Authorization: Bearer <key>` when the server has `--api-key`.
 async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> Result<Response, ApiError> {
     if let Some(key) = &state.api_key {
-        let got =
-            req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
+        let got = bearer(&req);
         // The admin key opens every endpoint.
-        if got != Some(key.as_str()) && (got.is_none() || got != state.admin_key.as_deref()) {
+        if !key_matches(got, Some(key)) && !key_matches(got, state.admin_key.as_deref()) {
             return Err(ApiError::Unauthorized(
                 "missing or invalid API key: send `Authorization: Bearer <key>`".into(),
             ));
@@ -174,13 +185,32 @@ async fn admin(State(state): State<Arc<AppState>>, req: Request, next: Next) -> 
         ));
     }
     if let Some(key) = &state.admin_key {
-        let got =
-            req.headers().get("authorization").and_then(|v| v.to_str().ok()).and_then(|v| v.strip_prefix("Bearer "));
-        if got != Some(key.as_str()) {
+        if !key_matches(bearer(&req), Some(key)) {
             return Err(ApiError::Unauthorized(
                 "this endpoint needs the admin key: send `Authorization: Bearer <--admin-key>`".into(),
             ));
         }
     }
     Ok(next.run(req).await)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::key_matches;
+
+    #[test]
+    fn keys_match_only_when_equal() {
+        let cases = [
+            (Some("secret"), Some("secret"), true),
+            (Some("secreT"), Some("secret"), false),
+            (Some("secre"), Some("secret"), false),
+            (Some(""), Some(""), true),
+            (None, Some("secret"), false),
+            (Some("secret"), None, false),
+            (None, None, false),
+        ];
+        for (got, key, want) in cases {
+            assert_eq!(key_matches(got, key), want, "{got:?} vs {key:?}");
+        }
+    }
 }
