@@ -125,6 +125,15 @@ pub struct ServeArgs {
     /// folder name relative to it); without it that endpoint is off.
     #[arg(long)]
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Host names (besides the loopback names on a loopback server, and `--host`) whose
+    /// requests are answered: the DNS-rebinding guard (comma-separated; `*` = any, behind a
+    /// proxy that sets `Host`). On a non-loopback `--host`, unset means any.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_hosts: Vec<String>,
+    /// Web origins (`https://app.example:8443`) other than the server's own that may send
+    /// state-changing requests and read answers (CORS); comma-separated.
+    #[arg(long, value_delimiter = ',')]
+    pub allowed_origins: Vec<String>,
     #[command(flatten)]
     pub feedback: FeedbackArgs,
 }
@@ -275,6 +284,11 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         jobs: Default::default(),
         rl,
         feedback,
+        cross_site: crate::api::cross_site::CrossSite {
+            listen_host: args.host.clone(),
+            allowed_hosts: args.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
+            allowed_origins: args.allowed_origins.clone(),
+        },
     }))
 }
 

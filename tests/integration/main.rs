@@ -6,6 +6,7 @@ mod chat_tokens;
 mod checkpoints;
 mod conformance;
 mod crash;
+mod cross_site;
 mod cuda_e2e;
 mod cuda_emu;
 mod engine;

@@ -27,6 +27,9 @@ pub enum ApiError {
     Gone(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// A body that is not `application/json` (415).
+    #[error("{0}")]
+    UnsupportedMediaType(String),
     #[error("{0}")]
     TooManyRequests(String),
     #[error("{0}")]
@@ -51,6 +54,7 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict_error", None),
             ApiError::Gone(_) => (StatusCode::GONE, "invalid_request_error", None),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None),
+            ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", None),
             ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None),
             ApiError::Internal(_) => (StatusCode::INTERNAL_SERVER_ERROR, "server_error", None),

@@ -4,6 +4,7 @@
 pub mod body;
 pub mod chat;
 pub mod completions;
+pub mod cross_site;
 pub mod error;
 mod generation;
 pub mod misc;
@@ -53,6 +54,8 @@ pub struct AppState {
     pub rl: ::rl::RlContext,
     /// Ratings and the feedback learner, with `--learn-from-feedback`.
     pub feedback: Option<Arc<::rl::FeedbackStore>>,
+    /// Which hosts and origins may reach the server ([`cross_site`]).
+    pub cross_site: cross_site::CrossSite,
 }
 
 /// Counts one request in flight until dropped.
@@ -128,6 +131,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         })
         .layer(DefaultBodyLimit::max(MAX_BODY_BYTES))
         .layer(middleware::from_fn(oversized_body))
+        .layer(middleware::from_fn_with_state(state.clone(), cross_site::guard))
         .with_state(state)
 }
 
