@@ -141,6 +141,11 @@ impl Default for JobConfig {
     }
 }
 
+/// Most steps a job may ask for (a request cannot ask for unbounded work).
+pub const MAX_STEPS: u64 = 10_000_000;
+/// Most prompts per step (as `/v1/rollouts`' sequence cap).
+pub const MAX_PROMPTS_PER_STEP: usize = 4096;
+
 impl JobConfig {
     /// Parses and validates a TOML job config (`rlserve train --config`).
     pub fn from_toml(text: &str) -> Result<Self> {
@@ -170,11 +175,15 @@ impl JobConfig {
                 },
             ),
             (
-                self.prompts_per_step >= 1,
+                (1..=MAX_PROMPTS_PER_STEP).contains(&self.prompts_per_step),
                 "prompts_per_step",
-                format!("`prompts_per_step` must be >= 1, got {}", self.prompts_per_step),
+                format!("`prompts_per_step` must be in [1, {MAX_PROMPTS_PER_STEP}], got {}", self.prompts_per_step),
             ),
-            (self.max_steps >= 1, "max_steps", format!("`max_steps` must be >= 1, got {}", self.max_steps)),
+            (
+                (1..=MAX_STEPS).contains(&self.max_steps),
+                "max_steps",
+                format!("`max_steps` must be in [1, {MAX_STEPS}], got {}", self.max_steps),
+            ),
             (
                 t.max_completion_length >= 1,
                 "learner.max_completion_length",

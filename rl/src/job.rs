@@ -116,12 +116,13 @@ impl Job {
                 ),
             ));
         }
+        // The slot first: a refused job (409) creates nothing.
+        let guard = ctx.learner.try_acquire().ok_or(RlError::Busy)?;
         std::fs::create_dir_all(&config.output_dir).map_err(|source| RlError::File {
             key: "output_dir",
             path: config.output_dir.clone(),
             source,
         })?;
-        let guard = ctx.learner.try_acquire().ok_or(RlError::Busy)?;
         let job = Arc::new(Job {
             status: Mutex::new(JobStatus {
                 id: id.clone(),

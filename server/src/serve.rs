@@ -125,6 +125,10 @@ pub struct ServeArgs {
     /// folder name relative to it); without it that endpoint is off.
     #[arg(long)]
     pub checkpoint_dir: Option<std::path::PathBuf>,
+    /// Folder under which jobs started over HTTP write (`output_dir` is a folder name
+    /// relative to it; default the job's id) and from which they resume.
+    #[arg(long, default_value = "runs")]
+    pub jobs_dir: std::path::PathBuf,
     /// Host names (besides the loopback names on a loopback server, and `--host`) whose
     /// requests are answered: the DNS-rebinding guard (comma-separated; `*` = any, behind a
     /// proxy that sets `Host`). On a non-loopback `--host`, unset means any.
@@ -284,6 +288,7 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         jobs: Default::default(),
         rl,
         feedback,
+        jobs_dir: args.jobs_dir.clone(),
         cross_site: crate::api::cross_site::CrossSite {
             listen_host: args.host.clone(),
             allowed_hosts: args.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),

@@ -23,6 +23,9 @@ fn child_server() {
     let Ok(spec) = std::env::var("RLSERVE_CRASH_CHILD") else { return };
     let spec: Value = serde_json::from_str(&spec).unwrap();
     let mut a = ServeArgs::default();
+    if let Some(j) = spec["jobs_dir"].as_str() {
+        a.jobs_dir = j.into();
+    }
     if let Some(fb) = spec["feedback_dir"].as_str() {
         a.feedback.learn_from_feedback = true;
         a.feedback.feedback_dir = fb.into();
@@ -53,7 +56,7 @@ impl Child9 {
     async fn start(dir: &Path, model: &Path, feedback: Option<&Path>) -> Self {
         let addr_file = dir.join("addr");
         let _ = std::fs::remove_file(&addr_file);
-        let spec = json!({"model": model, "addr_file": addr_file, "feedback_dir": feedback});
+        let spec = json!({"model": model, "addr_file": addr_file, "feedback_dir": feedback, "jobs_dir": dir});
         let log = std::fs::File::create(dir.join("child.log")).unwrap();
         let child = Command::new(std::env::current_exe().unwrap())
             .args(["--ignored", "--exact", "crash::child_server", "--nocapture", "--test-threads", "1"])
@@ -229,7 +232,7 @@ async fn kill_9_while_a_job_checkpoints_leaves_only_complete_checkpoints() {
     let out = dir.join("job");
     let job = |resume: bool| {
         let mut j = json!({"dataset": data, "apply_chat_template": false, "num_generations": 2, "prompts_per_step": 2,
-            "max_steps": 100000, "save_steps": 1, "save_total_limit": 3, "output_dir": out,
+            "max_steps": 100000, "save_steps": 1, "save_total_limit": 3, "output_dir": "job",
             "rewards": [{"type": "length", "target": 2}], "learner": {"max_completion_length": 3, "learning_rate": 1e-3}});
         if resume {
             j["resume_from_checkpoint"] = json!("latest");

@@ -372,7 +372,11 @@ async fn rollouts_return_tokens_logprobs_and_versions() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_rl_requests_get_a_4xx_that_says_why() {
-    let (s, base) = start_server(tiny("rl-bad", 73), ServeArgs::default()).await;
+    let jobs = temp_dir("rl-bad-jobs");
+    std::fs::create_dir_all(jobs.join("empty")).unwrap();
+    std::os::unix::fs::symlink("/tmp", jobs.join("out")).unwrap();
+    let args = ServeArgs { jobs_dir: jobs.clone(), ..ServeArgs::default() };
+    let (s, base) = start_server(tiny("rl-bad", 73), args).await;
     // A sparse file one byte over the dataset limit (no disk used).
     let huge = temp_dir("rl-bad-huge").join("huge.jsonl");
     std::fs::File::create(&huge).unwrap().set_len(engine::files::MAX_DATASET_BYTES + 1).unwrap();
@@ -399,16 +403,30 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"learner": {"max_completion_length": 100000}}), 400, "context of 128"),
         ("/v1/train/jobs", json!({"dataset": "builtin:nope"}), 400, "builtin:arithmetic"),
         ("/v1/train/jobs", json!({"eval_dataset": "/nope.jsonl"}), 400, "`eval_dataset` /nope.jsonl"),
+        // Job outputs stay under --jobs-dir: absolute paths, `..` and links out are refused
+        // before anything is created.
         (
             "/v1/train/jobs",
-            json!({"output_dir": "/proc/forbidden", "learner": {"max_completion_length": 8}}),
+            json!({"output_dir": "/proc/forbidden"}),
             400,
-            "`output_dir`",
+            "`output_dir` must be a folder name relative to --jobs-dir",
         ),
+        ("/v1/train/jobs", json!({"output_dir": "/"}), 400, "leaves it"),
+        ("/v1/train/jobs", json!({"output_dir": "../../x"}), 400, "leaves it"),
+        ("/v1/train/jobs", json!({"output_dir": "out/run"}), 400, "leads out of it through a symbolic link"),
+        ("/v1/train/jobs", json!({"output_dir": "out"}), 400, "is a symbolic link"),
         (
             "/v1/train/jobs",
-            json!({"resume_from_checkpoint": "latest", "output_dir": temp_dir("rl-bad-resume"),
-                   "learner": {"max_completion_length": 8}}),
+            json!({"resume_from_checkpoint": "/etc"}),
+            400,
+            "`resume_from_checkpoint` must be a folder name",
+        ),
+        ("/v1/train/jobs", json!({"max_steps": 1_000_000_000_000u64}), 400, "`max_steps` must be in [1, 10000000]"),
+        ("/v1/train/jobs", json!({"max_steps": u64::MAX}), 400, "`max_steps` must be in [1, 10000000]"),
+        ("/v1/train/jobs", json!({"prompts_per_step": 100000}), 400, "`prompts_per_step` must be in [1, 4096]"),
+        (
+            "/v1/train/jobs",
+            json!({"resume_from_checkpoint": "latest", "output_dir": "empty", "learner": {"max_completion_length": 8}}),
             400,
             "no checkpoint",
         ),
@@ -669,16 +687,17 @@ async fn a_second_job_gets_409_while_one_runs() {
     let dir = tiny("rl-busy", 81);
     let data = dir.join("data.jsonl");
     std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
-    let (s, base) = start_server(dir.clone(), ServeArgs::default()).await;
+    let (s, base) = start_server(dir.clone(), ServeArgs { jobs_dir: dir.clone(), ..ServeArgs::default() }).await;
     let job = |out: &str| {
         json!({"dataset": data, "apply_chat_template": false, "num_generations": 2, "prompts_per_step": 1,
-               "max_steps": 100000, "output_dir": dir.join(out), "rewards": [{"type": "length", "target": 2}],
+               "max_steps": 100000, "output_dir": out, "rewards": [{"type": "length", "target": 2}],
                "learner": {"max_completion_length": 2}})
     };
     let (st, first) = post(&base, "/v1/train/jobs", job("a")).await;
     assert_eq!(st, 201, "{first}");
     let (st, out) = post(&base, "/v1/train/jobs", job("b")).await;
     assert_eq!(st, 409, "{out}");
+    assert!(dir.join("a").is_dir() && !dir.join("b").exists(), "a refused job creates nothing");
     assert!(out["error"]["message"].as_str().unwrap().contains("already updating the weights"), "{out}");
     let id = first["id"].as_str().unwrap();
     let (st, out) = post(&base, &format!("/v1/train/jobs/{id}/stop"), json!({})).await;

@@ -54,6 +54,8 @@ pub struct AppState {
     pub rl: ::rl::RlContext,
     /// Ratings and the feedback learner, with `--learn-from-feedback`.
     pub feedback: Option<Arc<::rl::FeedbackStore>>,
+    /// Where jobs started over HTTP write (`--jobs-dir`).
+    pub jobs_dir: PathBuf,
     /// Which hosts and origins may reach the server ([`cross_site`]).
     pub cross_site: cross_site::CrossSite,
 }

@@ -157,8 +157,18 @@ pub async fn create_job(
     State(state): State<Arc<AppState>>,
     ApiJson(body): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
-    let cfg = JobConfig::from_json(body)?;
+    let given_dir = body.get("output_dir").is_some_and(|v| !v.is_null());
+    let mut cfg = JobConfig::from_json(body)?;
     let id = format!("job-{:016x}", rand::random::<u64>());
+    // A job from HTTP writes only under --jobs-dir (its id's folder unless `output_dir`
+    // names one there), and resumes only from there; checked before anything touches disk.
+    let root = &state.jobs_dir;
+    cfg.output_dir =
+        if given_dir { confined(root, &cfg.output_dir, "output_dir", "--jobs-dir")? } else { root.join(&id) };
+    if let Some(r) = cfg.resume_from_checkpoint.as_mut().filter(|r| *r != "latest") {
+        let p = confined(root, std::path::Path::new(r.as_str()), "resume_from_checkpoint", "--jobs-dir")?;
+        *r = p.to_string_lossy().into_owned();
+    }
     let ctx = state.rl.clone();
     let job = tokio::task::spawn_blocking(move || Job::start(id, cfg, ctx, false))
         .await
@@ -233,13 +243,20 @@ impl Body for CheckpointRequest {
 }
 
 /// `root` joined with `path` when `path` stays inside it: relative, only plain folder names
-/// (no `..`, `.`, root or drive), and no symbolic link on the way leads out of `root`.
-fn checkpoint_target(root: &std::path::Path, path: &std::path::Path) -> Result<std::path::PathBuf, ApiError> {
+/// (no `..`, `.`, root or drive), and no symbolic link among the parts that exist leads out
+/// of `root`. Touches nothing on disk. A 400 naming `key` and the `flag` that sets `root`
+/// otherwise.
+fn confined(
+    root: &std::path::Path,
+    path: &std::path::Path,
+    key: &str,
+    flag: &str,
+) -> Result<std::path::PathBuf, ApiError> {
     use std::path::Component;
     let bad = |why: &str| {
         ApiError::bad(
-            format!("`path` must be a folder name relative to --checkpoint-dir {}; {:?} {why}", root.display(), path),
-            Some("path"),
+            format!("`{key}` must be a folder name relative to {flag} {}; {:?} {why}", root.display(), path),
+            Some(key),
         )
     };
     if path.as_os_str().is_empty() {
@@ -249,17 +266,28 @@ fn checkpoint_target(root: &std::path::Path, path: &std::path::Path) -> Result<s
         return Err(bad("leaves it (absolute, or with `..` or `.`)"));
     }
     let target = root.join(path);
-    let parent = target.parent().unwrap_or(root);
-    std::fs::create_dir_all(parent).map_err(|e| ApiError::Internal(format!("creating {}: {e}", parent.display())))?;
-    let canon = |p: &std::path::Path| {
-        p.canonicalize().map_err(|e| ApiError::Internal(format!("resolving {}: {e}", p.display())))
-    };
-    let inside = canon(parent)?.starts_with(canon(root)?);
-    let link = std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink());
-    if !inside || link {
-        return Err(bad("leads out of it through a symbolic link"));
+    if std::fs::symlink_metadata(&target).is_ok_and(|m| m.file_type().is_symlink()) {
+        return Err(bad("is a symbolic link"));
+    }
+    // The deepest part that exists must resolve inside the (resolved) root.
+    if let Ok(root_c) = root.canonicalize() {
+        let existing = target.ancestors().find(|p| p.exists()).unwrap_or(root);
+        let inside = existing.canonicalize().is_ok_and(|p| p.starts_with(&root_c));
+        if !inside {
+            return Err(bad("leads out of it through a symbolic link"));
+        }
     }
     Ok(target)
+}
+
+/// The folder `POST /v1/checkpoints` writes ([`confined`] under `--checkpoint-dir`), its
+/// parent created.
+fn checkpoint_target(root: &std::path::Path, path: &std::path::Path) -> Result<std::path::PathBuf, ApiError> {
+    let target = confined(root, path, "path", "--checkpoint-dir")?;
+    let parent = target.parent().unwrap_or(root);
+    std::fs::create_dir_all(parent).map_err(|e| ApiError::Internal(format!("creating {}: {e}", parent.display())))?;
+    // Checked again now that the folders exist (a link raced in is refused).
+    confined(root, path, "path", "--checkpoint-dir")
 }
 
 /// `POST /v1/checkpoints {"path"}` (with `--checkpoint-dir`): the served weights as they are
