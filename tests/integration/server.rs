@@ -245,6 +245,9 @@ async fn bad_requests_get_the_right_status_and_envelope() {
         ("POST", "/v1/completions", json!({"prompt": "a", "top_p": 0}).to_string(), 400, "`top_p` must be in (0, 1], got 0"),
         ("POST", "/v1/completions", json!({"prompt": "a", "top_p": 1.5}).to_string(), 400, "`top_p` must be in (0, 1], got 1.5"),
         ("POST", "/v1/completions", json!({"prompt": "a", "n": 0}).to_string(), 400, "`n` must be in [1, 256], got 0"),
+        // One request cannot queue unbounded work (100,000 prompts were accepted).
+        ("POST", "/v1/completions", json!({"prompt": vec!["a"; 100_000]}).to_string(), 400, "100000 prompts × n 1 = 100000 sequences; at most 4096"),
+        ("POST", "/v1/completions", json!({"prompt": vec!["a"; 20], "n": 256}).to_string(), 400, "at most 4096 per request"),
         ("POST", "/v1/completions", json!({"prompt": "a", "max_tokens": 0}).to_string(), 400, "`max_tokens` must be at least 1, got 0"),
         ("POST", "/v1/completions", json!({"prompt": "a", "max_tokens": -3}).to_string(), 400, "invalid value"),
         ("POST", "/v1/completions", json!({"prompt": "a", "top_k": -5}).to_string(), 400, "`top_k` must be"),

@@ -59,6 +59,7 @@ pub async fn completions(
     state.check_model(req.model.as_deref())?;
     let ps = prompts(&state, req.prompt.clone(), req.add_special_tokens.unwrap_or(true))?;
     let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), req.logprobs)?;
+    super::check_seqs(ps.len(), params.n, "prompt", "n")?;
     let echo: Vec<String> = if req.echo.unwrap_or(false) {
         ps.iter().map(|p| state.tokenizer.decode(p, false).unwrap_or_default()).collect()
     } else {

@@ -100,6 +100,24 @@ pub fn generation_time() -> u64 {
     generation::unix_now()
 }
 
+/// Most sequences (prompts × `n`) one request may ask for (completions, rollouts): a
+/// single request cannot bypass `--max-queued-requests` with 100,000 prompts.
+pub const MAX_SEQS_PER_REQUEST: usize = 4096;
+
+/// A 400 naming `param` when `prompts × n` exceeds [`MAX_SEQS_PER_REQUEST`].
+pub fn check_seqs(prompts: usize, n: usize, param: &str, n_name: &str) -> Result<(), ApiError> {
+    if prompts.saturating_mul(n) > MAX_SEQS_PER_REQUEST {
+        return Err(ApiError::bad(
+            format!(
+                "{prompts} prompts × {n_name} {n} = {} sequences; at most {MAX_SEQS_PER_REQUEST} per request",
+                prompts.saturating_mul(n)
+            ),
+            Some(param),
+        ));
+    }
+    Ok(())
+}
+
 /// Largest accepted request body.
 pub const MAX_BODY_BYTES: usize = 8 << 20;
 

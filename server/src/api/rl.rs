@@ -18,9 +18,6 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Most sequences (prompts × num_generations) in one rollout request.
-pub const MAX_ROLLOUT_SEQS: usize = 4096;
-
 /// One prompt of a rollout request: text, token ids, or chat messages.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(untagged)]
@@ -121,17 +118,7 @@ pub async fn rollouts(
     let max_tokens = req.max_tokens.unwrap_or(super::completions::DEFAULT_MAX_TOKENS);
     let params = sampling_params(&fields, Some(max_tokens), None)?;
     params.validate()?;
-    if prompts.len() * params.n > MAX_ROLLOUT_SEQS {
-        return Err(ApiError::bad(
-            format!(
-                "{} prompts × num_generations {} = {} sequences; at most {MAX_ROLLOUT_SEQS} per request",
-                prompts.len(),
-                params.n,
-                prompts.len() * params.n
-            ),
-            Some("prompts"),
-        ));
-    }
+    super::check_seqs(prompts.len(), params.n, "prompts", "num_generations")?;
     let t0 = Instant::now();
     let sub = super::generation::submit_streams_async(&state, prompts.clone(), params.clone()).await?;
     let rollouts = RolloutSet::new(&prompts, params.n).collect(sub.streams).await?;
