@@ -304,13 +304,7 @@ impl Server {
         let addr = listener.local_addr()?;
         let (tx, rx) = oneshot::channel();
         let app = router(state.clone());
-        let task = tokio::spawn(async move {
-            axum::serve(listener, app)
-                .with_graceful_shutdown(async move {
-                    rx.await.ok();
-                })
-                .await
-        });
+        let task = tokio::spawn(accept_loop(listener, app, rx));
         Ok(Server { addr, state, shutdown: Some(tx), task })
     }
 
@@ -324,6 +318,43 @@ impl Server {
             self.task.abort();
         }
     }
+}
+
+/// How long a client may take to send a request's headers before its connection is closed
+/// (hyper's `header_read_timeout`; `axum::serve` sets none, and 1,000 connections holding
+/// partial headers stayed open indefinitely).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Serves `app` on `listener` until `stop` fires, then waits for the open connections
+/// (HTTP/1.1 with the header timeout, and HTTP/2); what `axum::serve` does, plus the timeout.
+async fn accept_loop(listener: TcpListener, app: axum::Router, mut stop: oneshot::Receiver<()>) -> std::io::Result<()> {
+    use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+    use hyper_util::server::conn::auto::Builder;
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut builder = Builder::new(TokioExecutor::new());
+    builder.http1().timer(TokioTimer::new()).header_read_timeout(HEADER_READ_TIMEOUT);
+    loop {
+        let (stream, _) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                // A failed accept (too many open files, ...) is the client's loss, not the server's.
+                Err(e) => {
+                    tracing::warn!("accept: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut stop => break,
+        };
+        let svc = hyper_util::service::TowerToHyperService::new(app.clone());
+        let conn = builder.serve_connection_with_upgrades(TokioIo::new(stream), svc).into_owned();
+        let conn = graceful.watch(conn);
+        tokio::spawn(async move {
+            let _ = conn.await;
+        });
+    }
+    graceful.shutdown().await;
+    Ok(())
 }
 
 /// Resolves on SIGINT or SIGTERM.

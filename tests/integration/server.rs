@@ -402,3 +402,24 @@ async fn a_response_below_the_greedy_temperature_cannot_be_rated() {
     assert_eq!(st, 200, "{fb}");
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A client that never finishes its request headers is cut off after
+/// `HEADER_READ_TIMEOUT` (10 s; before, such connections stayed open indefinitely), while a
+/// complete request on another connection is answered meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_header_client_is_cut_off() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (s, base) = start(tiny_dir("slow-header"), ServeArgs::default()).await;
+    let mut slow = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    slow.write_all(b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: ").await.unwrap();
+    let r = reqwest::get(format!("{base}/health")).await.unwrap();
+    assert_eq!(r.status().as_u16(), 200, "other clients are served meanwhile");
+    let t = std::time::Instant::now();
+    let timeout = server::serve::HEADER_READ_TIMEOUT;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(timeout * 3, slow.read_to_end(&mut buf)).await;
+    let waited = t.elapsed();
+    assert!(read.is_ok(), "the connection was still open after {waited:?}");
+    assert!(waited >= timeout - Duration::from_secs(1), "closed after {waited:?}, before the timeout");
+    s.shutdown(Duration::from_secs(5)).await;
+}
