@@ -6,13 +6,12 @@ use crate::block_manager::BlockManager;
 use crate::model::{KvCache, SharedModel};
 use crate::model_runner::ModelRunner;
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
-use crate::sampling::{logsumexp, sample, splitmix64, top_k_of, SampleContext, SampledToken, SamplingParams};
+use crate::sampling::{splitmix64, SampledToken, SamplingParams};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
 use crate::sequence::Sequence;
 use crate::tokenizer::Tokenizer;
 use crate::validation::ValidationError;
 use crate::{ModelError, Result};
-use rayon::prelude::*;
 use serde::Serialize;
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -310,7 +309,13 @@ impl LLMEngine {
             return Ok(vec![]);
         }
         self.steps += 1;
-        let (logits, plan) = match self.runner.run(&model, &self.sched.running, &scheduled, &self.sched.kv_copies) {
+        let samples = match self.runner.run(
+            &model,
+            &self.sched.running,
+            &scheduled,
+            &self.sched.kv_copies,
+            &self.tokenizer.eos_token_ids,
+        ) {
             Ok(r) => r,
             Err(cause) => {
                 drop(model);
@@ -318,27 +323,8 @@ impl LLMEngine {
             }
         };
         drop(model);
-        let vocab = self.vocab_size;
-        // Every row's draw first, in parallel (each is a pure function of its logits row and
-        // its sequence's params, tokens and seed); then the bookkeeping, in order.
-        let running = &self.sched.running;
-        let eos = &self.tokenizer.eos_token_ids;
-        let sampled: Vec<Option<SampledToken>> = scheduled
-            .par_iter()
-            .zip(&plan)
-            .map(|(sch, p)| {
-                let seq = &running[sch.seq];
-                let ctx = SampleContext {
-                    prompt_ids: &seq.tokens[..seq.prompt_len],
-                    output_ids: seq.output_ids(),
-                    eos_token_ids: eos,
-                    seed: seq.seed,
-                };
-                p.sample_row.map(|row| sample(&logits[row * vocab..(row + 1) * vocab], &seq.params, &ctx))
-            })
-            .collect();
         let mut outputs = Vec::new();
-        for ((sch, p), s) in scheduled.iter().zip(plan).zip(sampled) {
+        for (sch, s) in scheduled.iter().zip(samples) {
             let seq = &mut self.sched.running[sch.seq];
             let start = seq.num_computed;
             seq.num_computed += sch.num_tokens;
@@ -346,24 +332,20 @@ impl LLMEngine {
                 self.prefill_tokens += sch.num_tokens.min(seq.tokens.len() - start) as u64;
             }
             Scheduler::cache_full_blocks(seq, &self.blocks);
-            for (k, pos) in p.prompt_positions.clone().enumerate() {
-                // A recomputed prompt (preemption, weight update) reports each position once.
-                if seq.num_output() > 0 || seq.prompt_logprobs.len() != pos {
-                    continue;
-                }
-                let row = &logits[(p.prompt_row + k) * vocab..(p.prompt_row + k + 1) * vocab];
-                seq.prompt_logprobs.push(prompt_logprob(
-                    row,
-                    seq.tokens[pos + 1],
-                    seq.params.prompt_logprobs.unwrap_or(0),
-                ));
+            for (pos, lp) in s.prompt {
+                debug_assert_eq!(seq.prompt_logprobs.len(), pos, "prompt positions are reported once, in order");
+                seq.prompt_logprobs.push(PromptLogprob {
+                    token_id: lp.token,
+                    logprob: Some(lp.raw_logprob),
+                    top_logprobs: lp.top_logprobs,
+                });
             }
             if seq.index == 0 && seq.num_computed >= seq.prompt_len {
                 if let Some(r) = self.requests.get_mut(&seq.request_id) {
                     r.prompt_ready = true;
                 }
             }
-            if let Some(s) = s {
+            if let Some(s) = s.sampled {
                 let out = Self::append_and_check(seq, s, &self.tokenizer, self.version, self.max_model_len);
                 self.generation_tokens += 1;
                 outputs.push(out);
@@ -474,15 +456,5 @@ impl LLMEngine {
     /// Free blocks and cached blocks, for leak checks: with nothing running, every block is free.
     pub fn num_free_blocks(&self) -> usize {
         self.blocks.num_free()
-    }
-}
-
-fn prompt_logprob(row: &[f32], next: u32, top: usize) -> PromptLogprob {
-    let lse = logsumexp(row);
-    let lp = |t: usize| (row[t] as f64 - lse) as f32;
-    PromptLogprob {
-        token_id: next,
-        logprob: Some(lp(next as usize)),
-        top_logprobs: top_k_of(row, top).into_iter().map(|(i, _)| (i, lp(i as usize))).collect(),
     }
 }

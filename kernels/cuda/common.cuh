@@ -72,6 +72,15 @@ __device__ __forceinline__ float rls_row_max(const float* x, int n, float* red) 
     return rls_block_reduce(mx, red, RlsMax());
 }
 
+/// Σ_j exp((z_j − max)/T) of one row in f64 (every thread gets it): the partition of the
+/// learner's ℓ (logprob.cu) and of the sampler's raw log-probabilities (sampler.cu), one
+/// code so that, at the same block size, the two agree bitwise.
+__device__ __forceinline__ double rls_row_partition(const float* z, int v, double mx, double t, double* red) {
+    double s = 0.0;
+    for (int j = threadIdx.x; j < v; j += blockDim.x) s += exp(((double)z[j] - mx) / t);
+    return rls_block_reduce(s, red, RlsSum());
+}
+
 /// Sum over the 32 lanes of a full warp by an xor butterfly (every lane gets the same,
 /// order-fixed result).
 __device__ __forceinline__ float rls_warp_sum(float v) {

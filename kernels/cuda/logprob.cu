@@ -10,13 +10,6 @@
 // exp/log are not glibc's, so values agree with the CPU to ~1e-7 relative, not bitwise.
 #include "common.cuh"
 
-/// Σ_j exp((z_j − max)/T) of one row in f64 (every thread gets it).
-__device__ double rls_row_partition(const float* z, int v, double mx, double t, double* red) {
-    double s = 0.0;
-    for (int j = threadIdx.x; j < v; j += blockDim.x) s += exp(((double)z[j] - mx) / t);
-    return rls_block_reduce(s, red, RlsSum());
-}
-
 // token_logprobs(logits [m, v], tokens [m], m, v, temperature, logp [m], entropy [m])
 // (contract `token_logprobs`).
 extern "C" __global__ void token_logprobs(const float* logits, const unsigned* tokens, int m, int v, float temperature,

@@ -26,20 +26,26 @@
 // ~1e-12 per draw); the behaviour log-prob agrees to ~1e-15 relative before the f32 cast.
 // Serialising the sums on one thread would remove (b), not (a), at ~0.5 ms per row.
 //
-// sampler(logits [m, vocab], m, vocab, params [m] (RlsSampleParams), rep_offsets [m+1],
-//   rep_tokens, out_offsets [m+1], out_tokens, out_counts, bias_offsets [m+1], bias_tokens,
-//   bias_values (f64), mask_offsets [m+1], mask_tokens, work [m, vocab] (f32 scratch),
-//   keys [m, sort_len] (u64 scratch, sort_len = next power of two ≥ vocab), cum [m, vocab]
-//   (f64 scratch), sort_len, token [m] (int32 out), logprob [m] (f32 out)):
-// row r's sparse lists are entries offsets[r] .. offsets[r+1] of their arrays; rep_tokens and
-// out_tokens hold distinct ids (out_counts their counts in the output); every id < vocab
-// (the host drops others, as the CPU sampler ignores them).
-// Launch: grid m, block a power of two ≤ 1024 (host: 1024; tests: 64), no dynamic shared
+// One sampling call (contract `sample`, kernels/src/sample.rs) is two launches over one
+// packed description uploaded as two buffers (kernels/src/cuda/sample.rs builds them):
+//   meta (int32): header n, d, K, n_rep, n_out, n_bias, n_mask; then rows [n] (logit row of
+//     each entry), tokens [n] (the scored token; unused for draws), topk [n], untouched [n]
+//     (1: a draw whose μ is its raw log-prob), rep_off, out_off, bias_off, mask_off [d+1]
+//     each (row r's list is entries off[r] .. off[r+1]), rep_tok [n_rep] (distinct ids),
+//     out_tok [n_out] (distinct ids), out_cnt [n_out], bias_tok [n_bias], mask_tok [n_mask];
+//   wide (u64): params [d] (RlsSampleParams, 6 words each), bias values [n_bias] (f64 bits).
+// Entries 0 .. d are draws, d .. n scored tokens. Every id < vocab (the host checks).
+// out [n, 3 + 2K] (f32): token bits, μ, raw log-prob, then K (id bits, raw log-prob) pairs.
+//
+// sampler(logits [_, vocab], vocab, meta, wide, work [d, vocab] (f32 scratch), keys
+//   [d, sort_len] (u64 scratch, sort_len = next power of two ≥ vocab; null when no draw
+//   truncates), cum [d, vocab] (f64 scratch), sort_len, out): columns 0 and 1 of the draws.
+// Launch: grid d, block a power of two ≤ 1024 (host: 1024; tests: 64), no dynamic shared
 // memory. One block per row: batch-invariant.
 #include "common.cuh"
 
 /// Per-row sampling parameters (vLLM SamplingParams); the host mirrors this layout
-/// (#[repr(C)]: six f32, two i32, two u64 = 40 bytes).
+/// (#[repr(C)]: six f32, two i32, two u64 = 48 bytes).
 struct RlsSampleParams {
     float temperature, top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     int top_k, pad;
@@ -111,21 +117,55 @@ __device__ __forceinline__ unsigned long long rls_sort_key(float v, int i) {
     return ((unsigned long long)(~ord) << 32) | (unsigned)i;
 }
 
-extern "C" __global__ void sampler(const float* logits, int m, int vocab, const RlsSampleParams* params,
-                                   const int* rep_offsets, const unsigned* rep_tokens, const int* out_offsets,
-                                   const unsigned* out_tokens, const int* out_counts, const int* bias_offsets,
-                                   const unsigned* bias_tokens, const double* bias_values, const int* mask_offsets,
-                                   const unsigned* mask_tokens, float* work, unsigned long long* keys, double* cum,
-                                   int sort_len, int* token, float* logprob) {
+/// The packed description of one sampling call (see the top of this file).
+struct RlsSampleMeta {
+    int n, d, k;
+    const int *rows, *tokens, *topk, *untouched, *rep_off, *out_off, *bias_off, *mask_off, *out_cnt;
+    const unsigned *rep_tok, *out_tok, *bias_tok, *mask_tok;
+    const RlsSampleParams* params;
+    const double* bias_val;
+};
+
+__device__ RlsSampleMeta rls_sample_meta(const int* meta, const unsigned long long* wide) {
+    RlsSampleMeta s;
+    s.n = meta[0], s.d = meta[1], s.k = meta[2];
+    int n_rep = meta[3], n_out = meta[4], n_bias = meta[5];
+    const int* p = meta + 7;
+    s.rows = p, p += s.n;
+    s.tokens = p, p += s.n;
+    s.topk = p, p += s.n;
+    s.untouched = p, p += s.n;
+    s.rep_off = p, p += s.d + 1;
+    s.out_off = p, p += s.d + 1;
+    s.bias_off = p, p += s.d + 1;
+    s.mask_off = p, p += s.d + 1;
+    s.rep_tok = (const unsigned*)p, p += n_rep;
+    s.out_tok = (const unsigned*)p, p += n_out;
+    s.out_cnt = p, p += n_out;
+    s.bias_tok = (const unsigned*)p, p += n_bias;
+    s.mask_tok = (const unsigned*)p;
+    s.params = (const RlsSampleParams*)wide;
+    s.bias_val = (const double*)(wide + 6 * (long long)s.d);
+    return s;
+}
+
+extern "C" __global__ void sampler(const float* logits, int vocab, const int* meta, const unsigned long long* wide,
+                                   float* work, unsigned long long* keys, double* cum, int sort_len, float* out) {
     __shared__ float redf[RLS_MAX_THREADS];
     __shared__ double redd[RLS_MAX_THREADS];
     __shared__ int redi[RLS_MAX_THREADS];
     __shared__ RlsArg reda[RLS_MAX_THREADS];
-    long long row = blockIdx.x;
+    const RlsSampleMeta s = rls_sample_meta(meta, wide);
+    long long row = blockIdx.x, stride = 3 + 2 * (long long)s.k;
     unsigned tid = threadIdx.x, nt = blockDim.x;
-    const RlsSampleParams p = params[row];
+    const RlsSampleParams p = s.params[row];
+    const float* z = logits + (long long)s.rows[row] * vocab;
+    const int *rep_offsets = s.rep_off, *out_offsets = s.out_off, *bias_offsets = s.bias_off, *mask_offsets = s.mask_off;
+    const unsigned *rep_tokens = s.rep_tok, *out_tokens = s.out_tok, *bias_tokens = s.bias_tok, *mask_tokens = s.mask_tok;
+    const int* out_counts = s.out_cnt;
+    const double* bias_values = s.bias_val;
     float* l = work + row * vocab;
-    for (int i = tid; i < vocab; i += nt) l[i] = logits[row * vocab + i];
+    for (int i = tid; i < vocab; i += nt) l[i] = z[i];
     __syncthreads();
     if (tid == 0)
         for (int b = bias_offsets[row]; b < bias_offsets[row + 1]; ++b)
@@ -149,8 +189,8 @@ extern "C" __global__ void sampler(const float* logits, int m, int vocab, const 
         for (int i = tid; i < vocab; i += nt) best = RlsArgMax()(best, RlsArg{l[i], i});
         best = rls_block_reduce(best, reda, RlsArgMax());
         if (tid == 0) {
-            token[row] = best.i;
-            logprob[row] = 0.0f;
+            out[row * stride] = __int_as_float(best.i);
+            out[row * stride + 1] = 0.0f;
         }
         return;
     }
@@ -225,8 +265,57 @@ extern "C" __global__ void sampler(const float* logits, int m, int vocab, const 
         chosen = rls_block_reduce(last, redi, RlsMax());
     }
     if (tid == 0) {
-        token[row] = cand(chosen);
-        logprob[row] = (float)log(wt(chosen) / total);
+        out[row * stride] = __int_as_float(cand(chosen));
+        out[row * stride + 1] = (float)log(wt(chosen) / total);
+    }
+}
+
+// sample_logprobs(logits [_, vocab], vocab, meta, wide, out): for every entry, columns 0
+// (scored rows: the token), 1 (μ: the sampler's, the raw log-prob for untouched draws, 0 for
+// scored rows), 2 (the raw log-prob: logprob.cu token_logprobs' formula at T = 1 with the
+// same partition code) and the K top pairs (the `topk[j]` largest logits by
+// (value descending in IEEE total order, id ascending), z_i − (max + ln Σ exp(z − max)); the
+// rest of the K written as 0). Reads column 0 of the draws (`sampler`, launched before it).
+// Launch: grid n, block 256 (token_logprobs' block: the same f64 sum order), no dynamic
+// shared memory.
+extern "C" __global__ void sample_logprobs(const float* logits, int vocab, const int* meta,
+                                           const unsigned long long* wide, float* out) {
+    __shared__ float redf[RLS_MAX_THREADS];
+    __shared__ double red[RLS_MAX_THREADS];
+    __shared__ unsigned long long redk[RLS_MAX_THREADS];
+    const RlsSampleMeta s = rls_sample_meta(meta, wide);
+    long long j = blockIdx.x, stride = 3 + 2 * (long long)s.k;
+    float* o = out + j * stride;
+    const float* z = logits + (long long)s.rows[j] * vocab;
+    bool draw = j < s.d;
+    int tok = draw ? __float_as_int(o[0]) : s.tokens[j];
+    double t = 1.0, mx = (double)rls_row_max(z, vocab, redf);
+    double zs = rls_row_partition(z, vocab, mx, t, red);
+    double lse = mx + log(zs);
+    if (threadIdx.x == 0) {
+        float raw = (float)(((double)z[tok] - mx) / t - log(zs));
+        if (!draw) o[0] = __int_as_float(tok), o[1] = 0.0f;
+        if (draw && s.untouched[j]) o[1] = raw;
+        o[2] = raw;
+    }
+    unsigned long long prev = 0;
+    for (int r = 0; r < s.k; ++r) {
+        if (r >= s.topk[j]) {
+            if (threadIdx.x == 0) o[3 + 2 * r] = 0.0f, o[4 + 2 * r] = 0.0f;
+            continue;
+        }
+        unsigned long long best = ~0ull;
+        for (int i = threadIdx.x; i < vocab; i += blockDim.x) {
+            unsigned long long key = rls_sort_key(z[i], i);
+            if ((r == 0 || key > prev) && key < best) best = key;
+        }
+        best = rls_block_reduce(best, redk, RlsMin());
+        prev = best;
+        if (threadIdx.x == 0) {
+            int i = (int)(best & 0xffffffffu);
+            o[3 + 2 * r] = __int_as_float(i);
+            o[4 + 2 * r] = (float)((double)z[i] - lse);
+        }
     }
 }
 

@@ -25,6 +25,7 @@
 
 use crate::indices::Indices;
 use crate::ops::{AdamWStep, AttnBatch, KvLayout};
+use crate::sample::{SampleRow, Sampled};
 use crate::{KernelError, Result};
 use std::fmt::Debug;
 use std::ops::Range;
@@ -173,6 +174,11 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
         dl_dentropy: Option<&[f32]>,
         entropies: &[f32],
     ) -> Result<Self>;
+
+    // Sampling.
+    /// The rows of [`crate::ops::sample`] over logits `self [m, v]`, in `rows`' order (rows
+    /// checked: in range, ids below `v`, top counts ≤ 20); only the results reach the host.
+    fn sample(&self, v: usize, rows: &[SampleRow]) -> Result<Vec<Sampled>>;
 
     // Optimizer.
     /// One AdamW moment update with gradient `self`: advances `m`, `v` in place and returns

@@ -159,6 +159,9 @@ impl BackendStorage for CudaStorage {
     fn token_logprobs(&self, _: usize, _: &[u32], _: f32) -> Result<(Vec<f32>, Vec<f32>)> {
         match *self {}
     }
+    fn sample(&self, _: usize, _: &[crate::sample::SampleRow]) -> Result<Vec<crate::sample::Sampled>> {
+        match *self {}
+    }
     fn token_logprobs_backward(
         &self,
         _: usize,

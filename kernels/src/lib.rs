@@ -21,6 +21,7 @@ pub mod cuda;
 mod error;
 mod indices;
 pub mod ops;
+pub mod sample;
 mod tensor;
 
 pub use error::KernelError;

@@ -8,6 +8,7 @@
 use crate::backend::BackendStorage;
 use crate::error::shape_err;
 use crate::indices::{Idx, Indices};
+use crate::sample::{RowTask, SampleRow, Sampled, MAX_TOP_LOGPROBS};
 use crate::tensor::Storage;
 use crate::{Device, KernelError, Result, Tensor};
 use std::ops::Range;
@@ -666,6 +667,42 @@ pub fn token_logprobs(logits: &Tensor, tokens: &[u32], temperature: f32) -> Resu
     let (_, v) = check_tokens("token_logprobs", logits, tokens)?;
     let a = &logits.storage;
     backend!("token_logprobs"; a => a.token_logprobs(v, tokens, temperature))
+}
+
+/// Samples or scores rows of a step's logits `[m, v]` on their device ([`crate::sample`]:
+/// the rule, the log-probabilities and what comes back). One result per entry of `rows`, in
+/// order. Errors: a row past `m`, an id (scored token, penalty, bias or mask list) at or past
+/// `v`, or more than [`MAX_TOP_LOGPROBS`] top log-probabilities.
+pub fn sample(logits: &Tensor, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
+    let (m, v) = logits.dims2("sample")?;
+    for (i, r) in rows.iter().enumerate() {
+        let bad = |what: String| Err(shape_err("sample", format!("row {i}: {what}")));
+        if r.row >= m {
+            return bad(format!("logit row {} >= {m} rows", r.row));
+        }
+        if r.top_logprobs > MAX_TOP_LOGPROBS {
+            return bad(format!("{} top log-probabilities > {MAX_TOP_LOGPROBS}", r.top_logprobs));
+        }
+        let ids: Box<dyn Iterator<Item = u32> + '_> = match &r.task {
+            RowTask::Score(t) => Box::new(std::iter::once(*t)),
+            RowTask::Draw(d) => Box::new(
+                d.rep_tokens
+                    .iter()
+                    .copied()
+                    .chain(d.out_counts.iter().map(|c| c.0))
+                    .chain(d.bias.iter().map(|b| b.0))
+                    .chain(d.mask.iter().copied()),
+            ),
+        };
+        if let Some(t) = ids.into_iter().find(|&t| t as usize >= v) {
+            return bad(format!("token id {t} >= vocab size {v}"));
+        }
+    }
+    if rows.is_empty() {
+        return Ok(vec![]);
+    }
+    let a = &logits.storage;
+    backend!("sample"; a => a.sample(v, rows))
 }
 
 /// Gradient w.r.t. the logits of a loss with `dL/dℓ_i = dl_dlogp[i]` and (optionally)

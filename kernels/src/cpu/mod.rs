@@ -20,6 +20,7 @@ mod kv_blocked;
 pub mod logprob;
 pub mod matmul;
 pub mod optim;
+pub mod sampler;
 pub mod simd;
 mod storage;
 

@@ -1,9 +1,10 @@
 //! The CPU backend's implementation of the contract ([`crate::backend`]).
 
-use super::{attention, backward, elementwise, kv_blocked, logprob, matmul, optim, HostBuf};
+use super::{attention, backward, elementwise, kv_blocked, logprob, matmul, optim, sampler, HostBuf};
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::indices::Indices;
 use crate::ops::{AdamWStep, AttnBatch, KvLayout};
+use crate::sample::{SampleRow, Sampled};
 use crate::Result;
 use rayon::prelude::*;
 use std::ops::Range;
@@ -240,6 +241,13 @@ impl BackendStorage for CpuStorage {
 
     fn token_logprobs(&self, v: usize, tokens: &[u32], temperature: f32) -> Result<(Vec<f32>, Vec<f32>)> {
         Ok(logprob::token_logprobs(&self.0, v, tokens, temperature))
+    }
+    fn sample(&self, v: usize, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
+        // Each row a pure function of its logits and task: in parallel.
+        Ok(rows
+            .par_iter()
+            .map(|r| sampler::sample_row(&self.0[r.row * v..(r.row + 1) * v], &r.task, r.top_logprobs))
+            .collect())
     }
     fn token_logprobs_backward(
         &self,

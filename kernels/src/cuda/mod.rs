@@ -17,6 +17,7 @@ mod device;
 #[cfg(feature = "cuda-emu")]
 pub mod emu;
 mod runtime;
+mod sample;
 mod storage;
 
 pub use device::{CudaDevice, ResidentAttn, ResidentIndices};

@@ -275,6 +275,11 @@ impl Runtime {
         Self { backend, counters: Counters::default() }
     }
 
+    /// Whether this is the emulated device (a host thread per CUDA thread).
+    pub(super) fn emulated(&self) -> bool {
+        !matches!(self.backend, Backend::Driver(_))
+    }
+
     /// The totals so far.
     pub(super) fn counters(&self) -> DeviceCounters {
         let c = &self.counters;

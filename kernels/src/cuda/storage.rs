@@ -500,6 +500,9 @@ impl BackendStorage for CudaStorage {
         self.dev.launch("logprob.cu", "token_logprobs", row_cfg(m, ROW_THREADS), args)?;
         Ok((self.dev.rt().dtoh(&lp)?, self.dev.rt().dtoh(&ent)?))
     }
+    fn sample(&self, v: usize, rows: &[crate::sample::SampleRow]) -> Result<Vec<crate::sample::Sampled>> {
+        super::sample::sample(&self.dev, &self.buf, v, rows)
+    }
     fn token_logprobs_backward(
         &self,
         v: usize,

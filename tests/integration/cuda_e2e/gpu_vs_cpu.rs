@@ -319,9 +319,11 @@ fn greedy_tokens_match_the_cpu_for_16_steps(t: Target) {
 /// The step's indices are uploaded once per step, not per layer ([`kernels::Indices`],
 /// `ops::AttnBatch`): a decode step of a 2-layer and of a 6-layer model make the same
 /// host→device copies — token ids, positions, KV slots, logit rows, and the attention's
-/// block tables, row tables and positions: 7 — and one device→host copy (the logits),
-/// with no zero fill (outputs the kernels write in full are not cleared first). Before, each
-/// layer uploaded its own (9 per layer) and every output was zero-filled.
+/// block tables, row tables and positions: 7 — plus the sampler's two packed buffers, and
+/// one device→host copy: the sampled token, μ and raw log-probability (12 bytes for the one
+/// sequence; the logits stay on the device: `ops::sample`), with no zero fill (outputs the
+/// kernels write in full are not cleared first). Before, each layer uploaded its own (9 per
+/// layer), every output was zero-filled and the logits came back to be sampled on the host.
 fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
     let Some(dev) = t.device(F32) else { return };
     let mut per_depth = Vec::new();
@@ -344,8 +346,8 @@ fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
         eprintln!("{layers} layers: per step {steps:#?}");
         assert_eq!(steps.len(), 4, "a prefill and three decode steps");
         for s in &steps[1..] {
-            let got = (s.htod_copies, s.dtoh_copies, s.syncs, s.zero_fills);
-            assert_eq!(got, (7, 1, 1, 0), "{layers} layers, a decode step: {s:?}");
+            let got = (s.htod_copies, s.dtoh_copies, s.dtoh_bytes, s.syncs, s.zero_fills);
+            assert_eq!(got, (9, 1, 12, 1, 0), "{layers} layers, a decode step: {s:?}");
         }
         per_depth.push(steps[3]);
     }

@@ -1,12 +1,15 @@
 //! The sampler kernel against the engine's CPU sampler.
 
-use super::{ffi, per_row, rnd, stride};
-use engine::sampling::{sample, splitmix64, SampleContext, SamplingParams};
+use super::{ffi, rnd, stride};
+use engine::sampling::{draw_for, splitmix64, SampleContext, SamplingParams};
+use kernels::ops;
+use kernels::sample::{RowTask, SampleRow, Sampled};
+use kernels::{CudaOptions, Device, Tensor};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 /// One sampler row: parameters and the sequence's context.
-struct SampleRow {
+struct Row {
     params: SamplingParams,
     prompt: Vec<u32>,
     output: Vec<u32>,
@@ -14,85 +17,42 @@ struct SampleRow {
     seed: u64,
 }
 
-/// The sampler kernel on `rows` of `logits [rows, vocab]`: `(token, behaviour log-prob)` per
-/// row. The host part here (distinct token lists, counts, masks) is what the CUDA backend's
-/// host side will do.
-fn gpu_sample(logits: &[f32], vocab: usize, rows: &[SampleRow]) -> Vec<(u32, f32)> {
-    let m = rows.len();
-    let (mut params, mut offs) = (vec![], [vec![0i32], vec![0], vec![0], vec![0]]);
-    let (mut rep, mut outt, mut cnt, mut bias_t, mut bias_v, mut mask) =
-        (vec![], vec![], vec![], vec![], vec![], vec![]);
-    for r in rows {
-        let p = &r.params;
-        params.push(ffi::SampleParams {
-            temperature: p.temperature,
-            top_p: p.top_p,
-            min_p: p.min_p,
-            repetition_penalty: p.repetition_penalty,
-            presence_penalty: p.presence_penalty,
-            frequency_penalty: p.frequency_penalty,
-            top_k: p.top_k,
-            pad: 0,
-            seed: r.seed,
-            step: r.output.len() as u64,
-        });
-        let mut seen: Vec<u32> = r.prompt.iter().chain(&r.output).copied().collect();
-        seen.sort_unstable();
-        seen.dedup();
-        rep.extend(seen);
-        let mut counts = std::collections::BTreeMap::<u32, i32>::new();
-        for &t in &r.output {
-            *counts.entry(t).or_default() += 1;
-        }
-        outt.extend(counts.keys());
-        cnt.extend(counts.values());
-        for &(t, b) in &p.logit_bias {
-            bias_t.push(t);
-            bias_v.push(b);
-        }
-        if r.output.len() < p.min_tokens {
-            mask.extend(r.eos.iter().chain(&p.stop_token_ids));
-        }
-        for (o, len) in offs.iter_mut().zip([rep.len(), outt.len(), bias_t.len(), mask.len()]) {
-            o.push(len as i32);
-        }
-    }
-    let sort_len = vocab.next_power_of_two();
-    let (mut work, mut keys, mut cum) = (vec![0.0f32; m * vocab], vec![0u64; m * sort_len], vec![0.0f64; m * vocab]);
-    let (mut token, mut logprob) = (vec![0i32; m], vec![0.0f32; m]);
-    unsafe {
-        ffi::emu_sampler(
-            per_row(m, 64).as_ptr(),
-            0,
-            logits.as_ptr(),
-            m as i32,
-            vocab as i32,
-            params.as_ptr(),
-            offs[0].as_ptr(),
-            rep.as_ptr(),
-            offs[1].as_ptr(),
-            outt.as_ptr(),
-            cnt.as_ptr(),
-            offs[2].as_ptr(),
-            bias_t.as_ptr(),
-            bias_v.as_ptr(),
-            offs[3].as_ptr(),
-            mask.as_ptr(),
-            work.as_mut_ptr(),
-            keys.as_mut_ptr(),
-            cum.as_mut_ptr(),
-            sort_len as i32,
-            token.as_mut_ptr(),
-            logprob.as_mut_ptr(),
-        );
-    }
-    token.iter().zip(logprob).map(|(&t, l)| (t as u32, l)).collect()
+/// `ops::sample` on the emulated device (the CUDA host code: packing, the `sampler` and
+/// `sample_logprobs` launches, one download) and on the CPU (the engine's sampler), over the
+/// same logits `[rows, vocab]`: per row a draw with its parameters (and 3 top
+/// log-probabilities on every other row), then a scored row per draw row with 5.
+fn both(logits: &[f32], vocab: usize, rows: &[Row]) -> (Vec<Sampled>, Vec<Sampled>) {
+    let mut task: Vec<SampleRow> = rows
+        .iter()
+        .enumerate()
+        .map(|(i, r)| {
+            let ctx =
+                SampleContext { prompt_ids: &r.prompt, output_ids: &r.output, eos_token_ids: &r.eos, seed: r.seed };
+            SampleRow { row: i, task: RowTask::Draw(draw_for(&r.params, &ctx, vocab)), top_logprobs: 3 * (i % 2) }
+        })
+        .collect();
+    task.extend((0..rows.len()).map(|i| SampleRow {
+        row: i,
+        task: RowTask::Score((i * 37 % vocab) as u32),
+        top_logprobs: 5,
+    }));
+    let host = Tensor::from_vec(logits.to_vec(), &[rows.len(), vocab]).unwrap();
+    let dev = Device::cuda_emu(CudaOptions::default()).unwrap();
+    let before = dev.counters().unwrap();
+    let got = ops::sample(&host.to_device(&dev).unwrap(), &task).unwrap();
+    let used = dev.counters().unwrap() - before;
+    // The logits' upload, the two packed buffers, one download of [rows, 3 + 2·5] results.
+    assert_eq!((used.htod_copies, used.dtoh_copies), (3, 1), "{used:?}");
+    assert_eq!(used.dtoh_bytes as usize, task.len() * (3 + 2 * 5) * 4, "{used:?}");
+    (got, ops::sample(&host, &task).unwrap())
 }
 
-/// The sampler kernel draws the CPU sampler's token from the same RNG stream, for every
+/// The CUDA sampler draws the CPU sampler's token from the same RNG stream, for every
 /// truncation and penalty, over many seeds and steps (vocab 300: rows of flat-ish logits, so
-/// different uniforms pick different tokens), and returns its behaviour log-prob (1e-6:
-/// the prefix sums are a blocked scan here, sequential on the CPU).
+/// different uniforms pick different tokens), and returns its μ (1e-6: the prefix sums are
+/// a blocked scan there, sequential on the CPU), its raw log-probability and the top raw
+/// log-probabilities (1e-6: the partition's f64 sum order), for draws and scored tokens.
+/// Untouched draws (T = 1, nothing else) have μ = raw bitwise on both.
 #[test]
 fn sampler_kernel_draws_the_cpu_samplers_token() {
     let vocab = 300;
@@ -121,28 +81,29 @@ fn sampler_kernel_draws_the_cpu_samplers_token() {
         for s in 0..8u64 {
             let output: Vec<u32> = (0..(s as usize * 3 % 13)).map(|_| rng.gen_range(0..40)).collect();
             let prompt: Vec<u32> = (0..6).map(|_| rng.gen_range(0..vocab as u32)).collect();
-            rows.push(SampleRow {
-                params: params.clone(),
-                prompt,
-                output,
-                eos: vec![2],
-                seed: s * 1_000_003 + ci as u64,
-            });
+            rows.push(Row { params: params.clone(), prompt, output, eos: vec![2], seed: s * 1_000_003 + ci as u64 });
             logits.extend(rnd(vocab, 100 + s).iter().map(|x| x * 1.5 + if ci == 6 { 0.0 } else { 0.2 }));
         }
     }
-    let got = gpu_sample(&logits, vocab, &rows);
+    let (got, want) = both(&logits, vocab, &rows);
+    let close = |a: f32, b: f32| (a - b).abs() <= 1e-6 * (1.0 + b.abs());
     let mut distinct = std::collections::HashSet::new();
-    for (i, (r, (tok, lp))) in rows.iter().zip(got).enumerate() {
-        let ctx = SampleContext { prompt_ids: &r.prompt, output_ids: &r.output, eos_token_ids: &r.eos, seed: r.seed };
-        let want = sample(&logits[i * vocab..(i + 1) * vocab], &r.params, &ctx);
-        assert_eq!(tok, want.token, "row {i} ({:?}): token", r.params);
-        assert!(
-            (lp - want.behavior_logprob).abs() <= 1e-6 * (1.0 + want.behavior_logprob.abs()),
-            "row {i}: logprob {lp} vs {}",
-            want.behavior_logprob
-        );
-        distinct.insert(tok);
+    for (i, (g, w)) in got.iter().zip(&want).enumerate() {
+        let what = rows.get(i).map_or("a scored row".to_string(), |r| format!("{:?}", r.params));
+        assert_eq!(g.token, w.token, "row {i} ({what}): token");
+        assert!(close(g.behavior_logprob, w.behavior_logprob), "row {i} ({what}): μ {g:?} vs {w:?}");
+        assert!(close(g.raw_logprob, w.raw_logprob), "row {i} ({what}): raw {g:?} vs {w:?}");
+        assert_eq!(g.top_logprobs.len(), w.top_logprobs.len(), "row {i}");
+        for (a, b) in g.top_logprobs.iter().zip(&w.top_logprobs) {
+            assert!(a.0 == b.0 && close(a.1, b.1), "row {i} ({what}): top {a:?} vs {b:?}");
+        }
+        if i < 8 {
+            assert_eq!(g.behavior_logprob.to_bits(), g.raw_logprob.to_bits(), "row {i}: untouched μ = raw");
+            assert_eq!(w.behavior_logprob.to_bits(), w.raw_logprob.to_bits(), "row {i}: untouched μ = raw");
+        }
+        if i < rows.len() {
+            distinct.insert(g.token);
+        }
     }
     // The draws are not all the argmax: the RNG stream decides them.
     assert!(distinct.len() > 20, "only {} distinct tokens", distinct.len());

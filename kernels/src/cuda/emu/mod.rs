@@ -35,22 +35,6 @@ use std::sync::{Arc, Mutex, Once};
 /// x, y, z then block x, y, z; `smem` the dynamic shared memory in bytes; then the kernel's
 /// own arguments (host pointers). Public for the tests that drive single kernels.
 pub mod ffi {
-    /// `RlsSampleParams` of sampler.cu.
-    #[repr(C)]
-    #[derive(Clone, Copy, Debug)]
-    pub struct SampleParams {
-        pub temperature: f32,
-        pub top_p: f32,
-        pub min_p: f32,
-        pub repetition_penalty: f32,
-        pub presence_penalty: f32,
-        pub frequency_penalty: f32,
-        pub top_k: i32,
-        pub pad: i32,
-        pub seed: u64,
-        pub step: u64,
-    }
-
     include!(concat!(env!("OUT_DIR"), "/cuda_emu_ffi.rs"));
 }
 
@@ -285,9 +269,11 @@ impl Args<'_> {
         }
     }
 
-    /// A pointer the kernel writes: a buffer of T passed as written.
+    /// A pointer the kernel writes: a buffer of T passed as written, or null (an optional
+    /// output or scratch the kernel does not touch; touching it faults, naming the kernel).
     fn ptr_mut<T: Elem>(&self, i: usize) -> std::result::Result<*mut T, String> {
         match &self.args[i] {
+            Arg::Null(0) => Ok(std::ptr::null_mut()),
             a @ Arg::Out(_) => match buf_of(a) {
                 Some((kind, p)) if kind == T::KIND => Ok(p.ptr() as *mut T),
                 _ => Err(self.err(i, &format!("expected a written {:?} buffer, got {}", T::KIND, describe(a)))),
