@@ -12,7 +12,9 @@ pub enum ModelError {
     Json { path: PathBuf, source: serde_json::Error },
     #[error("{path}: {msg}")]
     Config { path: PathBuf, msg: String },
-    #[error("{path}: unsupported architecture {arch:?} (supported: LlamaForCausalLM, Qwen2ForCausalLM)")]
+    #[error(
+        "{path}: unsupported architecture {arch:?} (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)"
+    )]
     UnknownArchitecture { path: PathBuf, arch: String },
     #[error("{path}: missing tensor `{name}` (expected shape {expected:?})")]
     MissingTensor { path: PathBuf, name: String, expected: Vec<usize> },

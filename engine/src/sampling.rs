@@ -18,7 +18,6 @@ pub use kernels::cpu::sampler::{argmax, logsumexp, splitmix64, top_k_of};
 pub use kernels::sample::{is_greedy_temperature, GREEDY_EPS};
 use kernels::sample::{Draw, DrawParams, RowTask, Sampled};
 
-
 /// Sampling parameters of one request (vLLM `SamplingParams`).
 #[derive(Debug, Clone, PartialEq)]
 pub struct SamplingParams {

@@ -9,7 +9,7 @@
 //!
 //! Backward per layer (reverse of `Model::forward_inner`): down_proj → SwiGLU →
 //! gate_up_proj → post-attention RMSNorm → o_proj → attention (probabilities recomputed)
-//! → inverse RoPE → qkv_proj (+bias) → input RMSNorm; then the embedding scatter-add
+//! → inverse RoPE → per-head q/k RMSNorm (Qwen3) → qkv_proj (+bias) → input RMSNorm; then the embedding scatter-add
 //! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
 
 pub mod algos;
@@ -31,6 +31,8 @@ use layout::Layout;
 struct LayerActs {
     x_in: Tensor,
     n1: Tensor,
+    /// q and k before the per-head RMSNorm (Qwen3's `q_norm`, `k_norm`).
+    qk_pre: Option<(Tensor, Tensor)>,
     q: Tensor,
     k: Tensor,
     v: Tensor,
@@ -60,8 +62,9 @@ fn layer_forward(
     let (cos, sin) = model.rope_tables();
     let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
     let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-    let [mut q, mut k, v]: [Tensor; 3] =
-        ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+    let [q, k, v]: [Tensor; 3] = ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+    let qk_pre = w.qk_norm.as_ref().map(|_| (q.clone(), k.clone()));
+    let (mut q, mut k) = w.norm_qk(c, q, k)?;
     ops::rope_inplace(&mut q, &layout.positions, cos, sin, c.head_dim)?;
     ops::rope_inplace(&mut k, &layout.positions, cos, sin, c.head_dim)?;
     let a = layout.attention(&q, &k, &v, heads(model))?;
@@ -72,7 +75,7 @@ fn layer_forward(
     let act = ops::silu_mul(&gu)?;
     let mut x_out = x_mid.clone();
     ops::add_inplace(&mut x_out, &ops::linear(&act, &w.down_proj, None)?)?;
-    Ok((LayerActs { x_in: x, n1, q, k, v, a, x_mid, n2, gu, act }, x_out))
+    Ok((LayerActs { x_in: x, n1, qk_pre, q, k, v, a, x_mid, n2, gu, act }, x_out))
 }
 
 /// `(n_heads, n_kv_heads, head_dim)` of the model's attention.
@@ -288,6 +291,15 @@ impl SeqForward {
             let (mut dq, mut dk, dv) = self.layout.attention_backward(&s.q, &s.k, &s.v, &d_a, heads(model))?;
             ops::rope_inplace(&mut dq, positions, cos, &neg_sin, c.head_dim)?;
             ops::rope_inplace(&mut dk, positions, cos, &neg_sin, c.head_dim)?;
+            if let (Some((qn, kn)), Some((q_pre, k_pre))) = (&w.qk_norm, &s.qk_pre) {
+                // The per-head RMSNorm's backward, each head's D values a row.
+                let rows = |x: &Tensor| x.clone().reshape(&[x.len() / c.head_dim, c.head_dim]);
+                for (n, wn, pre, d) in [("q", qn, q_pre, &mut dq), ("k", kn, k_pre, &mut dk)] {
+                    let (dx, dw) = ops::rms_norm_backward(&rows(pre)?, wn, &rows(d)?, c.rms_norm_eps)?;
+                    grads.add(&format!("{p}self_attn.{n}_norm.weight"), dw)?;
+                    *d = dx.reshape(pre.shape())?;
+                }
+            }
             let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
             let dw_qkv = ops::split_rows(&ops::linear_grad_weight(&dqkv, &s.n1)?, &[q_dim, kv_dim, kv_dim])?;
             for (n, g) in ["q", "k", "v"].iter().zip(dw_qkv) {

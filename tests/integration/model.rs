@@ -184,7 +184,8 @@ fn config_parses_llama3_rope_scaling() {
 }
 
 /// Checkpoints saved by transformers itself (5.x and 4.x `config.json` formats; fixtures
-/// from tests/fixtures/make_hf_reference.py) against HF's float64 logits at every position.
+/// from tests/fixtures/make_hf_reference.py, and Qwen3's from make_qwen3_reference.py)
+/// against HF's float64 logits at every position.
 #[test]
 fn transformers_checkpoints_match_hf_logits() {
     let (mut seen, mut summary) = (0, vec![]);
@@ -204,7 +205,7 @@ fn transformers_checkpoints_match_hf_logits() {
         seen += 1;
     }
     eprintln!("HF checkpoints, max |logit diff|: {}", summary.join(", "));
-    assert_eq!(seen, 4, "fixtures: {summary:?}");
+    assert_eq!(seen, 5, "fixtures: {summary:?}");
 }
 
 /// `(rope_theta, llama3 (factor, original_max_position_embeddings))` of a parsed config.
@@ -337,4 +338,40 @@ fn tokenizer_and_chat_template_of_a_model_folder() {
     let pieces: Vec<String> = ids.iter().filter_map(|&i| stream.step(i).unwrap()).collect();
     assert_eq!(pieces.concat(), text);
     assert!(pieces.iter().all(|p| !p.contains('\u{FFFD}')));
+}
+
+/// Qwen3-0.6B's `config.json` shape: `head_dim` 128 is not hidden/heads (64), and HF's
+/// `Qwen3Config` default when the key is missing; q/k norms on, no q/k/v bias; what Qwen3
+/// does not implement here is refused naming the field, and an unknown architecture names
+/// the supported list.
+#[test]
+fn qwen3_configs_take_their_head_dim_and_refuse_what_is_not_implemented() {
+    let base = serde_json::json!({"architectures": ["Qwen3ForCausalLM"], "hidden_size": 1024,
+        "intermediate_size": 3072, "num_hidden_layers": 28, "num_attention_heads": 16, "num_key_value_heads": 8,
+        "head_dim": 128, "vocab_size": 151936, "tie_word_embeddings": true, "attention_bias": false,
+        "use_sliding_window": false, "max_window_layers": 28,
+        "rope_parameters": {"rope_type": "default", "rope_theta": 1000000.0}});
+    let parse = |edit: serde_json::Value| {
+        let mut c = base.clone();
+        for (k, v) in edit.as_object().unwrap() {
+            c[k] = v.clone();
+        }
+        ModelConfig::from_json(&c.to_string(), "q/config.json".as_ref()).map_err(|e| e.to_string())
+    };
+    let c = parse(serde_json::json!({})).unwrap();
+    assert_eq!((c.head_dim, c.qk_norm, c.qkv_bias, c.rope_theta), (128, true, false, 1e6));
+    let mut no_head_dim = base.clone();
+    no_head_dim.as_object_mut().unwrap().remove("head_dim");
+    assert_eq!(ModelConfig::from_json(&no_head_dim.to_string(), "q/config.json".as_ref()).unwrap().head_dim, 128);
+    let err = |edit, want: &str| {
+        let e = parse(edit).unwrap_err();
+        assert!(e.contains(want), "{e:?} lacks {want:?}");
+    };
+    err(serde_json::json!({"attention_bias": true}), "attention_bias = true");
+    err(serde_json::json!({"use_sliding_window": true, "max_window_layers": 20}), "use_sliding_window = true");
+    err(serde_json::json!({"layer_types": vec!["sliding_attention"; 28]}), "layer_types[0]");
+    err(
+        serde_json::json!({"architectures": ["MistralForCausalLM"]}),
+        "unsupported architecture \"MistralForCausalLM\" (supported: LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM)",
+    );
 }

@@ -49,8 +49,16 @@ impl Default for TinySpec {
 }
 
 impl TinySpec {
+    /// `hidden / heads`; for Qwen3 12, not 8 (its `head_dim` is its own config field).
     pub fn head_dim(&self) -> usize {
-        self.hidden / self.heads
+        if self.is_qwen3() {
+            12
+        } else {
+            self.hidden / self.heads
+        }
+    }
+    pub fn is_qwen3(&self) -> bool {
+        self.architecture == "Qwen3ForCausalLM"
     }
     pub fn has_bias(&self) -> bool {
         self.architecture == "Qwen2ForCausalLM"
@@ -66,6 +74,9 @@ impl TinySpec {
             "max_position_embeddings": 128, "vocab_size": VOCAB, "tie_word_embeddings": self.tied,
             "bos_token_id": 257, "eos_token_id": 258,
         });
+        if self.is_qwen3() {
+            c["head_dim"] = json!(self.head_dim());
+        }
         if let Some((f, lo, hi, orig)) = self.llama3_rope {
             c["rope_scaling"] = json!({"rope_type": "llama3", "factor": f, "low_freq_factor": lo, "high_freq_factor": hi, "original_max_position_embeddings": orig});
         }
@@ -94,6 +105,10 @@ impl TinySpec {
                 put(format!("{p}self_attn.q_proj.bias"), vec![q], 0.0, 0.5);
                 put(format!("{p}self_attn.k_proj.bias"), vec![kv], 0.0, 0.5);
                 put(format!("{p}self_attn.v_proj.bias"), vec![kv], 0.0, 0.5);
+            }
+            if self.is_qwen3() {
+                put(format!("{p}self_attn.q_norm.weight"), vec![hd], 1.0, 0.2);
+                put(format!("{p}self_attn.k_norm.weight"), vec![hd], 1.0, 0.2);
             }
             put(format!("{p}self_attn.o_proj.weight"), vec![h, q], 0.0, 0.3);
             put(format!("{p}post_attention_layernorm.weight"), vec![h], 1.0, 0.2);

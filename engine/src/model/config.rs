@@ -9,8 +9,12 @@ use std::path::Path;
 pub enum Architecture {
     /// `LlamaForCausalLM`: SmolLM2, Llama 3.x, TinyLlama.
     Llama,
-    /// `Qwen2ForCausalLM`: like Llama with q/k/v biases.
+    /// `Qwen2ForCausalLM`: like Llama with q/k/v biases (Qwen2, Qwen2.5).
     Qwen2,
+    /// `Qwen3ForCausalLM` (dense): like Llama with a per-head RMSNorm on q and k before RoPE
+    /// (`q_norm`, `k_norm`, weights `[head_dim]`) and `head_dim` from the config (HF
+    /// `Qwen3Config`'s default 128, not `hidden_size / num_attention_heads`).
+    Qwen3,
 }
 
 /// Llama 3 frequency-dependent RoPE scaling (`rope_scaling.rope_type == "llama3"`), as in
@@ -42,6 +46,9 @@ pub struct ModelConfig {
     /// q/k/v projections carry a bias (always for Qwen2; Llama's `attention_bias`, which
     /// would also give `o_proj` a bias, is refused at load).
     pub qkv_bias: bool,
+    /// q and k are RMS-normalised per head (weights `q_norm`, `k_norm` of `[head_dim]`, the
+    /// layer's `rms_norm_eps`) after the projection and before RoPE (Qwen3).
+    pub qk_norm: bool,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
     /// `pad_token_id`: HF Llama/Qwen2 build `nn.Embedding(vocab, hidden, padding_idx =
@@ -171,10 +178,10 @@ fn unsupported_math(raw: &RawConfig, arch: Architecture) -> std::result::Result<
     if raw.mlp_bias == Some(true) {
         return Err("mlp_bias = true is not supported (MLP projections without bias only)".into());
     }
-    if arch == Architecture::Llama && raw.attention_bias == Some(true) {
-        return Err(
-            "attention_bias = true (biases on q/k/v_proj and o_proj) is not supported for LlamaForCausalLM".into()
-        );
+    if arch != Architecture::Qwen2 && raw.attention_bias == Some(true) {
+        return Err(format!(
+            "attention_bias = true (biases on q/k/v_proj and o_proj) is not supported for {arch:?}ForCausalLM"
+        ));
     }
     for (name, v) in [
         ("attn_logit_softcapping", &raw.attn_logit_softcapping),
@@ -184,7 +191,7 @@ fn unsupported_math(raw: &RawConfig, arch: Architecture) -> std::result::Result<
             return Err(format!("{name} = {v}: logit soft-capping is not supported"));
         }
     }
-    if arch == Architecture::Qwen2 {
+    if matches!(arch, Architecture::Qwen2 | Architecture::Qwen3) {
         let layers = raw.num_hidden_layers;
         match &raw.layer_types {
             Some(types) => {
@@ -198,7 +205,7 @@ fn unsupported_math(raw: &RawConfig, arch: Architecture) -> std::result::Result<
                 }
             }
             None if raw.use_sliding_window == Some(true) => {
-                // HF Qwen2Config's default max_window_layers is 28.
+                // HF Qwen2Config's and Qwen3Config's default max_window_layers is 28.
                 let first = raw.max_window_layers.unwrap_or(28);
                 if first < layers {
                     return Err(format!(
@@ -230,6 +237,7 @@ impl ModelConfig {
         let architecture = match arch_name.as_str() {
             "LlamaForCausalLM" => Architecture::Llama,
             "Qwen2ForCausalLM" => Architecture::Qwen2,
+            "Qwen3ForCausalLM" => Architecture::Qwen3,
             _ => return Err(ModelError::UnknownArchitecture { path: path.into(), arch: arch_name }),
         };
         let heads = raw.num_attention_heads;
@@ -239,7 +247,10 @@ impl ModelConfig {
                 "num_attention_heads {heads} must be a positive multiple of num_key_value_heads {kv_heads}"
             )));
         }
-        let head_dim = raw.head_dim.unwrap_or(raw.hidden_size / heads);
+        let head_dim = raw.head_dim.unwrap_or(match architecture {
+            Architecture::Qwen3 => 128,
+            _ => raw.hidden_size / heads,
+        });
         if head_dim == 0 || !head_dim.is_multiple_of(2) {
             return Err(bad(format!("head_dim {head_dim} must be positive and even")));
         }
@@ -251,7 +262,7 @@ impl ModelConfig {
         unsupported_math(&raw, architecture).map_err(bad)?;
         let max_position_embeddings = raw.max_position_embeddings.unwrap_or(match architecture {
             Architecture::Llama => 2048,
-            Architecture::Qwen2 => 32768,
+            Architecture::Qwen2 | Architecture::Qwen3 => 32768,
         });
         let (rope_theta, rope_scaling) = rope(&raw, max_position_embeddings).map_err(bad)?;
         let eos_token_ids = match raw.eos_token_id {
@@ -280,6 +291,7 @@ impl ModelConfig {
             vocab_size: raw.vocab_size,
             tie_word_embeddings: raw.tie_word_embeddings.unwrap_or(false),
             qkv_bias: architecture == Architecture::Qwen2,
+            qk_norm: architecture == Architecture::Qwen3,
             bos_token_id: raw.bos_token_id,
             eos_token_ids,
             pad_token_id: raw.pad_token_id,

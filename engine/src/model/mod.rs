@@ -34,10 +34,27 @@ pub struct LayerWeights {
     pub qkv_proj: PackedWeight,
     /// `[(H + 2·KVH)·D]` when the model has q/k/v biases (Qwen2).
     pub qkv_bias: Option<Tensor>,
+    /// `(q_norm, k_norm)`, `[D]` each, when q and k are RMS-normalised per head (Qwen3).
+    pub qk_norm: Option<(Tensor, Tensor)>,
     pub o_proj: PackedWeight,
     pub post_attention_layernorm: Tensor,
     pub gate_up_proj: PackedWeight,
     pub down_proj: PackedWeight,
+}
+
+impl LayerWeights {
+    /// q `[t, H·D]` and k `[t, KVH·D]` RMS-normalised per head with `q_norm`, `k_norm` (each
+    /// head's `D` values a row; HF `Qwen3Attention`, before RoPE); unchanged without them.
+    /// The engine's and the learner's forward both call it.
+    pub fn norm_qk(&self, c: &ModelConfig, q: Tensor, k: Tensor) -> Result<(Tensor, Tensor)> {
+        let Some((qn, kn)) = &self.qk_norm else { return Ok((q, k)) };
+        let norm = |x: Tensor, w: &Tensor| -> Result<Tensor> {
+            let (shape, n) = (x.shape().to_vec(), x.len());
+            let rows = x.reshape(&[n / c.head_dim, c.head_dim])?;
+            Ok(ops::rms_norm(&rows, w, c.rms_norm_eps)?.reshape(&shape)?)
+        };
+        Ok((norm(q, qn)?, norm(k, kn)?))
+    }
 }
 
 /// A loaded model: config, f32 weights and RoPE tables, on one device.
@@ -95,12 +112,19 @@ impl Model {
             } else {
                 None
             };
+            let qk_norm = if c.qk_norm {
+                let norm = |n: &str| dev(host(&format!("{a}{n}_norm.weight"), &[c.head_dim])?);
+                Some((norm("q")?, norm("k")?))
+            } else {
+                None
+            };
             let gate = host(&format!("{p}mlp.gate_proj.weight"), &[i, h])?;
             let up = host(&format!("{p}mlp.up_proj.weight"), &[i, h])?;
             layers.push(LayerWeights {
                 input_layernorm: dev(host(&format!("{p}input_layernorm.weight"), &[h])?)?,
                 qkv_proj: ops::pack_weight(&dev(ops::cat_rows(&qkv_w.iter().collect::<Vec<_>>())?)?)?,
                 qkv_bias,
+                qk_norm,
                 o_proj: ops::pack_weight(&dev(host(&format!("{a}o_proj.weight"), &[h, q])?)?)?,
                 post_attention_layernorm: dev(host(&format!("{p}post_attention_layernorm.weight"), &[h])?)?,
                 gate_up_proj: ops::pack_weight(&dev(ops::cat_rows(&[&gate, &up])?)?)?,
@@ -209,6 +233,11 @@ impl Model {
                     out.push((format!("{p}self_attn.{n}_proj.bias"), vec![len]));
                 }
             }
+            if w.qk_norm.is_some() {
+                for n in ["q", "k"] {
+                    out.push((format!("{p}self_attn.{n}_norm.weight"), vec![c.head_dim]));
+                }
+            }
         }
         out
     }
@@ -238,6 +267,10 @@ impl Model {
                     let len = t.len();
                     out.insert(format!("{p}self_attn.{n}_proj.bias"), t.reshape(&[len])?);
                 }
+            }
+            if let Some((qn, kn)) = &w.qk_norm {
+                out.insert(format!("{p}self_attn.q_norm.weight"), qn.clone());
+                out.insert(format!("{p}self_attn.k_norm.weight"), kn.clone());
             }
             out.insert(format!("{p}self_attn.o_proj.weight"), ops::unpack_weight(&w.o_proj)?);
             let [g, u]: [Tensor; 2] =
@@ -297,8 +330,9 @@ impl Model {
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
             let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-            let [mut q, mut k, v]: [Tensor; 3] =
+            let [q, k, v]: [Tensor; 3] =
                 ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+            let (mut q, mut k) = w.norm_qk(c, q, k)?;
             ops::rope_inplace(&mut q, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             ops::rope_inplace(&mut k, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
             cache.write(l, &slots, &k, &v)?;

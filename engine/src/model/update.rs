@@ -51,6 +51,10 @@ impl Model {
             if let Some(b) = &mut w.qkv_bias {
                 out.push(WeightMut::Dense(b));
             }
+            if let Some((qn, kn)) = &mut w.qk_norm {
+                out.push(WeightMut::Dense(qn));
+                out.push(WeightMut::Dense(kn));
+            }
             out.push(WeightMut::Packed(&mut w.o_proj));
             out.push(WeightMut::Packed(&mut w.gate_up_proj));
             out.push(WeightMut::Packed(&mut w.down_proj));
@@ -86,6 +90,13 @@ impl Model {
                     .map(|(n, r)| src.dense(&name(&format!("self_attn.{n}_proj.bias")), &[*r]))
                     .collect::<kernels::Result<Vec<_>>>()?;
                 out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
+            }
+            if w.qk_norm.is_some() {
+                for n in ["q", "k"] {
+                    out.push(WeightDelta::Dense(
+                        src.dense(&name(&format!("self_attn.{n}_norm.weight")), &[c.head_dim])?,
+                    ));
+                }
             }
             out.push(WeightDelta::Packed(src.packed(&[(&name("self_attn.o_proj.weight"), h)], q)?));
             let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));

@@ -103,7 +103,13 @@ fn smollm2_135m() -> serde_json::Value {
 /// The model configs under test: (name, config.json).
 fn cases() -> Vec<(&'static str, serde_json::Value)> {
     let qwen = TinySpec { architecture: "Qwen2ForCausalLM", tied: false, ..TinySpec::default() };
-    vec![("tiny-llama", TinySpec::default().config()), ("tiny-qwen2", qwen.config()), ("smollm2-135m", smollm2_135m())]
+    let qwen3 = TinySpec { architecture: "Qwen3ForCausalLM", ..TinySpec::default() };
+    vec![
+        ("tiny-llama", TinySpec::default().config()),
+        ("tiny-qwen2", qwen.config()),
+        ("tiny-qwen3", qwen3.config()),
+        ("smollm2-135m", smollm2_135m()),
+    ]
 }
 
 /// Deterministic random weights by HF name (seeded by the name, so every call and device
