@@ -1,10 +1,13 @@
-//! A single-sequence generation loop (prefill, then one token per step) over a dense KV
-//! cache. Used by `rlserve generate`, the reference tests and the benchmark; the engine
-//! issue's scheduler serves many sequences.
+//! `rlserve generate`'s loop: one request through [`LLMEngine`], so its seeds, stop rules,
+//! sampling and log-probabilities are the API's (`--seed S` draws what `"seed": S` draws).
+//! Also `bench latency`'s decode measurement.
 
-use crate::error::Result;
-use crate::model::Model;
-use crate::sampling::{sample, SampleContext, SamplingParams};
+use crate::engine::{EngineConfig, LLMEngine};
+use crate::model::SharedModel;
+use crate::outputs::SeqOutput;
+use crate::sampling::SamplingParams;
+use crate::tokenizer::Tokenizer;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Timings and counts of one generation.
@@ -12,7 +15,7 @@ use std::time::{Duration, Instant};
 pub struct GenerationStats {
     pub prompt_tokens: usize,
     pub generated_tokens: usize,
-    /// Time of the prompt forward pass (includes sampling the first token).
+    /// Time to the first token (the prompt's forward and the first draw).
     pub prefill: Duration,
     /// Time of every later step.
     pub decode: Duration,
@@ -28,42 +31,39 @@ impl GenerationStats {
     }
 }
 
-/// Generates up to `max_tokens` tokens after `prompt`, stopping after any of `stop_ids`
-/// (the stop token is included in the output). `on_token` sees each token as it is produced.
+/// Generates one completion of `prompt` with `params` (`n` must be 1) on an engine of its
+/// own over `model`, with a KV pool just large enough for it. `on_output` sees each step's
+/// output (tokens with their log-probabilities, and the text delta, stop strings held back
+/// as the API does) as it is produced; returns every output and the timings.
+/// Errors: the parameters' validation (as the API's 400s) and a failed engine step.
 pub fn generate(
-    model: &Model,
+    model: &SharedModel,
+    tokenizer: Arc<Tokenizer>,
     prompt: &[u32],
     params: &SamplingParams,
-    max_tokens: usize,
-    stop_ids: &[u32],
-    mut on_token: impl FnMut(u32),
-) -> Result<(Vec<u32>, GenerationStats)> {
-    let mut cache = model.new_cache(prompt.len() + max_tokens)?;
-    let seed = params.seed.unwrap_or_else(rand::random);
-    let mut out = Vec::with_capacity(max_tokens);
+    mut on_output: impl FnMut(&SeqOutput),
+) -> anyhow::Result<(Vec<SeqOutput>, GenerationStats)> {
+    anyhow::ensure!(params.n == 1, "generate draws one sample (n = {})", params.n);
+    let context = model.read().max_positions();
+    let len = prompt.len() + params.max_tokens.unwrap_or(context);
+    let block_size = EngineConfig::default().block_size;
+    let cfg = EngineConfig { num_blocks: Some(len.min(context).div_ceil(block_size) + 1), ..Default::default() };
+    let mut engine = LLMEngine::new(model.clone(), tokenizer, cfg)?;
+    engine.add_request("generate", prompt.to_vec(), params.clone())?;
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };
-    if max_tokens == 0 {
-        return Ok((out, stats));
-    }
-    let t0 = Instant::now();
-    let next_token = |logits: &kernels::Tensor, out: &[u32]| -> Result<u32> {
-        let ctx = SampleContext { prompt_ids: prompt, output_ids: out, eos_token_ids: stop_ids, seed };
-        Ok(sample(&logits.to_vec()?, params, &ctx).token)
-    };
-    let logits = model.forward(prompt, &mut cache, false)?;
-    let mut next = next_token(&logits, &out)?;
-    stats.prefill = t0.elapsed();
-    let t1 = Instant::now();
-    loop {
-        out.push(next);
-        on_token(next);
-        if out.len() >= max_tokens || stop_ids.contains(&next) {
-            break;
+    let (t0, mut first) = (Instant::now(), None);
+    let mut outputs = Vec::new();
+    while engine.has_unfinished() {
+        for o in engine.step()? {
+            first.get_or_insert_with(|| {
+                stats.prefill = t0.elapsed();
+                Instant::now()
+            });
+            stats.generated_tokens += o.tokens.len();
+            on_output(&o);
+            outputs.push(o);
         }
-        let logits = model.forward(&[next], &mut cache, false)?;
-        next = next_token(&logits, &out)?;
     }
-    stats.decode = t1.elapsed();
-    stats.generated_tokens = out.len();
-    Ok((out, stats))
+    stats.decode = first.map_or(Duration::ZERO, |t| t.elapsed());
+    Ok((outputs, stats))
 }

@@ -196,13 +196,11 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
             a.max_tokens
         );
     }
-    let mut stream = tok.decode_stream(true);
     let mut stdout = std::io::stdout();
-    let (_, stats) = run_generation(&model, &prompt, &params, a.max_tokens, &tok.eos_token_ids, |id| {
-        if let Ok(Some(text)) = stream.step(id) {
-            let _ = stdout.write_all(text.as_bytes());
-            let _ = stdout.flush();
-        }
+    let model = engine::SharedModel::new(model);
+    let (_, stats) = run_generation(&model, std::sync::Arc::new(tok), &prompt, &params, |o| {
+        let _ = stdout.write_all(o.text.as_bytes());
+        let _ = stdout.flush();
     })?;
     println!();
     eprintln!(

@@ -2,7 +2,6 @@
 //! caching, stop strings, n > 1, logprobs vs the llama.cpp fixture, validation, leaks, and
 //! a failing forward pass (its requests fail, the others go on).
 
-use engine::generate::generate;
 use engine::outputs::{FinishReason, SeqOutput, StopReason};
 use engine::{
     ChatMessage, EngineConfig, EngineHandle, LLMEngine, Model, SamplingParams, SharedModel, Tokenizer, ValidationError,
@@ -93,7 +92,14 @@ fn paged_attention_with_odd_chunks_equals_dense() {
     let got = run(&mut e, &prompts.iter().map(|p| (p.clone(), greedy(9))).collect::<Vec<_>>());
     let model = m.0.read();
     for (p, g) in prompts.iter().zip(&got) {
-        let (dense, _) = generate(&model, p, &SamplingParams::greedy(), 9, &[], |_| {}).unwrap();
+        // The dense reference: the contiguous cache, one token per forward, argmax.
+        let mut cache = model.new_cache(p.len() + 9).unwrap();
+        let mut dense = vec![];
+        let mut logits = model.forward(p, &mut cache, false).unwrap();
+        for _ in 0..9 {
+            dense.push(engine::sampling::argmax(logits.as_slice().unwrap()) as u32);
+            logits = model.forward(&dense[dense.len() - 1..], &mut cache, false).unwrap();
+        }
         assert_eq!(g[0].tokens, dense);
         let all: Vec<u32> = p.iter().chain(&dense).cloned().collect();
         let lp =

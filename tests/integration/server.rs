@@ -423,3 +423,40 @@ async fn a_slow_header_client_is_cut_off() {
     assert!(waited >= timeout - Duration::from_secs(1), "closed after {waited:?}, before the timeout");
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// One decode loop: `rlserve generate --seed S` drives the engine, so at temperature 1 (and
+/// with top-k) it prints what `/v1/completions` with `"seed": S` returns for the same
+/// prompt; before, the CLI seeded its own loop and drew other tokens.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn generate_cli_draws_what_the_api_draws_for_the_same_seed() {
+    let dir = default_model();
+    let (_s, base) = start(dir.clone(), args("m")).await;
+    let mut texts = vec![];
+    for (seed, top_k) in [(5u64, 0), (11, 40), (12, 40)] {
+        let out = std::process::Command::new(tests::rlserve_binary())
+            .args(["generate", "--model", dir.to_str().unwrap(), "--prompt", "My favourite animal is"])
+            .args([
+                "--temperature",
+                "1",
+                "--max-tokens",
+                "12",
+                "--seed",
+                &seed.to_string(),
+                "--top-k",
+                &top_k.to_string(),
+            ])
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        let cli = String::from_utf8(out.stdout).unwrap();
+        let body = json!({"model": "m", "prompt": "My favourite animal is", "temperature": 1.0, "max_tokens": 12,
+                          "seed": seed, "top_k": top_k});
+        let (status, r) = post(&base, "/v1/completions", body).await;
+        assert_eq!(status, 200, "{r}");
+        let api = r["choices"][0]["text"].as_str().unwrap().to_string();
+        eprintln!("seed {seed}, top_k {top_k}: {api:?}");
+        assert_eq!(cli.strip_suffix('\n').unwrap(), api, "seed {seed}, top_k {top_k}");
+        texts.push(api);
+    }
+    assert!(texts[1] != texts[2] && texts.iter().all(|t| t.len() > 10), "the seed decides the text: {texts:?}");
+}

@@ -32,24 +32,30 @@ pub fn run(a: BenchArgs) -> Result<()> {
         "--prompt-tokens >= 1, --gen-tokens >= 2 and --repetitions >= 1 are required"
     );
     let (device, dir) = a.model.open()?;
-    let (_, model) = load(&dir, &device)?;
-    let vocab = model.config.vocab_size as u32;
+    let (tok, model) = load(&dir, &device)?;
+    let (tok, shared) = (std::sync::Arc::new(tok), engine::SharedModel::new(model));
+    let vocab = shared.read().config.vocab_size as u32;
     // Deterministic pseudo-random prompt (token ids in the ordinary-text range).
     let prompt: Vec<u32> =
         (0..a.prompt_tokens as u32).map(|i| 100 + (i.wrapping_mul(2654435761) % (vocab - 100))).collect();
     let threads = rayon::current_num_threads();
     let (mut pp, mut tg) = (Vec::new(), Vec::new());
     let mut decode_counters = device.counters().map(|_| kernels::DeviceCounters::default());
-    // Greedy, never stopping early: decode exactly gen_tokens.
-    let params = SamplingParams { temperature: 0.0, ..Default::default() };
+    // Greedy, never stopping early: decode exactly gen_tokens, through the engine (the
+    // serving path: scheduler, paged KV, sampling on the device).
+    let params =
+        SamplingParams { temperature: 0.0, max_tokens: Some(a.gen_tokens), ignore_eos: true, ..Default::default() };
     for _ in 0..a.repetitions {
-        let mut cache = model.new_cache(a.prompt_tokens)?;
-        let t = Instant::now();
-        // The last row's logits copied to the host: on a GPU this waits for the forward.
-        model.forward(&prompt, &mut cache, false)?.to_vec()?;
-        pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        {
+            let model = shared.read();
+            let mut cache = model.new_cache(a.prompt_tokens)?;
+            let t = Instant::now();
+            // The last row's logits copied to the host: on a GPU this waits for the forward.
+            model.forward(&prompt, &mut cache, false)?.to_vec()?;
+            pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
+        }
         let c0 = device.counters();
-        let (_, stats) = generate(&model, &prompt[..1], &params, a.gen_tokens, &[], |_| {})?;
+        let (_, stats) = generate(&shared, tok.clone(), &prompt[..1], &params, |_| {})?;
         tg.push(stats.decode_tokens_per_s());
         if let (Some(sum), Some(c0), Some(c1)) = (decode_counters.as_mut(), c0, device.counters()) {
             *sum = *sum + (c1 - c0);
