@@ -16,6 +16,7 @@ use cudarc::cublas::CudaBlas;
 use cudarc::driver::{CudaContext, CudaFunction, CudaModule, CudaSlice, CudaStream, DeviceRepr, ValidAsZeroBits};
 use std::collections::HashMap;
 use std::fmt;
+use std::mem::ManuallyDrop;
 use std::ops::Range;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -27,7 +28,7 @@ pub(super) fn cuda_err(e: impl fmt::Debug) -> KernelError {
 
 /// The element types of device buffers (the kernels' pointer parameters; the emulated
 /// device checks each pointer argument's type against the kernel's signature).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[cfg_attr(not(feature = "cuda-emu"), allow(dead_code))]
 pub(super) enum ElemKind {
     F32,
@@ -99,10 +100,60 @@ pub(super) fn w<T: Elem>(b: &mut DevBuf<T>) -> Arg<'_> {
     T::write(b)
 }
 
-/// A device buffer of `len` values of `T` (the allocation has at least one element).
+/// A device buffer of `len` values of `T` (the allocation has at least one element). Dropped,
+/// it goes back to its runtime's [`Pool`] for reuse.
 pub struct DevBuf<T: Elem> {
-    pub(super) inner: BufInner<T>,
+    pub(super) inner: ManuallyDrop<BufInner<T>>,
     len: usize,
+    pool: Option<Arc<Pool>>,
+}
+
+impl<T: Elem> Drop for DevBuf<T> {
+    fn drop(&mut self) {
+        // SAFETY: `inner` is taken once, here, and never used again.
+        let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
+        if let Some(pool) = &self.pool {
+            pool.give(inner, self.len);
+        }
+    }
+}
+
+/// The workspace: a caching allocator (as PyTorch's) of freed buffers by element type and
+/// exact length, so a step that repeats the previous step's shapes (every decode step at a
+/// batch size, every learner batch of a shape) allocates nothing after the first. At most
+/// [`Pool::cap`] bytes are kept (beyond it a freed buffer is freed); the backend runs one
+/// stream, so a buffer freed while queued kernels still read it is only rewritten by work
+/// queued after them.
+pub(super) struct Pool {
+    free: Mutex<HashMap<(ElemKind, usize), Vec<FreeBuf>>>,
+    bytes: AtomicU64,
+    cap: u64,
+}
+
+/// A freed `BufInner<T>` (its `T` is the key's element kind).
+type FreeBuf = Box<dyn std::any::Any + Send>;
+
+impl Pool {
+    fn new(cap: u64) -> Self {
+        Self { free: Mutex::new(HashMap::new()), bytes: AtomicU64::new(0), cap }
+    }
+
+    fn take<T: Elem>(&self, n: usize) -> Option<BufInner<T>> {
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        let b = free.get_mut(&(T::KIND, n))?.pop()?;
+        self.bytes.fetch_sub((n.max(1) * std::mem::size_of::<T>()) as u64, Ordering::Relaxed);
+        Some(*b.downcast::<BufInner<T>>().expect("the key names the element type"))
+    }
+
+    fn give<T: Elem>(&self, inner: BufInner<T>, n: usize) {
+        let size = (n.max(1) * std::mem::size_of::<T>()) as u64;
+        if self.bytes.fetch_add(size, Ordering::Relaxed) + size > self.cap {
+            self.bytes.fetch_sub(size, Ordering::Relaxed);
+            return; // dropped: freed
+        }
+        let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
+        free.entry((T::KIND, n)).or_default().push(Box::new(inner));
+    }
 }
 
 pub(super) enum BufInner<T: Elem> {
@@ -118,7 +169,7 @@ impl<T: Elem> DevBuf<T> {
     }
 
     fn driver(&self) -> &CudaSlice<T> {
-        match &self.inner {
+        match &*self.inner {
             BufInner::Driver(s) => s,
             #[cfg(feature = "cuda-emu")]
             BufInner::Emu(_) => unreachable!("an emulated buffer on the driver runtime"),
@@ -126,7 +177,7 @@ impl<T: Elem> DevBuf<T> {
     }
 
     fn driver_mut(&mut self) -> &mut CudaSlice<T> {
-        match &mut self.inner {
+        match &mut *self.inner {
             BufInner::Driver(s) => s,
             #[cfg(feature = "cuda-emu")]
             BufInner::Emu(_) => unreachable!("an emulated buffer on the driver runtime"),
@@ -137,12 +188,12 @@ impl<T: Elem> DevBuf<T> {
 impl<T: Elem> Clone for DevBuf<T> {
     /// A deep copy (cudarc's `CudaSlice::clone` copies on the device).
     fn clone(&self) -> Self {
-        let inner = match &self.inner {
+        let inner = match &*self.inner {
             BufInner::Driver(s) => BufInner::Driver(s.clone()),
             #[cfg(feature = "cuda-emu")]
             BufInner::Emu(b) => BufInner::Emu(b.deep_copy()),
         };
-        Self { inner, len: self.len }
+        Self { inner: ManuallyDrop::new(inner), len: self.len, pool: self.pool.clone() }
     }
 }
 
@@ -190,7 +241,11 @@ pub(super) enum Backend {
 pub(super) struct Runtime {
     pub(super) backend: Backend,
     counters: Counters,
+    pool: Arc<Pool>,
 }
+
+/// Bytes of freed buffers the workspace keeps ([`Pool`]).
+const WORKSPACE_CAP: u64 = 1 << 30;
 
 /// Running totals behind [`DeviceCounters`].
 #[derive(Default)]
@@ -258,10 +313,6 @@ impl Driver {
     }
 }
 
-fn wrap<T: Elem>(inner: BufInner<T>, len: usize) -> DevBuf<T> {
-    DevBuf { inner, len }
-}
-
 /// The error of a copy that does not fit its buffers.
 fn copy_err(what: &str, range: &Range<usize>, len: usize) -> KernelError {
     KernelError::Cuda(format!(
@@ -272,7 +323,22 @@ fn copy_err(what: &str, range: &Range<usize>, len: usize) -> KernelError {
 
 impl Runtime {
     pub(super) fn new(backend: Backend) -> Self {
-        Self { backend, counters: Counters::default() }
+        Self { backend, counters: Counters::default(), pool: Arc::new(Pool::new(WORKSPACE_CAP)) }
+    }
+
+    fn wrap<T: Elem>(&self, inner: BufInner<T>, len: usize) -> DevBuf<T> {
+        DevBuf { inner: ManuallyDrop::new(inner), len, pool: Some(self.pool.clone()) }
+    }
+
+    /// A freed buffer of `n` values from the workspace, or a new allocation (counted).
+    fn take_or<T: Elem>(&self, n: usize, new: impl FnOnce() -> Result<BufInner<T>>) -> Result<(DevBuf<T>, bool)> {
+        match self.pool.take::<T>(n) {
+            Some(inner) => Ok((self.wrap(inner, n), true)),
+            None => {
+                bump(&self.counters.allocations, 1);
+                Ok((self.wrap(new()?, n), false))
+            }
+        }
     }
 
     /// Whether this is the emulated device (a host thread per CUDA thread).
@@ -301,28 +367,45 @@ impl Runtime {
     /// allocation; the emulated device exactly `n`, so that any access to an empty buffer
     /// is a memcheck failure).
     pub(super) fn zeros<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
-        bump(&self.counters.allocations, 1);
         bump(&self.counters.zero_fills, 1);
-        match &self.backend {
-            Backend::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?), n)),
+        let (mut b, reused) = self.take_or(n, || match &self.backend {
+            Backend::Driver(d) => Ok(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?)),
             #[cfg(feature = "cuda-emu")]
-            Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n)), n)),
+            Backend::Emu(_) => Ok(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n))),
+        })?;
+        if reused {
+            match (&self.backend, &mut *b.inner) {
+                (Backend::Driver(d), BufInner::Driver(s)) => d.stream.memset_zeros(s).map_err(cuda_err)?,
+                #[cfg(feature = "cuda-emu")]
+                (Backend::Emu(_), BufInner::Emu(e)) => e.fill(0),
+                #[cfg(feature = "cuda-emu")]
+                _ => unreachable!("a buffer of another runtime"),
+            }
         }
+        Ok(b)
     }
 
     /// `n` values left as the allocator gives them, for an output a kernel writes in full
     /// (no zero fill). The emulated device fills them with `0xFF` bytes (NaN as f32 or f64,
     /// the largest index as u32): a kernel that reads an element it did not write gets NaN
     /// or an out-of-range index, which the tests see (compute-sanitizer's initcheck).
+    /// A buffer from the workspace is as its last user left it (on the emulated device
+    /// poisoned again).
     pub(super) fn alloc<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
-        bump(&self.counters.allocations, 1);
-        match &self.backend {
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut))]
+        let (mut b, reused) = self.take_or(n, || match &self.backend {
             // SAFETY: the buffer is only read after a kernel or copy has written it (the
             // callers' contract, checked on the emulated device by the poison fill).
-            Backend::Driver(d) => Ok(wrap(BufInner::Driver(unsafe { d.stream.alloc(n.max(1)) }.map_err(cuda_err)?), n)),
+            Backend::Driver(d) => Ok(BufInner::Driver(unsafe { d.stream.alloc(n.max(1)) }.map_err(cuda_err)?)),
             #[cfg(feature = "cuda-emu")]
-            Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::poisoned::<T>(n)), n)),
+            Backend::Emu(_) => Ok(BufInner::Emu(super::emu::EmuBuf::poisoned::<T>(n))),
+        })?;
+        #[cfg(feature = "cuda-emu")]
+        if let (true, BufInner::Emu(e)) = (reused, &mut *b.inner) {
+            e.fill(0xFF);
         }
+        let _ = reused;
+        Ok(b)
     }
 
     /// Host values as a new device buffer.
@@ -330,14 +413,23 @@ impl Runtime {
         if data.is_empty() {
             return self.zeros(0);
         }
-        bump(&self.counters.allocations, 1);
         bump(&self.counters.htod_copies, 1);
         bump(&self.counters.htod_bytes, std::mem::size_of_val(data) as u64);
-        match &self.backend {
-            Backend::Driver(d) => Ok(wrap(BufInner::Driver(d.stream.clone_htod(data).map_err(cuda_err)?), data.len())),
+        let (mut b, reused) = self.take_or(data.len(), || match &self.backend {
+            Backend::Driver(d) => Ok(BufInner::Driver(d.stream.clone_htod(data).map_err(cuda_err)?)),
             #[cfg(feature = "cuda-emu")]
-            Backend::Emu(_) => Ok(wrap(BufInner::Emu(super::emu::EmuBuf::from_host(data)), data.len())),
+            Backend::Emu(_) => Ok(BufInner::Emu(super::emu::EmuBuf::from_host(data))),
+        })?;
+        if reused {
+            match (&self.backend, &mut *b.inner) {
+                (Backend::Driver(d), BufInner::Driver(s)) => d.stream.memcpy_htod(data, s).map_err(cuda_err)?,
+                #[cfg(feature = "cuda-emu")]
+                (Backend::Emu(_), BufInner::Emu(e)) => e.write_host(data),
+                #[cfg(feature = "cuda-emu")]
+                _ => unreachable!("a buffer of another runtime"),
+            }
         }
+        Ok(b)
     }
 
     /// The buffer's `len` values on the host (waits for the stream).
@@ -345,7 +437,7 @@ impl Runtime {
         bump(&self.counters.dtoh_copies, 1);
         bump(&self.counters.dtoh_bytes, (b.len * std::mem::size_of::<T>()) as u64);
         bump(&self.counters.syncs, 1);
-        let mut v = match &b.inner {
+        let mut v = match &*b.inner {
             BufInner::Driver(s) => match &self.backend {
                 Backend::Driver(d) => d.stream.clone_dtoh(s).map_err(cuda_err)?,
                 #[cfg(feature = "cuda-emu")]
@@ -377,7 +469,7 @@ impl Runtime {
         if n == 0 {
             return Ok(());
         }
-        match (&self.backend, &src.inner, &mut dst.inner) {
+        match (&self.backend, &*src.inner, &mut *dst.inner) {
             (Backend::Driver(d), BufInner::Driver(s), BufInner::Driver(t)) => {
                 d.stream.memcpy_dtod(&s.slice(sr), &mut t.slice_mut(dr)).map_err(cuda_err)
             }

@@ -355,6 +355,12 @@ fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
             let got = (s.htod_copies, s.dtoh_copies, s.dtoh_bytes, s.syncs, s.zero_fills);
             assert_eq!(got, (9, 1, 12, 1, 0), "{layers} layers, a decode step: {s:?}");
         }
+        // The workspace: the second decode step repeats the first one's shapes, so every
+        // buffer comes from the previous step's (none allocated; the first decode step still
+        // allocates, its shapes new after the prefill).
+        for s in &steps[2..] {
+            assert_eq!(s.allocations, 0, "{layers} layers, a decode step after warm-up: {s:?}");
+        }
         per_depth.push(steps[3]);
     }
     assert_eq!(per_depth[0].htod_bytes, per_depth[1].htod_bytes, "the same bytes whatever the depth");

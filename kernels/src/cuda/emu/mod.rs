@@ -128,6 +128,20 @@ impl EmuBuf {
         b
     }
 
+    /// Every byte set to `byte` (a reused buffer: zeroed, or poisoned as
+    /// [`Self::poisoned`]).
+    pub(super) fn fill(&mut self, byte: u8) {
+        // SAFETY: the data region is writable and `bytes` long.
+        unsafe { std::ptr::write_bytes(self.alloc.data, byte, self.alloc.bytes) };
+    }
+
+    /// The buffer's values from the host (`v` exactly its length).
+    pub(super) fn write_host<T: Elem>(&mut self, v: &[T]) {
+        assert_eq!(std::mem::size_of_val(v), self.alloc.bytes, "a write of the whole buffer");
+        // SAFETY: as `from_host`.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.alloc.data as *mut T, v.len()) };
+    }
+
     pub(super) fn to_host<T: Elem>(&self) -> Vec<T> {
         let n = self.alloc.bytes / std::mem::size_of::<T>();
         // SAFETY: as `from_host`.
@@ -299,7 +313,7 @@ fn buf_of<'a>(a: &'a Arg<'_>) -> Option<(ElemKind, &'a EmuBuf)> {
 }
 
 fn emu_buf<T: Elem>(b: &DevBuf<T>) -> &EmuBuf {
-    match &b.inner {
+    match &*b.inner {
         super::runtime::BufInner::Emu(e) => e,
         super::runtime::BufInner::Driver(_) => unreachable!("a driver buffer on the emulated device"),
     }
