@@ -2,9 +2,14 @@
 //! feedback, jobs, tokenize, detokenize and checkpoints — valid templates with fields set to
 //! wrong types, huge or negative numbers, special-token strings, nested junk, unknown keys,
 //! and raw corruptions (truncation, invalid UTF-8, NaN/Infinity spellings) — then fixed
-//! extremes (a 10 MB body, 100 000 levels of nesting). Every answer is 2xx or a 4xx OpenAI
-//! envelope, never 5xx, and the server keeps answering. `RLSERVE_FUZZ_CASES` sets the number
-//! of cases (default 1000, seeded, so a CI run is reproducible).
+//! extremes (a 10 MB body, 100 000 levels of nesting). The request's headers are fuzzed too:
+//! `Content-Type` (JSON with and without parameters, `text/plain`, form, none, junk), `Host`
+//! (the server's own, `localhost`, a rebinding name, empty) and `Origin` (none, the server's
+//! own, foreign, `null`); paths and sizes come through the values (`/`, `../x`, `/dev/zero`,
+//! huge counts). Every answer is 2xx or a 4xx OpenAI envelope, never 5xx; a request a
+//! browser could send cross-site (not JSON, a foreign `Origin` or `Host`) is never 2xx; and
+//! the server keeps answering. `RLSERVE_FUZZ_CASES` sets the number of cases (default 1000,
+//! seeded, so a CI run is reproducible).
 
 use proptest::prelude::*;
 use proptest::test_runner::{Config, RngAlgorithm, TestCaseError, TestRng, TestRunner};
@@ -41,6 +46,8 @@ fn text() -> BoxedStrategy<String> {
             "text",
             "../x",
             "/",
+            "/dev/zero",
+            "/etc/passwd",
             "\u{0}",
         ])
         .prop_map(String::from),
@@ -179,8 +186,48 @@ fn damage() -> BoxedStrategy<Damage> {
     .boxed()
 }
 
-/// One case: the endpoint, `(field index, new value or removal)` edits, and the damage.
-type Case = (usize, Vec<(usize, Option<Value>)>, Damage);
+/// The request's `Content-Type`, `Host` and `Origin` (`None`: not sent; `Host` `None`: the
+/// server's address as reqwest sends it; `"SELF"`: the server's own origin).
+#[derive(Debug, Clone)]
+struct Headers {
+    content_type: Option<&'static str>,
+    host: Option<&'static str>,
+    origin: Option<&'static str>,
+}
+
+impl Headers {
+    /// Whether the server must refuse it (403 or 415) on every route it fuzzes: a body that is
+    /// not JSON, a foreign `Origin`, or a `Host` that is not the server's.
+    fn hostile(&self) -> bool {
+        let json = self.content_type.is_some_and(|c| c.starts_with("application/json"));
+        let host_ok = self.host.is_none_or(|h| h == "localhost");
+        let origin_ok = self.origin.is_none_or(|o| o == "SELF");
+        !(json && host_ok && origin_ok)
+    }
+}
+
+fn headers() -> BoxedStrategy<Headers> {
+    let ct = prop::sample::select(vec![
+        Some("application/json"),
+        Some("application/json; charset=utf-8"),
+        Some("text/plain"),
+        Some("application/x-www-form-urlencoded"),
+        Some("multipart/form-data; boundary=x"),
+        Some("application/jsonx"),
+        None,
+    ]);
+    let host = prop::sample::select(vec![None, Some("localhost"), Some("rebind.example"), Some("")]);
+    let origin = prop::sample::select(vec![None, Some("SELF"), Some("http://evil.example"), Some("null")]);
+    prop_oneof![
+        8 => Just(Headers { content_type: Some("application/json"), host: None, origin: None }),
+        2 => (ct, host, origin).prop_map(|(content_type, host, origin)| Headers { content_type, host, origin }),
+    ]
+    .boxed()
+}
+
+/// One case: the endpoint, `(field index, new value or removal)` edits, the damage and the
+/// headers.
+type Case = (usize, Vec<(usize, Option<Value>)>, Damage, Headers);
 
 fn body(template: &Value, fields: &[&str], edits: &[(usize, Option<Value>)], damage: &Damage) -> Vec<u8> {
     let mut v = template.clone();
@@ -211,18 +258,29 @@ fn body(template: &Value, fields: &[&str], edits: &[(usize, Option<Value>)], dam
     bytes
 }
 
-/// Sends `bytes` to `path`; `Err` unless the answer is 2xx or a well-formed 4xx envelope.
-async fn check(c: &reqwest::Client, base: &str, path: &str, bytes: Vec<u8>) -> Result<u16, String> {
-    let shown = String::from_utf8_lossy(&bytes[..bytes.len().min(300)]).into_owned();
-    let r = c
-        .post(format!("{base}{path}"))
-        .header("content-type", "application/json")
-        .body(bytes)
-        .send()
-        .await
-        .map_err(|e| format!("{path} {shown}: no answer: {e}"))?;
+/// The JSON headers every fixed request sends.
+const JSON: Headers = Headers { content_type: Some("application/json"), host: None, origin: None };
+
+/// Sends `bytes` to `path` with `h`; `Err` unless the answer is 2xx or a well-formed 4xx
+/// envelope, and unless a hostile request ([`Headers::hostile`]) is refused.
+async fn check(c: &reqwest::Client, base: &str, path: &str, bytes: Vec<u8>, h: &Headers) -> Result<u16, String> {
+    let shown = format!("{h:?} {}", String::from_utf8_lossy(&bytes[..bytes.len().min(300)]));
+    let mut req = c.post(format!("{base}{path}")).body(bytes);
+    if let Some(ct) = h.content_type {
+        req = req.header("content-type", ct);
+    }
+    if let Some(host) = h.host {
+        req = req.header("host", host);
+    }
+    if let Some(o) = h.origin {
+        req = req.header("origin", if o == "SELF" { base } else { o });
+    }
+    let r = req.send().await.map_err(|e| format!("{path} {shown}: no answer: {e}"))?;
     let status = r.status().as_u16();
     let text = r.text().await.map_err(|e| format!("{path} {shown}: body cut: {e}"))?;
+    if h.hostile() && !matches!(status, 403 | 415) {
+        return Err(format!("{path} {shown}: a cross-site request answered {status}: {text}"));
+    }
     match status {
         200..=299 => Ok(status),
         400..=499 => {
@@ -255,12 +313,12 @@ fn fuzzed_requests_get_2xx_or_a_4xx_envelope_and_the_server_stays_up() {
     let config = Config { cases, failure_persistence: None, max_shrink_iters: 200, ..Config::default() };
     let mut runner = TestRunner::new_with_rng(config, TestRng::deterministic_rng(RngAlgorithm::ChaCha));
     let edits = prop::collection::vec((any::<usize>(), prop::option::weighted(0.85, json_value())), 0..4);
-    let strategy = (0..eps.len(), edits, damage());
+    let strategy = (0..eps.len(), edits, damage(), headers());
     let statuses = std::sync::Mutex::new(std::collections::BTreeMap::<u16, usize>::new());
-    let result = runner.run(&strategy, |(e, edits, damage): Case| {
+    let result = runner.run(&strategy, |(e, edits, damage, headers): Case| {
         let (path, template, fields) = &eps[e];
         let bytes = body(template, fields, &edits, &damage);
-        let status = rt.block_on(check(&c, &base, path, bytes)).map_err(TestCaseError::fail)?;
+        let status = rt.block_on(check(&c, &base, path, bytes, &headers)).map_err(TestCaseError::fail)?;
         *statuses.lock().unwrap().entry(status).or_default() += 1;
         Ok(())
     });
@@ -269,7 +327,10 @@ fn fuzzed_requests_get_2xx_or_a_4xx_envelope_and_the_server_stays_up() {
     }
     let statuses = statuses.into_inner().unwrap();
     eprintln!("fuzzer: {cases} cases, statuses {statuses:?}");
-    assert!(statuses.keys().any(|s| (200..300).contains(s)) && statuses.contains_key(&400), "{statuses:?}");
+    assert!(
+        statuses.keys().any(|s| (200..300).contains(s)) && [400, 403, 415].iter().all(|s| statuses.contains_key(s)),
+        "{statuses:?}"
+    );
 
     // Fixed extremes: 10 MB, deep nesting, invalid UTF-8, non-finite numbers, no JSON at all.
     let big = format!("{{\"prompt\": \"{}\"}}", "a".repeat(10 << 20));
@@ -287,12 +348,12 @@ fn fuzzed_requests_get_2xx_or_a_4xx_envelope_and_the_server_stays_up() {
         ("/v1/rollouts", b"null".to_vec(), 400),
     ];
     for (path, bytes, want) in extremes {
-        let got = rt.block_on(check(&c, &base, path, bytes)).unwrap();
+        let got = rt.block_on(check(&c, &base, path, bytes, &JSON)).unwrap();
         assert_eq!(got, want, "{path}");
     }
     let health = rt.block_on(async { c.get(format!("{base}/health")).send().await.unwrap().status() });
     assert_eq!(health, 200);
-    let ok = rt.block_on(check(&c, &base, "/v1/completions", br#"{"prompt": "ab", "max_tokens": 2}"#.to_vec()));
+    let ok = rt.block_on(check(&c, &base, "/v1/completions", br#"{"prompt": "ab", "max_tokens": 2}"#.to_vec(), &JSON));
     assert_eq!(ok, Ok(200));
     rt.block_on(s.shutdown(Duration::from_secs(5)));
 }

@@ -723,3 +723,42 @@ async fn a_second_job_gets_409_while_one_runs() {
     assert_eq!(list["data"].as_array().unwrap().len(), 2, "{list}");
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// A rated answer that ended at a stop string trains on the tokens the policy generated,
+/// through the token that completed the stop string, as vLLM returns `token_ids` and TRL and
+/// verl train on them: the stop is the policy's end-of-answer action, like EOS, and cutting
+/// it would teach the model answers that never end. The user rated the text without it (the
+/// API's text), and the sample is marked `finish_reason: "stop"`, so it is never treated as
+/// truncated. Checked on the default model: the same seeded request without and with a stop
+/// string taken from its own text.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rating_of_an_answer_cut_at_a_stop_string_trains_the_tokens_generated() {
+    let log = temp_dir("rl-feedback-stop-log");
+    let (s, base) = start_server(tests::default_model(), feedback_args(&log, 4)).await;
+    let body = json!({"prompt": "My three favourite fruits are", "max_tokens": 16, "seed": 9, "temperature": 1.0,
+                      "return_token_ids": true});
+    let (_, full) = post(&base, "/v1/completions", body.clone()).await;
+    let text = full["choices"][0]["text"].as_str().unwrap().to_string();
+    // A word from the middle of the answer.
+    let stop = text.split_whitespace().nth(2).unwrap_or_else(|| panic!("a longer answer: {text:?}")).to_string();
+    let mut with_stop = body.clone();
+    with_stop["stop"] = json!([stop]);
+    let (_, cut) = post(&base, "/v1/completions", with_stop).await;
+    let choice = &cut["choices"][0];
+    assert_eq!(choice["finish_reason"], "stop", "{cut}");
+    let shown = choice["text"].as_str().unwrap();
+    assert_eq!(shown, &text[..text.find(&stop).unwrap()], "the text ends before the stop string");
+    let ids: Vec<u64> = serde_json::from_value(choice["token_ids"].clone()).unwrap();
+    let all: Vec<u64> = serde_json::from_value(full["choices"][0]["token_ids"].clone()).unwrap();
+    assert_eq!(ids[..], all[..ids.len()], "the same draws up to the stop");
+    let (_, decoded) = post(&base, "/detokenize", json!({"tokens": ids})).await;
+    assert!(decoded["prompt"].as_str().unwrap().contains(&stop), "the tokens hold the stop string: {decoded}");
+    let (st, out) = post(&base, "/v1/feedback", json!({"id": cut["id"], "choice": 0, "reward": 1.0})).await;
+    assert_eq!(st, 200, "{out}");
+    s.shutdown(Duration::from_secs(5)).await;
+    let line: Value =
+        serde_json::from_str(std::fs::read_to_string(log.join("feedback.jsonl")).unwrap().trim()).unwrap();
+    let sample = &line["choices"][0];
+    assert_eq!(sample["completion_ids"], json!(ids), "the trained tokens are the ones generated: {line}");
+    assert_eq!(sample["finish_reason"], "stop");
+}
