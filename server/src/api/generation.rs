@@ -7,6 +7,7 @@ use super::protocol::Usage;
 use super::{AppState, InFlight};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use engine::outputs::EngineFault;
+use engine::sampling::MAX_LOGIT_BIAS;
 use engine::{RequestStream, SamplingParams, SeqOutput};
 use futures_util::stream::{self, BoxStream, Stream, StreamExt};
 use serde_json::{json, Value};
@@ -28,13 +29,25 @@ pub fn sampling_params(
         .iter()
         .flatten()
         .map(|(k, &v)| match k.trim().parse::<u32>() {
-            Ok(id) => Ok((id, v)),
+            Ok(id) => Ok((id, v.clamp(-MAX_LOGIT_BIAS, MAX_LOGIT_BIAS))),
             Err(_) => Err(ApiError::bad(
                 format!("`logit_bias` keys must be token ids (non-negative integers), got {k:?}"),
                 Some("logit_bias"),
             )),
         })
         .collect::<Result<Vec<_>, _>>()?;
+    if f.stream_options.is_some() && !f.stream() {
+        return Err(ApiError::bad("`stream_options` can only be set when `stream` is true", Some("stream_options")));
+    }
+    if f.prompt_logprobs.is_some() && f.stream() {
+        return Err(ApiError::bad("`prompt_logprobs` is not available when `stream` is true", Some("prompt_logprobs")));
+    }
+    let seed = match f.seed {
+        None | Some(-1) => None,
+        Some(s) => Some(u64::try_from(s).map_err(|_| {
+            ApiError::bad(format!("`seed` must be in [0, 2^64) or -1 (random), got {s}"), Some("seed"))
+        })?),
+    };
     Ok(SamplingParams {
         n: f.n.unwrap_or(1),
         temperature: f.temperature.unwrap_or(d.temperature),
@@ -44,7 +57,7 @@ pub fn sampling_params(
         repetition_penalty: f.repetition_penalty.unwrap_or(d.repetition_penalty),
         presence_penalty: f.presence_penalty.unwrap_or(d.presence_penalty),
         frequency_penalty: f.frequency_penalty.unwrap_or(d.frequency_penalty),
-        seed: f.seed,
+        seed,
         max_tokens,
         min_tokens: f.min_tokens.unwrap_or(0),
         stop: f.stop.clone().map(|s| s.into_vec()).unwrap_or_default(),

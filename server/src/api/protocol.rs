@@ -55,15 +55,16 @@ pub struct SamplingFields {
     pub repetition_penalty: Option<f32>,
     pub presence_penalty: Option<f32>,
     pub frequency_penalty: Option<f32>,
-    pub seed: Option<u64>,
+    /// A seed in `[0, 2⁶⁴)`, or −1 for a random one (vLLM).
+    pub seed: Option<i128>,
     pub stop: Option<Stop>,
     pub stop_token_ids: Option<Vec<u32>>,
     pub min_tokens: Option<usize>,
     pub ignore_eos: Option<bool>,
     pub skip_special_tokens: Option<bool>,
     pub prompt_logprobs: Option<usize>,
-    /// OpenAI `logit_bias`: token id (as a string key) → bias in [-100, 100], added to the
-    /// logits before penalties and temperature.
+    /// OpenAI `logit_bias`: token id (as a string key) → bias, clamped to [-100, 100] (as
+    /// vLLM and OpenAI), added to the logits before penalties and temperature.
     pub logit_bias: Option<BTreeMap<String, f64>>,
     pub stream: Option<bool>,
     pub stream_options: Option<StreamOptions>,
@@ -84,9 +85,10 @@ impl SamplingFields {
         self.return_token_ids.unwrap_or(false)
     }
 
-    /// Whether a streamed response ends with a usage chunk.
+    /// Whether a streamed response ends with a usage chunk: `stream_options.include_usage`,
+    /// true when `stream_options` is given without it (vLLM's default).
     pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().and_then(|o| o.include_usage).unwrap_or(false)
+        self.stream_options.as_ref().is_some_and(|o| o.include_usage.unwrap_or(true))
     }
 }
 
