@@ -297,3 +297,33 @@ async fn stream_options_default_to_usage_and_seed_minus_one_is_random() {
     assert_eq!(st, 200, "{out}");
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// `echo` with `logprobs` scores the prompt as vLLM does (lm-eval's `local-completions`
+/// reads `token_logprobs[ctxlen:]`): the prompt's tokens come first in `logprobs`, the
+/// first with `null`, each other with its raw log-probability given the tokens before it
+/// (the `prompt_logprobs` of the same prompt), then the generated token; offsets from 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn echo_with_logprobs_scores_the_prompt() {
+    let (s, base) = start(tiny_dir("tiny-echo"), args("tiny-echo")).await;
+    let prompt = json!([40, 41, 42, 43, 44]);
+    let body = json!({"prompt": prompt, "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0});
+    let (st, out) = post(&base, "/v1/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    let lp = &out["choices"][0]["logprobs"];
+    let got = lp["token_logprobs"].as_array().unwrap();
+    assert_eq!(got.len(), 6, "5 prompt tokens and 1 generated: {lp}");
+    assert!(got[0].is_null() && lp["top_logprobs"][0].is_null(), "{lp}");
+    assert_eq!(lp["tokens"].as_array().unwrap()[..5], json!(["I", "J", "K", "L", "M"]).as_array().unwrap()[..]);
+    assert_eq!(lp["text_offset"].as_array().unwrap()[..3], json!([0, 1, 2]).as_array().unwrap()[..]);
+    let (_, pl) =
+        post(&base, "/v1/completions", json!({"prompt": prompt, "max_tokens": 1, "prompt_logprobs": 0})).await;
+    for i in 1..5 {
+        let want = &pl["choices"][0]["prompt_logprobs"][i][(40 + i).to_string()]["logprob"];
+        assert_eq!(&got[i], want, "prompt token {i}");
+    }
+    assert!(got[5].as_f64().unwrap() < 0.0);
+    // Without echo, only the generated token.
+    let (_, plain) = post(&base, "/v1/completions", json!({"prompt": prompt, "max_tokens": 1, "logprobs": 1})).await;
+    assert_eq!(plain["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().len(), 1);
+    s.shutdown(Duration::from_secs(5)).await;
+}

@@ -7,6 +7,7 @@ use super::protocol::{CompletionRequest, Prompt, Usage};
 use super::AppState;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use engine::outputs::PromptLogprob;
 use engine::{FinishReason, StopReason, TokenOutput, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
@@ -18,8 +19,26 @@ pub const DEFAULT_MAX_TOKENS: usize = 16;
 
 /// The legacy completions `logprobs` object for `tokens`, starting at text offset `offset`.
 fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput], offset: &mut usize) -> Value {
+    logprobs_json_echo(tok, &[], tokens, offset)
+}
+
+/// [`logprobs_json`] preceded by the echoed prompt's entries (vLLM's `echo` with
+/// `logprobs`, what lm-eval's `local-completions` scores with): each prompt token with its
+/// raw log-probability given the tokens before it (`null` for the first) and its top
+/// entries, offsets from the start of the echoed text.
+fn logprobs_json_echo(tok: &Tokenizer, prompt: &[PromptLogprob], tokens: &[TokenOutput], offset: &mut usize) -> Value {
     let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
     let mut out = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
+    for p in prompt {
+        let s = text(p.token_id);
+        out["text_offset"].as_array_mut().unwrap().push(json!(*offset));
+        *offset += s.len();
+        out["tokens"].as_array_mut().unwrap().push(json!(s));
+        out["token_logprobs"].as_array_mut().unwrap().push(json!(p.logprob));
+        let top =
+            p.logprob.map(|_| Value::Object(p.top_logprobs.iter().map(|(id, lp)| (text(*id), json!(lp))).collect()));
+        out["top_logprobs"].as_array_mut().unwrap().push(top.unwrap_or(Value::Null));
+    }
     for t in tokens {
         let s = text(t.token_id);
         out["text_offset"].as_array_mut().unwrap().push(json!(*offset));
@@ -58,7 +77,11 @@ pub async fn completions(
 ) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
     let ps = prompts(&state, req.prompt.clone(), req.add_special_tokens.unwrap_or(true))?;
-    let params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), req.logprobs)?;
+    let mut params = sampling_params(&req.sampling, Some(req.max_tokens.unwrap_or(DEFAULT_MAX_TOKENS)), req.logprobs)?;
+    // `echo` with `logprobs` scores the prompt too (vLLM): its log-probabilities come first.
+    if echo_logprobs(&req) {
+        params.prompt_logprobs = params.prompt_logprobs.or(req.logprobs);
+    }
     super::check_seqs(ps.len(), params.n, "prompt", "n")?;
     let echo: Vec<String> = if req.echo.unwrap_or(false) {
         ps.iter().map(|p| state.tokenizer.decode(p, false).unwrap_or_default()).collect()
@@ -72,6 +95,12 @@ pub async fn completions(
         return Ok(stream(state, req, gen, id, created, echo).into_response());
     }
     collect(state, req, gen, id, created, echo, ps).await.map(IntoResponse::into_response)
+}
+
+/// Whether the response's `logprobs` cover the echoed prompt (`echo` and `logprobs`, not
+/// streamed: a stream echoes the prompt's text only).
+fn echo_logprobs(req: &CompletionRequest) -> bool {
+    req.echo.unwrap_or(false) && req.logprobs.is_some() && !req.sampling.stream()
 }
 
 #[derive(Default)]
@@ -111,11 +140,20 @@ async fn collect(
         .into_iter()
         .map(|(idx, (prompt, c))| {
             let mut text = echo.get(prompt).cloned().unwrap_or_default();
-            let mut offset = text.len();
+            let scored = match (&c.prompt_logprobs, echo_logprobs(&req)) {
+                (Some(pl), true) => pl.as_slice(),
+                _ => &[],
+            };
+            // With the prompt's entries, offsets count from the echoed text's start.
+            let mut offset = if scored.is_empty() { text.len() } else { 0 };
             text.push_str(&c.text);
+            let logprobs = match req.logprobs {
+                Some(_) => logprobs_json_echo(&state.tokenizer, scored, &c.tokens, &mut offset),
+                None => Value::Null,
+            };
             let mut v = json!({
                 "index": idx, "text": text, "finish_reason": finish_json(c.finish), "stop_reason": stop_json(&c.stop),
-                "logprobs": if req.logprobs.is_some() { logprobs_json(&state.tokenizer, &c.tokens, &mut offset) } else { Value::Null },
+                "logprobs": logprobs,
             });
             if let Some(pl) = &c.prompt_logprobs {
                 // vLLM's shape: one entry per prompt token, null for the first.
