@@ -14,6 +14,10 @@ pub enum LearnerError {
     /// A batch the chosen loss cannot train on (missing μ, reward or pairs).
     #[error("{0}")]
     Batch(String),
+    /// A gradient that names no trainable weight, or has another shape than its weight: a
+    /// bug in a loss or backward, never skipped silently.
+    #[error("{0}")]
+    Gradient(String),
     /// A checkpoint folder or file is missing or malformed.
     #[error("{path}: {msg}")]
     Checkpoint { path: PathBuf, msg: String },

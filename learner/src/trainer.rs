@@ -563,6 +563,7 @@ impl Trainer {
         let decay = AdamW::decay(&scale, cfg);
         let laid = {
             let m = model.read();
+            check_gradients(&m, self.value_head.as_ref(), grads)?;
             let mut steps = Steps {
                 opt: &mut self.optimizer,
                 grads,
@@ -660,5 +661,74 @@ pub(crate) fn mean_stats(all: &[LossStats]) -> LossStats {
         ratio_mean: avg(|s| s.ratio_mean),
         ratio_max: all.iter().map(|s| s.ratio_max).fold(0.0, f64::max),
         tokens: all.iter().map(|s| s.tokens).max().unwrap_or(0),
+    }
+}
+
+/// Every gradient is one of the model's weights ([`Model::weight_shapes`], the names and
+/// shapes the update lays out) or, with one, the value head's, with that weight's shape.
+///
+/// Errors: [`LearnerError::Gradient`] naming the gradient and what was expected.
+fn check_gradients(model: &Model, head: Option<&ValueHead>, grads: &Grads) -> Result<()> {
+    let mut known: BTreeMap<String, Vec<usize>> = model.weight_shapes().into_iter().collect();
+    if let Some(h) = head {
+        known.extend(h.named().map(|(n, t)| (n, t.shape().to_vec())));
+    }
+    for (name, g) in &grads.tensors {
+        match known.get(name) {
+            Some(shape) if shape.as_slice() == g.shape() => {}
+            Some(shape) => {
+                return Err(LearnerError::Gradient(format!(
+                    "the gradient of `{name}` has shape {:?}, the weight {shape:?}",
+                    g.shape()
+                )))
+            }
+            None => {
+                return Err(LearnerError::Gradient(format!(
+                    "a gradient for `{name}`, which is not a weight of this {:?} model{}",
+                    model.config.architecture,
+                    if head.is_some() { " or of its value head" } else { "" }
+                )))
+            }
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kernels::{Device, Tensor};
+
+    /// A gradient with a name the model does not have, or with another shape than its weight,
+    /// fails the update naming it (it used to be skipped: a zero step); the model's own
+    /// gradients step it.
+    #[test]
+    fn unknown_or_misshapen_gradients_are_errors() {
+        let config = engine::ModelConfig::from_json(
+            r#"{"architectures": ["Qwen3ForCausalLM"], "hidden_size": 8, "intermediate_size": 12,
+                "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 1, "head_dim": 4,
+                "vocab_size": 16, "tie_word_embeddings": true}"#,
+            "config.json".as_ref(),
+        )
+        .unwrap();
+        let model =
+            Model::from_source(config, &|_, shape| Ok(Tensor::zeros(shape, &Device::Cpu)?), &Device::Cpu).unwrap();
+        let mut trainer = Trainer::new(&model, TrainConfig::default()).unwrap();
+        let shared = SharedModel::new(model);
+        let update = |trainer: &mut Trainer, name: &str, shape: &[usize]| {
+            let mut g = Grads::default();
+            g.add(name, Tensor::from_vec(vec![0.5; shape.iter().product()], shape).unwrap()).unwrap();
+            trainer.update(&shared, &g).map(|u| u.version).map_err(|e| e.to_string())
+        };
+        let q_norm = "model.layers.0.self_attn.q_norm.weight";
+        assert_eq!(update(&mut trainer, q_norm, &[4]), Ok(1));
+        let e = update(&mut trainer, q_norm, &[8]).unwrap_err();
+        assert_eq!(e, "the gradient of `model.layers.0.self_attn.q_norm.weight` has shape [8], the weight [4]");
+        let e = update(&mut trainer, "model.layers.0.self_attn.q_proj.bias", &[8]).unwrap_err();
+        assert_eq!(
+            e,
+            "a gradient for `model.layers.0.self_attn.q_proj.bias`, which is not a weight of this Qwen3 model"
+        );
+        assert_eq!(shared.version(), 1, "a refused update changes nothing");
     }
 }
