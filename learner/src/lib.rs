@@ -24,6 +24,7 @@ pub use error::{LearnerError, Result};
 pub use grads::Grads;
 pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
+use engine::model::{param_name, ParamKind};
 use engine::Model;
 use kernels::{ops, Tensor};
 use layout::Layout;
@@ -251,10 +252,10 @@ impl SeqForward {
         if let Some(dh) = g.dl_dhidden {
             ops::add_inplace(&mut d_normed, dh)?;
         }
-        let head_name = if c.tie_word_embeddings { "model.embed_tokens.weight" } else { "lm_head.weight" };
-        grads.add(head_name, ops::linear_grad_weight(&dz, &self.normed)?)?;
+        let head = if c.tie_word_embeddings { ParamKind::Embed } else { ParamKind::LmHead };
+        grads.add(&param_name(None, head), ops::linear_grad_weight(&dz, &self.normed)?)?;
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
-        grads.add("model.norm.weight", dnorm)?;
+        grads.add(&param_name(None, ParamKind::FinalNorm), dnorm)?;
         // Add the completion-row gradients to their rows (a shared prompt's last row predicts
         // the first token of each of its samples).
         let mut dx = Tensor::zeros(&[t, h], model.device())?;
@@ -271,50 +272,52 @@ impl SeqForward {
                     &recomputed
                 }
             };
-            let p = format!("model.layers.{l}.");
+            // Gradients by the parameter table's names (engine::model::params).
+            let p = |kind: ParamKind| param_name(Some(l), kind);
             // MLP.
             let d_act = ops::linear_grad_input(&dx, &w.down_proj)?;
-            grads.add(&format!("{p}mlp.down_proj.weight"), ops::linear_grad_weight(&dx, &s.act)?)?;
+            grads.add(&p(ParamKind::DownProj), ops::linear_grad_weight(&dx, &s.act)?)?;
             let d_gu = ops::silu_mul_backward(&s.gu, &d_act)?;
             let [gate, up]: [Tensor; 2] =
                 ops::split_rows(&ops::linear_grad_weight(&d_gu, &s.n2)?, &[i_dim, i_dim])?.try_into().expect("two");
-            grads.add(&format!("{p}mlp.gate_proj.weight"), gate)?;
-            grads.add(&format!("{p}mlp.up_proj.weight"), up)?;
+            grads.add(&p(ParamKind::GateProj), gate)?;
+            grads.add(&p(ParamKind::UpProj), up)?;
             let d_n2 = ops::linear_grad_input(&d_gu, &w.gate_up_proj)?;
             let (d_mid, dw_post) =
                 ops::rms_norm_backward(&s.x_mid, &w.post_attention_layernorm, &d_n2, c.rms_norm_eps)?;
-            grads.add(&format!("{p}post_attention_layernorm.weight"), dw_post)?;
+            grads.add(&p(ParamKind::PostNorm), dw_post)?;
             ops::add_inplace(&mut dx, &d_mid)?;
             // Attention, per sequence; then RoPE's inverse rotation.
             let d_a = ops::linear_grad_input(&dx, &w.o_proj)?;
-            grads.add(&format!("{p}self_attn.o_proj.weight"), ops::linear_grad_weight(&dx, &s.a)?)?;
+            grads.add(&p(ParamKind::OProj), ops::linear_grad_weight(&dx, &s.a)?)?;
             let (mut dq, mut dk, dv) = self.layout.attention_backward(&s.q, &s.k, &s.v, &d_a, heads(model))?;
             ops::rope_inplace(&mut dq, positions, cos, &neg_sin, c.head_dim)?;
             ops::rope_inplace(&mut dk, positions, cos, &neg_sin, c.head_dim)?;
             if let (Some((qn, kn)), Some((q_pre, k_pre))) = (&w.qk_norm, &s.qk_pre) {
                 // The per-head RMSNorm's backward, each head's D values a row.
                 let rows = |x: &Tensor| x.clone().reshape(&[x.len() / c.head_dim, c.head_dim]);
-                for (n, wn, pre, d) in [("q", qn, q_pre, &mut dq), ("k", kn, k_pre, &mut dk)] {
+                for (n, wn, pre, d) in [(ParamKind::QNorm, qn, q_pre, &mut dq), (ParamKind::KNorm, kn, k_pre, &mut dk)]
+                {
                     let (dx, dw) = ops::rms_norm_backward(&rows(pre)?, wn, &rows(d)?, c.rms_norm_eps)?;
-                    grads.add(&format!("{p}self_attn.{n}_norm.weight"), dw)?;
+                    grads.add(&p(n), dw)?;
                     *d = dx.reshape(pre.shape())?;
                 }
             }
             let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
             let dw_qkv = ops::split_rows(&ops::linear_grad_weight(&dqkv, &s.n1)?, &[q_dim, kv_dim, kv_dim])?;
-            for (n, g) in ["q", "k", "v"].iter().zip(dw_qkv) {
-                grads.add(&format!("{p}self_attn.{n}_proj.weight"), g)?;
+            for (n, g) in [ParamKind::QProj, ParamKind::KProj, ParamKind::VProj].into_iter().zip(dw_qkv) {
+                grads.add(&p(n), g)?;
             }
             if c.qkv_bias {
                 let db = ops::split_cols(&ops::sum_rows(&dqkv)?, &[q_dim, kv_dim, kv_dim])?;
-                for (n, g) in ["q", "k", "v"].iter().zip(db) {
+                for (n, g) in [ParamKind::QBias, ParamKind::KBias, ParamKind::VBias].into_iter().zip(db) {
                     let len = g.len();
-                    grads.add(&format!("{p}self_attn.{n}_proj.bias"), g.reshape(&[len])?)?;
+                    grads.add(&p(n), g.reshape(&[len])?)?;
                 }
             }
             let d_n1 = ops::linear_grad_input(&dqkv, &w.qkv_proj)?;
             let (d_in, dw_in) = ops::rms_norm_backward(&s.x_in, &w.input_layernorm, &d_n1, c.rms_norm_eps)?;
-            grads.add(&format!("{p}input_layernorm.weight"), dw_in)?;
+            grads.add(&p(ParamKind::InputNorm), dw_in)?;
             ops::add_inplace(&mut dx, &d_in)?;
         }
         // Embedding: scatter-add rows (into the tied LM head's gradient when there is one),
@@ -325,7 +328,7 @@ impl SeqForward {
                 ops::scatter_rows(&mut dx, &at, &Tensor::zeros(&[at.len(), h], model.device())?)?;
             }
         }
-        grads.scatter_add_rows("model.embed_tokens.weight", &[c.vocab_size, h], &self.layout.inputs, &dx)?;
+        grads.scatter_add_rows(&param_name(None, ParamKind::Embed), &[c.vocab_size, h], &self.layout.inputs, &dx)?;
         Ok(())
     }
 }

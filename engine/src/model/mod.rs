@@ -7,12 +7,14 @@
 
 pub mod config;
 mod kv_cache;
+mod params;
 mod shared;
 mod update;
 mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
+pub use params::{param_name, Fused, Param, ParamKind};
 pub use shared::SharedModel;
 pub use update::{StepSource, WeightDelta};
 
@@ -93,53 +95,47 @@ impl Model {
         host: &dyn Fn(&str, &[usize]) -> Result<Tensor>,
         device: &Device,
     ) -> Result<Self> {
+        use ParamKind::*;
         let c = &config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let table = c.layer_params();
+        let shape = |kind: ParamKind| &table.iter().find(|(k, _)| *k == kind).expect("a row of the table").1;
         // Loaded on the host, fused, then moved to the device.
         let dev = |t: Tensor| -> Result<Tensor> { Ok(t.to_device(device)?) };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            let p = format!("model.layers.{l}.");
-            let a = format!("{p}self_attn.");
-            let qkv = [("q", q), ("k", kv), ("v", kv)];
-            let qkv_w =
-                qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.weight"), &[*r, h])).collect::<Result<Vec<_>>>()?;
+            let get = |kind: ParamKind| host(&param_name(Some(l), kind), shape(kind));
+            let gets = |kinds: &[ParamKind]| kinds.iter().map(|&k| get(k)).collect::<Result<Vec<_>>>();
+            let qkv_w = gets(&[QProj, KProj, VProj])?;
             let qkv_bias = if c.qkv_bias {
-                let b =
-                    qkv.iter().map(|(n, r)| host(&format!("{a}{n}_proj.bias"), &[*r])).collect::<Result<Vec<_>>>()?;
-                Some(dev(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?)?)
+                let b = gets(&[QBias, KBias, VBias])?;
+                let len = b.iter().map(|t| t.len()).sum::<usize>();
+                Some(dev(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[len])?)?)
             } else {
                 None
             };
-            let qk_norm = if c.qk_norm {
-                let norm = |n: &str| dev(host(&format!("{a}{n}_norm.weight"), &[c.head_dim])?);
-                Some((norm("q")?, norm("k")?))
-            } else {
-                None
-            };
-            let gate = host(&format!("{p}mlp.gate_proj.weight"), &[i, h])?;
-            let up = host(&format!("{p}mlp.up_proj.weight"), &[i, h])?;
+            let qk_norm = if c.qk_norm { Some((dev(get(QNorm)?)?, dev(get(KNorm)?)?)) } else { None };
+            let gate_up = gets(&[GateProj, UpProj])?;
             layers.push(LayerWeights {
-                input_layernorm: dev(host(&format!("{p}input_layernorm.weight"), &[h])?)?,
+                input_layernorm: dev(get(InputNorm)?)?,
                 qkv_proj: ops::pack_weight(&dev(ops::cat_rows(&qkv_w.iter().collect::<Vec<_>>())?)?)?,
                 qkv_bias,
                 qk_norm,
-                o_proj: ops::pack_weight(&dev(host(&format!("{a}o_proj.weight"), &[h, q])?)?)?,
-                post_attention_layernorm: dev(host(&format!("{p}post_attention_layernorm.weight"), &[h])?)?,
-                gate_up_proj: ops::pack_weight(&dev(ops::cat_rows(&[&gate, &up])?)?)?,
-                down_proj: ops::pack_weight(&dev(host(&format!("{p}mlp.down_proj.weight"), &[h, i])?)?)?,
+                o_proj: ops::pack_weight(&dev(get(OProj)?)?)?,
+                post_attention_layernorm: dev(get(PostNorm)?)?,
+                gate_up_proj: ops::pack_weight(&dev(ops::cat_rows(&gate_up.iter().collect::<Vec<_>>())?)?)?,
+                down_proj: ops::pack_weight(&dev(get(DownProj)?)?)?,
             });
         }
-        let get = |name: &str, shape: &[usize]| dev(host(name, shape)?);
-        let embed_tokens = get("model.embed_tokens.weight", &[c.vocab_size, h])?;
+        let h = c.hidden_size;
+        let get = |kind: ParamKind, shape: &[usize]| dev(host(kind.suffix(), shape)?);
+        let embed_tokens = get(Embed, &[c.vocab_size, h])?;
         // Some tied checkpoints still ship lm_head.weight; the tie wins, as in HF.
         let lm_head = if c.tie_word_embeddings {
             ops::pack_weight(&embed_tokens)?
         } else {
-            ops::pack_weight(&get("lm_head.weight", &[c.vocab_size, h])?)?
+            ops::pack_weight(&get(LmHead, &[c.vocab_size, h])?)?
         };
-        let norm = get("model.norm.weight", &[h])?;
+        let norm = get(FinalNorm, &[h])?;
         let (rope_cos, rope_sin) = rope_tables(c, device)?;
         Ok(Model {
             config,
@@ -203,81 +199,53 @@ impl Model {
     /// The HF name and shape of every weight [`Self::named_weights`] returns, without
     /// touching the weights (what a gradient of the whole model is keyed by).
     pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        let c = &self.config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-        let mut out = vec![
-            ("model.embed_tokens.weight".to_string(), vec![c.vocab_size, h]),
-            ("model.norm.weight".to_string(), vec![h]),
-        ];
-        if !c.tie_word_embeddings {
-            out.push(("lm_head.weight".into(), vec![c.vocab_size, h]));
-        }
-        for (l, w) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{l}.");
-            for (n, shape) in [
-                ("input_layernorm.weight", vec![h]),
-                ("post_attention_layernorm.weight", vec![h]),
-                ("self_attn.q_proj.weight", vec![q, h]),
-                ("self_attn.k_proj.weight", vec![kv, h]),
-                ("self_attn.v_proj.weight", vec![kv, h]),
-                ("self_attn.o_proj.weight", vec![h, q]),
-                ("mlp.gate_proj.weight", vec![i, h]),
-                ("mlp.up_proj.weight", vec![i, h]),
-                ("mlp.down_proj.weight", vec![h, i]),
-            ] {
-                out.push((format!("{p}{n}"), shape));
-            }
-            if w.qkv_bias.is_some() {
-                for (n, len) in [("q", q), ("k", kv), ("v", kv)] {
-                    out.push((format!("{p}self_attn.{n}_proj.bias"), vec![len]));
-                }
-            }
-            if w.qk_norm.is_some() {
-                for n in ["q", "k"] {
-                    out.push((format!("{p}self_attn.{n}_norm.weight"), vec![c.head_dim]));
-                }
-            }
-        }
-        out
+        self.config.params().into_iter().map(|p| (p.name(), p.shape)).collect()
     }
 
     /// Every weight under its HF name and shape (the fused and packed projections split
     /// back), on the model's device. With tied embeddings there is no `lm_head.weight`.
     pub fn named_weights(&self) -> Result<BTreeMap<String, Tensor>> {
+        use ParamKind::*;
         let c = &self.config;
-        let i = c.intermediate_size;
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let table = c.layer_params();
+        let rows = |kinds: &[ParamKind]| -> Vec<usize> {
+            kinds.iter().map(|k| table.iter().find(|(t, _)| t == k).map_or(0, |(_, s)| s[0])).collect()
+        };
         let mut out = BTreeMap::new();
-        out.insert("model.embed_tokens.weight".into(), self.embed_tokens.clone());
-        out.insert("model.norm.weight".into(), self.norm.clone());
+        out.insert(param_name(None, Embed), self.embed_tokens.clone());
+        out.insert(param_name(None, FinalNorm), self.norm.clone());
         if !c.tie_word_embeddings {
-            out.insert("lm_head.weight".into(), ops::unpack_weight(&self.lm_head)?);
+            out.insert(param_name(None, LmHead), ops::unpack_weight(&self.lm_head)?);
         }
         for (l, w) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{l}.");
-            out.insert(format!("{p}input_layernorm.weight"), w.input_layernorm.clone());
-            out.insert(format!("{p}post_attention_layernorm.weight"), w.post_attention_layernorm.clone());
-            let qkv = ops::split_rows(&ops::unpack_weight(&w.qkv_proj)?, &[q, kv, kv])?;
-            for (n, t) in ["q", "k", "v"].iter().zip(qkv) {
-                out.insert(format!("{p}self_attn.{n}_proj.weight"), t);
+            // The fused buffers split back into their row blocks (the table's `Fused`).
+            let qkv = ops::split_rows(&ops::unpack_weight(&w.qkv_proj)?, &rows(&[QProj, KProj, VProj]))?;
+            let gate_up = ops::split_rows(&ops::unpack_weight(&w.gate_up_proj)?, &rows(&[GateProj, UpProj]))?;
+            let bias = match &w.qkv_bias {
+                Some(b) => ops::split_cols(&b.clone().reshape(&[1, b.len()])?, &rows(&[QBias, KBias, VBias]))?,
+                None => vec![],
+            };
+            for (kind, shape) in &table {
+                let t = match (kind.fused(), kind) {
+                    (Fused::Qkv(j), _) => qkv[j].clone(),
+                    (Fused::GateUp(j), _) => gate_up[j].clone(),
+                    (Fused::QkvBias(j), _) => bias[j].clone(),
+                    (Fused::Own, InputNorm) => w.input_layernorm.clone(),
+                    (Fused::Own, PostNorm) => w.post_attention_layernorm.clone(),
+                    (Fused::Own, QNorm | KNorm) => {
+                        let (qn, kn) = w.qk_norm.as_ref().expect("the table lists q/k norms only when loaded");
+                        if *kind == QNorm {
+                            qn.clone()
+                        } else {
+                            kn.clone()
+                        }
+                    }
+                    (Fused::Own, OProj) => ops::unpack_weight(&w.o_proj)?,
+                    (Fused::Own, DownProj) => ops::unpack_weight(&w.down_proj)?,
+                    (Fused::Own, other) => unreachable!("{other:?} is not a layer weight"),
+                };
+                out.insert(param_name(Some(l), *kind), t.reshape(shape)?);
             }
-            if let Some(b) = &w.qkv_bias {
-                for (n, t) in ["q", "k", "v"].iter().zip(ops::split_cols(b, &[q, kv, kv])?) {
-                    let len = t.len();
-                    out.insert(format!("{p}self_attn.{n}_proj.bias"), t.reshape(&[len])?);
-                }
-            }
-            if let Some((qn, kn)) = &w.qk_norm {
-                out.insert(format!("{p}self_attn.q_norm.weight"), qn.clone());
-                out.insert(format!("{p}self_attn.k_norm.weight"), kn.clone());
-            }
-            out.insert(format!("{p}self_attn.o_proj.weight"), ops::unpack_weight(&w.o_proj)?);
-            let [g, u]: [Tensor; 2] =
-                ops::split_rows(&ops::unpack_weight(&w.gate_up_proj)?, &[i, i])?.try_into().expect("two parts");
-            out.insert(format!("{p}mlp.gate_proj.weight"), g);
-            out.insert(format!("{p}mlp.up_proj.weight"), u);
-            out.insert(format!("{p}mlp.down_proj.weight"), ops::unpack_weight(&w.down_proj)?);
         }
         Ok(out)
     }

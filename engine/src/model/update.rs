@@ -2,7 +2,7 @@
 //! learner lays its step out with [`Model::lay_out`] while the engine keeps serving, then
 //! [`Model::apply_deltas`] applies it under the write guard in one elementwise pass.
 
-use super::Model;
+use super::{param_name, Fused, Model, ParamKind};
 use crate::error::Result;
 use kernels::ops::{self, PackedWeight};
 use kernels::Tensor;
@@ -68,40 +68,52 @@ impl Model {
     /// the write guard.
     pub fn lay_out(&self, src: &mut dyn StepSource) -> Result<Vec<WeightDelta>> {
         let c = &self.config;
-        let (h, i) = (c.hidden_size, c.intermediate_size);
-        let (q, kv) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let h = c.hidden_size;
+        let (embed_name, head_name) = (param_name(None, ParamKind::Embed), param_name(None, ParamKind::LmHead));
         let (embed, head) = if c.tie_word_embeddings {
-            (WeightDelta::TiedToHead, src.packed(&[("model.embed_tokens.weight", c.vocab_size)], h)?)
+            (WeightDelta::TiedToHead, src.packed(&[(&embed_name, c.vocab_size)], h)?)
         } else {
-            let embed = src.dense("model.embed_tokens.weight", &[c.vocab_size, h])?;
-            (WeightDelta::Dense(embed), src.packed(&[("lm_head.weight", c.vocab_size)], h)?)
+            let embed = src.dense(&embed_name, &[c.vocab_size, h])?;
+            (WeightDelta::Dense(embed), src.packed(&[(&head_name, c.vocab_size)], h)?)
         };
-        let mut out = vec![embed, WeightDelta::Dense(src.dense("model.norm.weight", &[h])?), WeightDelta::Packed(head)];
-        for (l, w) in self.layers.iter().enumerate() {
-            let p = format!("model.layers.{l}.");
-            let name = |n: &str| format!("{p}{n}");
-            out.push(WeightDelta::Dense(src.dense(&name("input_layernorm.weight"), &[h])?));
-            out.push(WeightDelta::Dense(src.dense(&name("post_attention_layernorm.weight"), &[h])?));
-            let qkv = [("q", q), ("k", kv), ("v", kv)].map(|(n, r)| (name(&format!("self_attn.{n}_proj.weight")), r));
-            out.push(WeightDelta::Packed(src.packed(&qkv.each_ref().map(|(n, r)| (n.as_str(), *r)), h)?));
-            if w.qkv_bias.is_some() {
-                let b = [("q", q), ("k", kv), ("v", kv)]
-                    .iter()
-                    .map(|(n, r)| src.dense(&name(&format!("self_attn.{n}_proj.bias")), &[*r]))
-                    .collect::<kernels::Result<Vec<_>>>()?;
-                out.push(WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[q + 2 * kv])?));
-            }
-            if w.qk_norm.is_some() {
-                for n in ["q", "k"] {
-                    out.push(WeightDelta::Dense(
-                        src.dense(&name(&format!("self_attn.{n}_norm.weight")), &[c.head_dim])?,
-                    ));
+        let norm = src.dense(&param_name(None, ParamKind::FinalNorm), &[h])?;
+        let mut out = vec![embed, WeightDelta::Dense(norm), WeightDelta::Packed(head)];
+        // A layer's served buffers in the table's order (the order of `weights_mut`): the
+        // table's consecutive rows of one fused buffer are its row blocks.
+        let table = c.layer_params();
+        for l in 0..self.layers.len() {
+            let mut i = 0;
+            while i < table.len() {
+                let fused = table[i].0.fused();
+                let mut j = i + 1;
+                while fused != Fused::Own && j < table.len() && same_buffer(table[j].0.fused(), fused) {
+                    j += 1;
                 }
+                let rows = &table[i..j];
+                let names: Vec<String> = rows.iter().map(|(k, _)| param_name(Some(l), *k)).collect();
+                let (kind, shape) = &rows[0];
+                out.push(match (fused, kind) {
+                    (Fused::QkvBias(_), _) => {
+                        let b = rows
+                            .iter()
+                            .zip(&names)
+                            .map(|((_, s), n)| src.dense(n, s))
+                            .collect::<kernels::Result<Vec<_>>>()?;
+                        let len = b.iter().map(|t| t.len()).sum::<usize>();
+                        WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[len])?)
+                    }
+                    (Fused::Own, ParamKind::InputNorm | ParamKind::PostNorm | ParamKind::QNorm | ParamKind::KNorm) => {
+                        WeightDelta::Dense(src.dense(&names[0], shape)?)
+                    }
+                    // Linear weights: one packed step over the row blocks.
+                    _ => {
+                        let parts: Vec<(&str, usize)> =
+                            names.iter().zip(rows).map(|(n, (_, s))| (n.as_str(), s[0])).collect();
+                        WeightDelta::Packed(src.packed(&parts, shape[1])?)
+                    }
+                });
+                i = j;
             }
-            out.push(WeightDelta::Packed(src.packed(&[(&name("self_attn.o_proj.weight"), h)], q)?));
-            let (gate, up) = (name("mlp.gate_proj.weight"), name("mlp.up_proj.weight"));
-            out.push(WeightDelta::Packed(src.packed(&[(&gate, i), (&up, i)], h)?));
-            out.push(WeightDelta::Packed(src.packed(&[(&name("mlp.down_proj.weight"), h)], i)?));
         }
         Ok(out)
     }
@@ -127,4 +139,12 @@ impl Model {
         }
         Ok(())
     }
+}
+
+/// Whether two table rows land in the same fused buffer.
+fn same_buffer(a: Fused, b: Fused) -> bool {
+    matches!(
+        (a, b),
+        (Fused::Qkv(_), Fused::Qkv(_)) | (Fused::QkvBias(_), Fused::QkvBias(_)) | (Fused::GateUp(_), Fused::GateUp(_))
+    )
 }
