@@ -19,6 +19,10 @@ impl ChatMessage {
     }
 }
 
+/// The variables a chat template gets from rlserve itself; `chat_template_kwargs` cannot
+/// replace them.
+pub const TEMPLATE_VARIABLES: [&str; 4] = ["messages", "add_generation_prompt", "bos_token", "eos_token"];
+
 /// A compiled chat template plus the special tokens it may reference.
 pub struct ChatTemplate {
     env: Environment<'static>,
@@ -41,15 +45,28 @@ impl ChatTemplate {
     }
 
     /// Renders `messages`; with `add_generation_prompt` the text ends where the assistant's
-    /// reply starts.
-    pub fn render(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
+    /// reply starts. `kwargs` are further template variables (HF `apply_chat_template`'s
+    /// `**kwargs`, vLLM's `chat_template_kwargs`). Errors: a kwarg that would replace one of
+    /// the template's own variables, or a template error.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        kwargs: &serde_json::Map<String, serde_json::Value>,
+    ) -> Result<String> {
+        if let Some(k) = kwargs.keys().find(|k| TEMPLATE_VARIABLES.contains(&k.as_str())) {
+            return Err(ModelError::ChatTemplate(format!(
+                "`chat_template_kwargs.{k}` would replace the template's own `{k}`"
+            )));
+        }
         let tmpl = self.env.get_template("chat").map_err(|e| ModelError::ChatTemplate(e.to_string()))?;
-        tmpl.render(minijinja::context! {
+        let own = minijinja::context! {
             messages => messages,
             add_generation_prompt => add_generation_prompt,
             bos_token => &self.bos_token,
             eos_token => &self.eos_token,
-        })
-        .map_err(|e| ModelError::ChatTemplate(e.to_string()))
+        };
+        tmpl.render(minijinja::context! { ..own, ..minijinja::Value::from_serialize(kwargs) })
+            .map_err(|e| ModelError::ChatTemplate(e.to_string()))
     }
 }

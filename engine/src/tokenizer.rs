@@ -35,18 +35,22 @@ pub struct Tokenizer {
 }
 
 /// How [`Tokenizer::encode_chat`] ends the rendered conversation (vLLM's chat options).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct ChatOptions {
     /// End with the template's generation prompt (the opening of an assistant turn).
     pub add_generation_prompt: bool,
     /// Leave the final message open (no end-of-turn markers after its content), so the model
     /// continues it: an assistant prefill. Excludes `add_generation_prompt`.
     pub continue_final_message: bool,
+    /// Extra template variables (vLLM's `chat_template_kwargs`, e.g. Qwen3's
+    /// `enable_thinking`); they cannot replace the template's own (`messages`,
+    /// `add_generation_prompt`, `bos_token`, `eos_token`).
+    pub template_kwargs: serde_json::Map<String, serde_json::Value>,
 }
 
 impl Default for ChatOptions {
     fn default() -> Self {
-        Self { add_generation_prompt: true, continue_final_message: false }
+        Self { add_generation_prompt: true, continue_final_message: false, template_kwargs: Default::default() }
     }
 }
 
@@ -173,7 +177,7 @@ impl Tokenizer {
                 "`continue_final_message` and `add_generation_prompt` cannot both be true".into(),
             ));
         }
-        let text = self.apply_chat_template(messages, opts.add_generation_prompt)?;
+        let text = self.template()?.render(messages, opts.add_generation_prompt, &opts.template_kwargs)?;
         if !opts.continue_final_message {
             return Ok(text);
         }
@@ -222,11 +226,13 @@ impl Tokenizer {
     /// Renders `messages` with the model's chat template (text only; [`Self::encode_chat`]
     /// is the way to token ids). Errors when the model has none.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let t = self
-            .chat_template
+        self.template()?.render(messages, add_generation_prompt, &Default::default())
+    }
+
+    fn template(&self) -> Result<&crate::chat_template::ChatTemplate> {
+        self.chat_template
             .as_ref()
-            .ok_or_else(|| ModelError::ChatTemplate("the model's tokenizer_config.json has no chat_template".into()))?;
-        t.render(messages, add_generation_prompt)
+            .ok_or_else(|| ModelError::ChatTemplate("the model's tokenizer_config.json has no chat_template".into()))
     }
 
     /// The wrapped HF tokenizer.

@@ -327,3 +327,35 @@ async fn echo_with_logprobs_scores_the_prompt() {
     assert_eq!(plain["choices"][0]["logprobs"]["token_logprobs"].as_array().unwrap().len(), 1);
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// vLLM's `chat_template_kwargs` reach the template (Qwen3's `enable_thinking: false` closes
+/// an empty think block after the generation prompt), on `/tokenize` and chat; a key that
+/// would replace the template's own variables is a 400 naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chat_template_kwargs_reach_the_template() {
+    let dir = tiny_dir("tiny-kwargs");
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let think = "{% if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}";
+    cfg["chat_template"] = json!(format!("{}{think}", tests::tiny::CHAT_TEMPLATE));
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let (s, base) = start(dir, args("tiny-kwargs")).await;
+    let msgs = json!([{"role": "user", "content": "hi"}]);
+    let (_, plain) = post(&base, "/tokenize", json!({"messages": msgs})).await;
+    let kwargs = json!({"enable_thinking": false});
+    let (st, thinking) = post(&base, "/tokenize", json!({"messages": msgs, "chat_template_kwargs": kwargs})).await;
+    assert_eq!(st, 200, "{thinking}");
+    let (a, b) = (plain["tokens"].as_array().unwrap(), thinking["tokens"].as_array().unwrap());
+    assert_eq!(b[..a.len()], a[..], "the same conversation, then the closed think block");
+    let (_, tail) = post(&base, "/detokenize", json!({"tokens": b[a.len()..]})).await;
+    assert_eq!(tail["prompt"], "<think>\n\n</think>\n\n");
+    let body = json!({"messages": msgs, "max_tokens": 2, "chat_template_kwargs": kwargs, "return_token_ids": true});
+    let (st, out) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(st, 200, "{out}");
+    assert_eq!(out["prompt_token_ids"], thinking["tokens"], "chat renders what /tokenize does");
+    let (st, p, m) =
+        error(&base, "/tokenize", json!({"messages": msgs, "chat_template_kwargs": {"messages": []}})).await;
+    assert_eq!((st, p.as_str()), (400, Some("chat_template_kwargs")), "{m}");
+    assert!(m.contains("`chat_template_kwargs.messages` would replace the template's own `messages`"), "{m}");
+    s.shutdown(Duration::from_secs(5)).await;
+}

@@ -114,7 +114,7 @@ fn templates_that_trim_or_join_contents_make_no_markers_from_them() {
 fn an_assistant_prefill_is_continued() {
     let tok = tiny_tok("chat-tok-prefill", CHAT_TEMPLATE);
     let msgs = vec![ChatMessage::new("user", "hi"), ChatMessage::new("assistant", "The answer is")];
-    let cont = ChatOptions { add_generation_prompt: false, continue_final_message: true };
+    let cont = ChatOptions { add_generation_prompt: false, continue_final_message: true, ..Default::default() };
     let ids = tok.encode_chat(&msgs, cont).unwrap();
     let head =
         [("<|im_start|>", true), ("user\nhi", false), ("<|im_end|>", true), ("\n", false), ("<|im_start|>", true)];
@@ -128,7 +128,7 @@ fn an_assistant_prefill_is_continued() {
     let reopened = tok.encode_chat(&msgs, ChatOptions::default()).unwrap();
     expected.extend(want(&[("<|im_start|>", true), ("assistant\n", false)]));
     assert_eq!(symbols(&tok, &reopened), expected);
-    let both = ChatOptions { add_generation_prompt: true, continue_final_message: true };
+    let both = ChatOptions { add_generation_prompt: true, continue_final_message: true, ..Default::default() };
     let e = tok.encode_chat(&msgs, both).unwrap_err().to_string();
     assert!(e.contains("`continue_final_message` and `add_generation_prompt` cannot both be true"), "{e}");
 }

@@ -114,6 +114,7 @@ fn endpoints(root: &str) -> Vec<(&'static str, Value, Vec<&'static str>)> {
                 "add_generation_prompt",
                 "continue_final_message",
                 "add_special_tokens",
+                "chat_template_kwargs",
             ]),
         ),
         (
@@ -157,6 +158,7 @@ fn endpoints(root: &str) -> Vec<(&'static str, Value, Vec<&'static str>)> {
                 "add_special_tokens",
                 "add_generation_prompt",
                 "continue_final_message",
+                "chat_template_kwargs",
                 "model",
             ],
         ),

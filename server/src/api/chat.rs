@@ -62,6 +62,14 @@ pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], format: &ChatFormat)
             Some("continue_final_message"),
         ));
     }
+    if let Some(k) =
+        opts.template_kwargs.keys().find(|k| engine::chat_template::TEMPLATE_VARIABLES.contains(&k.as_str()))
+    {
+        return Err(ApiError::bad(
+            format!("`chat_template_kwargs.{k}` would replace the template's own `{k}`"),
+            Some("chat_template_kwargs"),
+        ));
+    }
     let msgs = messages(msgs)?;
     let mut ids = vec![];
     if format.add_special_tokens == Some(true) && tok.add_bos_token {

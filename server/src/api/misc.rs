@@ -33,6 +33,7 @@ pub async fn tokenize(
                 add_generation_prompt: req.add_generation_prompt,
                 continue_final_message: req.continue_final_message,
                 add_special_tokens: req.add_special_tokens,
+                chat_template_kwargs: req.chat_template_kwargs.clone(),
             };
             chat_prompt(&s.tokenizer, m, &format)?
         }

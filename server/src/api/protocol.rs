@@ -164,6 +164,9 @@ pub struct ChatFormat {
     pub continue_final_message: Option<bool>,
     /// Prepend BOS when the tokenizer adds one (default false: the template writes it).
     pub add_special_tokens: Option<bool>,
+    /// Extra chat-template variables (vLLM's `chat_template_kwargs`, e.g. Qwen3's
+    /// `{"enable_thinking": false}`).
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 impl ChatFormat {
@@ -172,6 +175,7 @@ impl ChatFormat {
         engine::ChatOptions {
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
             continue_final_message: self.continue_final_message.unwrap_or(false),
+            template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
         }
     }
 }
@@ -188,6 +192,7 @@ pub struct ChatRequest {
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
     pub add_special_tokens: Option<bool>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     #[serde(skip)]
     pub sampling: SamplingFields,
 }
@@ -199,6 +204,7 @@ impl ChatRequest {
             add_generation_prompt: self.add_generation_prompt,
             continue_final_message: self.continue_final_message,
             add_special_tokens: self.add_special_tokens,
+            chat_template_kwargs: self.chat_template_kwargs.clone(),
         }
     }
 }
@@ -231,6 +237,7 @@ pub struct TokenizeRequest {
     pub add_special_tokens: Option<bool>,
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
+    pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
 }
 
 impl Body for TokenizeRequest {
