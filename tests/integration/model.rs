@@ -402,3 +402,93 @@ fn the_parameter_table_names_every_hf_weight() {
         assert_eq!(named.len(), written.len(), "{arch}");
     }
 }
+
+/// The released configs of the models people train (Qwen3 0.6B/1.7B/4B, Qwen2.5
+/// 0.5B/1.5B/7B, Llama 3.2 1B/3B; the values of their `config.json`, transformers 5 RoPE
+/// format for the Qwen3s) parse with their real widths, GQA ratios and vocabularies; the
+/// three smallest load with random weights at one layer and run a forward to finite logits
+/// (the 7B-class embeddings would take gigabytes of CI memory: parsed only).
+#[test]
+fn released_configs_load_at_reduced_depth_and_run() {
+    type Case = (&'static str, &'static str, [usize; 6], bool, serde_json::Value);
+    let rope = |theta: f64| serde_json::json!({"rope_parameters": {"rope_type": "default", "rope_theta": theta}});
+    let llama3 = serde_json::json!({"rope_theta": 500000.0, "rope_scaling": {"rope_type": "llama3", "factor": 32.0,
+        "low_freq_factor": 1.0, "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}});
+    // (name, architecture, [hidden, intermediate, layers, heads, kv heads, vocab], tied, extra keys)
+    let cases: Vec<Case> = vec![
+        ("Qwen3-0.6B", "Qwen3ForCausalLM", [1024, 3072, 28, 16, 8, 151936], true, rope(1e6)),
+        ("Qwen3-1.7B", "Qwen3ForCausalLM", [2048, 6144, 28, 16, 8, 151936], true, rope(1e6)),
+        ("Qwen3-4B", "Qwen3ForCausalLM", [2560, 9728, 36, 32, 8, 151936], true, rope(1e6)),
+        (
+            "Qwen2.5-0.5B",
+            "Qwen2ForCausalLM",
+            [896, 4864, 24, 14, 2, 151936],
+            true,
+            serde_json::json!({"rope_theta": 1e6}),
+        ),
+        (
+            "Qwen2.5-1.5B",
+            "Qwen2ForCausalLM",
+            [1536, 8960, 28, 12, 2, 151936],
+            true,
+            serde_json::json!({"rope_theta": 1e6}),
+        ),
+        (
+            "Qwen2.5-7B",
+            "Qwen2ForCausalLM",
+            [3584, 18944, 28, 28, 4, 152064],
+            false,
+            serde_json::json!({"rope_theta": 1e6}),
+        ),
+        ("Llama-3.2-1B", "LlamaForCausalLM", [2048, 8192, 16, 32, 8, 128256], true, llama3.clone()),
+        ("Llama-3.2-3B", "LlamaForCausalLM", [3072, 8192, 28, 24, 8, 128256], true, llama3),
+    ];
+    let head_dims = [128, 128, 128, 64, 128, 128, 64, 128];
+    for ((name, arch, [h, i, l, nh, kv, v], tied, extra), want_hd) in cases.into_iter().zip(head_dims) {
+        let mut c = serde_json::json!({"architectures": [arch], "hidden_size": h, "intermediate_size": i,
+            "num_hidden_layers": l, "num_attention_heads": nh, "num_key_value_heads": kv, "vocab_size": v,
+            "tie_word_embeddings": tied, "rms_norm_eps": 1e-6, "max_position_embeddings": 32768});
+        if arch == "Qwen3ForCausalLM" {
+            c["head_dim"] = serde_json::json!(128);
+        }
+        c.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let config =
+            ModelConfig::from_json(&c.to_string(), "config.json".as_ref()).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(
+            (config.head_dim, config.num_attention_heads / config.num_key_value_heads),
+            (want_hd, nh / kv),
+            "{name}"
+        );
+        assert_eq!(
+            (config.qk_norm, config.qkv_bias),
+            (arch == "Qwen3ForCausalLM", arch == "Qwen2ForCausalLM"),
+            "{name}"
+        );
+        if !matches!(name, "Qwen3-0.6B" | "Qwen2.5-0.5B" | "Llama-3.2-1B") {
+            continue;
+        }
+        let config = ModelConfig { num_hidden_layers: 1, ..config };
+        let random = |n: &str, shape: &[usize]| -> engine::Result<kernels::Tensor> {
+            let mut s = n.bytes().fold(7u64, |a, b| a.wrapping_mul(31).wrapping_add(b as u64));
+            let scale = if n.contains("norm") { 0.0 } else { 0.05 };
+            let vals = (0..shape.iter().product::<usize>())
+                .map(|_| {
+                    s = engine::sampling::splitmix64(s);
+                    let u = (s >> 40) as f32 / (1u64 << 24) as f32 * 2.0 - 1.0;
+                    if n.contains("norm") {
+                        1.0
+                    } else {
+                        scale * u
+                    }
+                })
+                .collect();
+            Ok(kernels::Tensor::from_vec(vals, shape)?)
+        };
+        let model = Model::from_source(config, &random, &Device::Cpu).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let ids = [1u32, 500, 20000, 100000, 7];
+        let logits = model.forward(&ids, &mut model.new_cache(ids.len()).unwrap(), false).unwrap();
+        assert_eq!(logits.shape(), [1, v], "{name}");
+        assert!(logits.to_vec().unwrap().iter().all(|x| x.is_finite()), "{name}: non-finite logits");
+        eprintln!("{name}: 1 layer of {h}/{i}, GQA {nh}/{kv}, head_dim {want_hd}, vocab {v}: forward ok");
+    }
+}
