@@ -138,6 +138,10 @@ pub struct ServeArgs {
     /// state-changing requests and read answers (CORS); comma-separated.
     #[arg(long, value_delimiter = ',')]
     pub allowed_origins: Vec<String>,
+    /// Return a chat answer's `<think>…</think>` part as `reasoning_content`, apart from
+    /// `content` (vLLM's `--reasoning-parser`; streamed too).
+    #[arg(long, value_enum)]
+    pub reasoning_parser: Option<crate::api::reasoning::ReasoningParser>,
     #[command(flatten)]
     pub feedback: FeedbackArgs,
 }
@@ -289,6 +293,7 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         rl,
         feedback,
         jobs_dir: args.jobs_dir.clone(),
+        reasoning_parser: args.reasoning_parser,
         cross_site: crate::api::cross_site::CrossSite {
             listen_host: args.host.clone(),
             allowed_hosts: args.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),

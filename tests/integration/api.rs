@@ -359,3 +359,41 @@ async fn chat_template_kwargs_reach_the_template() {
     assert!(m.contains("`chat_template_kwargs.messages` would replace the template's own `messages`"), "{m}");
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// `--reasoning-parser qwen3` over HTTP (the split itself is unit-tested in
+/// `server::api::reasoning`): an answer that does not open with `<think>` is all `content`
+/// and has no `reasoning_content`, also when it begins like the tag ("<<<<": the stream holds
+/// the first "<" until it knows), and the streamed deltas add up to the whole message.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reasoning_parser_leaves_answers_without_thinking_alone() {
+    let a = server::serve::ServeArgs {
+        reasoning_parser: Some(server::api::reasoning::ReasoningParser::Qwen3),
+        ..args("tiny-reasoning")
+    };
+    let (s, base) = start(tiny_dir("tiny-reasoning"), a).await;
+    for bias in [json!({}), json!({"27": 100})] {
+        let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, "seed": 3,
+                          "ignore_eos": true, "logit_bias": bias});
+        let (st, out) = post(&base, "/v1/chat/completions", body.clone()).await;
+        assert_eq!(st, 200, "{out}");
+        let msg = &out["choices"][0]["message"];
+        assert!(msg.get("reasoning_content").is_none(), "{msg}");
+        if bias != json!({}) {
+            assert_eq!(msg["content"], "<<<<");
+        }
+        let mut streamed = body.clone();
+        streamed["stream"] = json!(true);
+        let events = stream(&base, "/v1/chat/completions", streamed).await;
+        let text: String = events
+            .iter()
+            .filter(|e| *e != "[DONE]")
+            .map(|e| serde_json::from_str::<Value>(e).unwrap())
+            .map(|v| {
+                assert!(v["choices"][0]["delta"].get("reasoning_content").is_none(), "{v}");
+                v["choices"][0]["delta"]["content"].as_str().unwrap_or("").to_string()
+            })
+            .collect();
+        assert_eq!(text, msg["content"].as_str().unwrap(), "{events:?}");
+    }
+    s.shutdown(Duration::from_secs(5)).await;
+}

@@ -4,6 +4,7 @@ use super::body::ApiJson;
 use super::error::ApiError;
 use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
 use super::protocol::{ChatFormat, ChatMessageIn, ChatRequest, Content, Usage};
+use super::reasoning::Splitter;
 use super::AppState;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
@@ -149,8 +150,15 @@ async fn collect(
     let out: Vec<Value> = choices
         .into_iter()
         .map(|(idx, (text, tokens, f, s))| {
+            let message = match state.reasoning_parser {
+                Some(_) => match Splitter::split(&text) {
+                    (Some(r), c) => json!({"role": "assistant", "content": c, "reasoning_content": r}),
+                    (None, c) => json!({"role": "assistant", "content": c}),
+                },
+                None => json!({"role": "assistant", "content": text}),
+            };
             let mut v = json!({
-                "index": idx, "message": {"role": "assistant", "content": text}, "finish_reason": finish_json(f), "stop_reason": stop_json(&s),
+                "index": idx, "message": message, "finish_reason": finish_json(f), "stop_reason": stop_json(&s),
                 "logprobs": if req.logprobs == Some(true) { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
             });
             if req.sampling.return_token_ids() {
@@ -182,16 +190,38 @@ fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, c
         v
     };
     let mut started: BTreeSet<usize> = BTreeSet::new();
+    let mut splitters: BTreeMap<usize, Splitter> = BTreeMap::new();
+    let parser = state.reasoning_parser;
     sse(gen, include_usage, envelope, move |_prompt, idx, out| {
+        // With a reasoning parser, the delta's text split into reasoning and content.
+        let (reasoning, content) = match parser {
+            Some(_) => {
+                let s = splitters.entry(idx).or_default();
+                let (mut r, mut c) = s.push(&out.text);
+                if out.finish_reason.is_some() {
+                    let (r2, c2) = s.finish();
+                    r.push_str(&r2);
+                    c.push_str(&c2);
+                }
+                (r, c)
+            }
+            None => (String::new(), out.text.clone()),
+        };
         // The first chunk of every choice announces the role, whatever else it carries (a
         // choice may finish before producing any text).
         let first = started.insert(idx);
-        let delta = match (first, out.text.is_empty()) {
-            (true, _) => json!({"role": "assistant", "content": out.text}),
-            (false, false) => json!({"content": out.text}),
+        let mut delta = match (first, content.is_empty() && reasoning.is_empty()) {
+            (true, _) => json!({"role": "assistant", "content": content}),
+            (false, false) => json!({"content": content}),
             (false, true) if out.finish_reason.is_some() || want_logprobs => json!({}),
             (false, true) => return None,
         };
+        if !reasoning.is_empty() {
+            delta["reasoning_content"] = json!(reasoning);
+            if content.is_empty() && !first {
+                delta.as_object_mut().expect("an object").remove("content");
+            }
+        }
         let logprobs = if want_logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
         Some(
             json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)}),

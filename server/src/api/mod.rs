@@ -9,6 +9,7 @@ pub mod error;
 mod generation;
 pub mod misc;
 pub mod protocol;
+pub mod reasoning;
 pub mod rl;
 
 use crate::metrics::Metrics;
@@ -56,6 +57,8 @@ pub struct AppState {
     pub feedback: Option<Arc<::rl::FeedbackStore>>,
     /// Where jobs started over HTTP write (`--jobs-dir`).
     pub jobs_dir: PathBuf,
+    /// `--reasoning-parser`: chat answers split into `reasoning_content` and `content`.
+    pub reasoning_parser: Option<reasoning::ReasoningParser>,
     /// Which hosts and origins may reach the server ([`cross_site`]).
     pub cross_site: cross_site::CrossSite,
 }
