@@ -37,27 +37,49 @@ enum WeightMut<'a> {
 const HEAD: usize = 2;
 
 impl Model {
-    /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`].
+    /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`]: per layer the
+    /// table's served buffers ([`buffers`]).
     fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
+        let table = self.config.layer_params();
         let mut out = vec![
             WeightMut::Dense(&mut self.embed_tokens),
             WeightMut::Dense(&mut self.norm),
             WeightMut::Packed(&mut self.lm_head),
         ];
         for w in &mut self.layers {
-            out.push(WeightMut::Dense(&mut w.input_layernorm));
-            out.push(WeightMut::Dense(&mut w.post_attention_layernorm));
-            out.push(WeightMut::Packed(&mut w.qkv_proj));
-            if let Some(b) = &mut w.qkv_bias {
-                out.push(WeightMut::Dense(b));
+            let super::LayerWeights {
+                input_layernorm,
+                qkv_proj,
+                qkv_bias,
+                qk_norm,
+                o_proj,
+                post_attention_layernorm,
+                gate_up_proj,
+                down_proj,
+            } = w;
+            let (mut qn, mut kn) = match qk_norm {
+                Some((q, k)) => (Some(q), Some(k)),
+                None => (None, None),
+            };
+            let (mut input, mut post, mut qkv, mut bias) =
+                (Some(input_layernorm), Some(post_attention_layernorm), Some(qkv_proj), qkv_bias.as_mut());
+            let (mut o, mut gate_up, mut down) = (Some(o_proj), Some(gate_up_proj), Some(down_proj));
+            for r in buffers(&table) {
+                // The layer was loaded from the same config: it holds what its table lists.
+                const HELD: &str = "a layer holds the weights its table lists";
+                out.push(match (table[r.start].0.fused(), table[r.start].0) {
+                    (Fused::Qkv(_), _) => WeightMut::Packed(qkv.take().expect(HELD)),
+                    (Fused::QkvBias(_), _) => WeightMut::Dense(bias.take().expect(HELD)),
+                    (Fused::GateUp(_), _) => WeightMut::Packed(gate_up.take().expect(HELD)),
+                    (Fused::Own, ParamKind::InputNorm) => WeightMut::Dense(input.take().expect(HELD)),
+                    (Fused::Own, ParamKind::PostNorm) => WeightMut::Dense(post.take().expect(HELD)),
+                    (Fused::Own, ParamKind::QNorm) => WeightMut::Dense(qn.take().expect(HELD)),
+                    (Fused::Own, ParamKind::KNorm) => WeightMut::Dense(kn.take().expect(HELD)),
+                    (Fused::Own, ParamKind::OProj) => WeightMut::Packed(o.take().expect(HELD)),
+                    (Fused::Own, ParamKind::DownProj) => WeightMut::Packed(down.take().expect(HELD)),
+                    (Fused::Own, other) => unreachable!("{other:?} is not a layer weight"),
+                });
             }
-            if let Some((qn, kn)) = &mut w.qk_norm {
-                out.push(WeightMut::Dense(qn));
-                out.push(WeightMut::Dense(kn));
-            }
-            out.push(WeightMut::Packed(&mut w.o_proj));
-            out.push(WeightMut::Packed(&mut w.gate_up_proj));
-            out.push(WeightMut::Packed(&mut w.down_proj));
         }
         out
     }
@@ -78,21 +100,13 @@ impl Model {
         };
         let norm = src.dense(&param_name(None, ParamKind::FinalNorm), &[h])?;
         let mut out = vec![embed, WeightDelta::Dense(norm), WeightDelta::Packed(head)];
-        // A layer's served buffers in the table's order (the order of `weights_mut`): the
-        // table's consecutive rows of one fused buffer are its row blocks.
         let table = c.layer_params();
         for l in 0..self.layers.len() {
-            let mut i = 0;
-            while i < table.len() {
-                let fused = table[i].0.fused();
-                let mut j = i + 1;
-                while fused != Fused::Own && j < table.len() && same_buffer(table[j].0.fused(), fused) {
-                    j += 1;
-                }
-                let rows = &table[i..j];
+            for r in buffers(&table) {
+                let rows = &table[r];
                 let names: Vec<String> = rows.iter().map(|(k, _)| param_name(Some(l), *k)).collect();
                 let (kind, shape) = &rows[0];
-                out.push(match (fused, kind) {
+                out.push(match (kind.fused(), kind) {
                     (Fused::QkvBias(_), _) => {
                         let b = rows
                             .iter()
@@ -112,7 +126,6 @@ impl Model {
                         WeightDelta::Packed(src.packed(&parts, shape[1])?)
                     }
                 });
-                i = j;
             }
         }
         Ok(out)
@@ -141,10 +154,28 @@ impl Model {
     }
 }
 
-/// Whether two table rows land in the same fused buffer.
-fn same_buffer(a: Fused, b: Fused) -> bool {
-    matches!(
-        (a, b),
-        (Fused::Qkv(_), Fused::Qkv(_)) | (Fused::QkvBias(_), Fused::QkvBias(_)) | (Fused::GateUp(_), Fused::GateUp(_))
-    )
+/// A layer's served buffers as ranges of its table rows:
+/// consecutive rows of one fused buffer are its row blocks, any other row a buffer of its own
+/// (rows from `ModelConfig::layer_params`).
+/// [`Model::lay_out`] and [`Model::weights_mut`] both walk these, so their orders agree.
+fn buffers(table: &[(ParamKind, Vec<usize>)]) -> Vec<std::ops::Range<usize>> {
+    let same = |a: Fused, b: Fused| {
+        matches!(
+            (a, b),
+            (Fused::Qkv(_), Fused::Qkv(_))
+                | (Fused::QkvBias(_), Fused::QkvBias(_))
+                | (Fused::GateUp(_), Fused::GateUp(_))
+        )
+    };
+    let mut out = vec![];
+    let mut i = 0;
+    while i < table.len() {
+        let mut j = i + 1;
+        while j < table.len() && same(table[i].0.fused(), table[j].0.fused()) {
+            j += 1;
+        }
+        out.push(i..j);
+        i = j;
+    }
+    out
 }
