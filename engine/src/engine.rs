@@ -4,7 +4,7 @@
 
 use crate::block_manager::BlockManager;
 use crate::model::{KvCache, SharedModel};
-use crate::model_runner::ModelRunner;
+use crate::model_runner::{GraphLimits, ModelRunner};
 use crate::outputs::{FinishReason, PromptLogprob, SeqOutput, StopReason, TokenOutput};
 use crate::sampling::{splitmix64, SampledToken, SamplingParams};
 use crate::scheduler::{Scheduled, Scheduler, SchedulerConfig};
@@ -39,6 +39,10 @@ pub struct EngineConfig {
     /// that moved 64 sequences into new blocks took 0.82 s instead of 0.11 s), and this moves
     /// that cost of the whole pool to startup.
     pub kv_cache_prefault: bool,
+    /// vLLM's `--enforce-eager`: no CUDA graphs; every step runs its kernels one by one. Off
+    /// by default: on a CUDA device decode-only steps replay captured graphs
+    /// ([`crate::model_runner`]). No effect on the CPU.
+    pub enforce_eager: bool,
 }
 
 /// What happens to in-flight sequences' KV when the policy version changes.
@@ -64,6 +68,7 @@ impl Default for EngineConfig {
             enable_prefix_caching: true,
             kv_on_update: KvOnUpdate::Keep,
             kv_cache_prefault: false,
+            enforce_eager: false,
         }
     }
 }
@@ -137,8 +142,14 @@ impl LLMEngine {
         let c = &m.config;
         let per_block = KvCache::bytes_per_slot(c) * config.block_size;
         let num_blocks = config.num_blocks.unwrap_or(config.kv_cache_memory / per_block).max(1);
-        let runner = ModelRunner::new(&m, num_blocks, config.block_size, config.kv_cache_prefault)?;
         let max_model_len = config.max_model_len.unwrap_or(c.max_position_embeddings).min(m.max_positions());
+        let runner = ModelRunner::new(
+            &m,
+            num_blocks,
+            config.block_size,
+            config.kv_cache_prefault,
+            (!config.enforce_eager).then_some(GraphLimits { max_num_seqs: config.max_num_seqs.max(1), max_model_len }),
+        )?;
         let (vocab_size, version) = (c.vocab_size, m.version);
         drop(m);
         let cfg = SchedulerConfig {

@@ -3,14 +3,22 @@
 //! logit rows), runs it, and samples the logit rows on the same device
 //! ([`kernels::ops::sample`]): only the sampled tokens and their log-probabilities reach the
 //! host, never the logits.
+//!
+//! On a CUDA device, a decode-only step (every sequence one new token, which it samples)
+//! goes through [`DecodeGraphs`]: its inputs in one upload into a step plan, the forward
+//! replayed from a CUDA graph captured for the padded batch size (docs/ARCHITECTURE.md,
+//! "Step plans and graphs").
 
-use crate::model::{BatchSeq, ForwardBatch, KvCache, Model};
+use crate::model::{BatchSeq, ForwardBatch, KvCache, Model, StepInputs};
 use crate::sampling::{draw_for, SampleContext};
 use crate::scheduler::Scheduled;
 use crate::sequence::Sequence;
 use crate::Result;
-use kernels::ops;
+use kernels::cuda::{CudaDevice, CudaGraph, CudaGraphPool, StepPlan};
+use kernels::ops::{self, AttnBatch, AttnSeq};
 use kernels::sample::{RowTask, SampleRow, Sampled};
+use kernels::{Device, Tensor};
+use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
 /// What one step sampled for one scheduled sequence ([`ModelRunner::run`]).
@@ -25,6 +33,16 @@ pub struct SeqSample {
 pub struct ModelRunner {
     kv: KvCache,
     block_size: usize,
+    graphs: Option<DecodeGraphs>,
+}
+
+/// What decode graphs must cover ([`ModelRunner::new`]).
+#[derive(Debug, Clone, Copy)]
+pub struct GraphLimits {
+    /// The largest decode batch (the engine's `max_num_seqs`).
+    pub max_num_seqs: usize,
+    /// The longest context a sequence reaches.
+    pub max_model_len: usize,
 }
 
 /// Where a scheduled sequence's logits are in the step's forward output.
@@ -39,9 +57,23 @@ struct RowPlan {
 
 impl ModelRunner {
     /// A KV pool of `num_blocks` blocks of `block_size` token slots on the model's device,
-    /// written before use when `prefault` ([`KvCache::new`]).
-    pub fn new(model: &Model, num_blocks: usize, block_size: usize, prefault: bool) -> Result<Self> {
-        Ok(Self { kv: KvCache::new(&model.config, num_blocks, block_size, model.device(), prefault)?, block_size })
+    /// written before use when `prefault` ([`KvCache::new`]); on a CUDA device with `graphs`
+    /// (not `--enforce-eager`) decode steps replay CUDA graphs, and the pool has one more
+    /// block, which the padding rows of a graph's batch write into.
+    pub fn new(
+        model: &Model,
+        num_blocks: usize,
+        block_size: usize,
+        prefault: bool,
+        graphs: Option<GraphLimits>,
+    ) -> Result<Self> {
+        let graphs = match (model.device(), graphs) {
+            (Device::Cuda(dev), Some(limits)) => Some(DecodeGraphs::new(dev, limits, num_blocks, block_size)?),
+            _ => None,
+        };
+        let blocks = num_blocks + usize::from(graphs.is_some());
+        let kv = KvCache::new(&model.config, blocks, block_size, model.device(), prefault)?;
+        Ok(Self { kv, block_size, graphs })
     }
 
     /// Runs `scheduled` (indices into `running`, with their token counts) through `model`
@@ -59,35 +91,19 @@ impl ModelRunner {
     ) -> Result<Vec<SeqSample>> {
         self.kv.copy_slots(kv_copies)?;
         let (batch, plan) = self.build_batch(running, scheduled);
-        let logits = model.forward_batch(&batch, &mut self.kv)?;
         let vocab = model.config.vocab_size;
-        // One row per prompt position to report and per draw, then one sampling call.
-        let mut rows = Vec::new();
-        let mut reported: Vec<Vec<usize>> = Vec::with_capacity(scheduled.len());
-        for (sch, p) in scheduled.iter().zip(&plan) {
-            let seq = &running[sch.seq];
-            // A recomputed prompt (preemption, weight update) reports each position once.
-            let first = seq.prompt_logprobs.len();
-            let report = |pos: &usize| seq.num_output() == 0 && *pos >= first;
-            let positions: Vec<usize> = p.prompt_positions.clone().filter(report).collect();
-            for &pos in &positions {
-                let row = p.prompt_row + pos - p.prompt_positions.start;
-                let top = seq.params.prompt_logprobs.unwrap_or(0);
-                rows.push(SampleRow { row, task: RowTask::Score(seq.tokens[pos + 1]), top_logprobs: top });
-            }
-            if let Some(row) = p.sample_row {
-                let ctx = SampleContext {
-                    prompt_ids: &seq.tokens[..seq.prompt_len],
-                    output_ids: seq.output_ids(),
-                    eos_token_ids,
-                    seed: seq.seed,
-                };
-                let task = RowTask::Draw(draw_for(&seq.params, &ctx, vocab));
-                rows.push(SampleRow { row, task, top_logprobs: seq.params.logprobs.unwrap_or(0) });
-            }
-            reported.push(positions);
-        }
-        let mut results = ops::sample(&logits, &rows)?.into_iter();
+        let (rows, reported) = sample_rows(running, scheduled, &plan, eos_token_ids, vocab);
+        let decode_only = plan.iter().all(|p| p.prompt_positions.is_empty() && p.sample_row.is_some())
+            && batch.seqs.iter().all(|s| s.rows.len() == 1);
+        let graphed = match &mut self.graphs {
+            Some(g) if decode_only => g.run(model, &mut self.kv, &batch, &rows)?,
+            _ => None,
+        };
+        let results = match graphed {
+            Some(results) => results,
+            None => ops::sample(&model.forward_batch(&batch, &mut self.kv)?, &rows)?,
+        };
+        let mut results = results.into_iter();
         let mut next = || results.next().expect("one result per row");
         let out = reported.into_iter().zip(&plan).map(|(positions, p)| SeqSample {
             prompt: positions.into_iter().map(|pos| (pos, next())).collect(),
@@ -122,4 +138,197 @@ impl ModelRunner {
         }
         (b, plan)
     }
+}
+
+/// One row per prompt position to report and per draw, in order, and per scheduled
+/// sequence the prompt positions it reports.
+fn sample_rows(
+    running: &[Sequence],
+    scheduled: &[Scheduled],
+    plan: &[RowPlan],
+    eos_token_ids: &[u32],
+    vocab: usize,
+) -> (Vec<SampleRow>, Vec<Vec<usize>>) {
+    let mut rows = Vec::new();
+    let mut reported: Vec<Vec<usize>> = Vec::with_capacity(scheduled.len());
+    for (sch, p) in scheduled.iter().zip(plan) {
+        let seq = &running[sch.seq];
+        // A recomputed prompt (preemption, weight update) reports each position once.
+        let first = seq.prompt_logprobs.len();
+        let report = |pos: &usize| seq.num_output() == 0 && *pos >= first;
+        let positions: Vec<usize> = p.prompt_positions.clone().filter(report).collect();
+        for &pos in &positions {
+            let row = p.prompt_row + pos - p.prompt_positions.start;
+            let top = seq.params.prompt_logprobs.unwrap_or(0);
+            rows.push(SampleRow { row, task: RowTask::Score(seq.tokens[pos + 1]), top_logprobs: top });
+        }
+        if let Some(row) = p.sample_row {
+            let ctx = SampleContext {
+                prompt_ids: &seq.tokens[..seq.prompt_len],
+                output_ids: seq.output_ids(),
+                eos_token_ids,
+                seed: seq.seed,
+            };
+            let task = RowTask::Draw(draw_for(&seq.params, &ctx, vocab));
+            rows.push(SampleRow { row, task, top_logprobs: seq.params.logprobs.unwrap_or(0) });
+        }
+        reported.push(positions);
+    }
+    (rows, reported)
+}
+
+/// Decode steps through CUDA graphs, as vLLM runs them: a graph per padded batch size (1, 2,
+/// 4, 8, then multiples of 8 up to `max_num_seqs`), captured on the size's second step (its
+/// first runs eagerly and leaves the buffers the capture takes in the workspace), replayed
+/// after. A step writes its inputs into the [`StepPlan`] (one upload), replays, and samples
+/// from the graph's logits through the plan (two launches, one download). The padding rows
+/// decode token 0 at position 0 into the pool's extra block and are not sampled. Graphs
+/// hold the weights' addresses: an in-place update keeps them valid, a model replaced by a
+/// checkpoint's ([`Model::weights_id`]) drops them. A capture that fails is logged once and
+/// its size runs eagerly from then on.
+struct DecodeGraphs {
+    dev: CudaDevice,
+    plan: StepPlan,
+    pool: CudaGraphPool,
+    /// Per padded batch size: the graph and the logits tensor it writes.
+    graphs: HashMap<usize, (CudaGraph, Tensor)>,
+    /// Sizes that ran eagerly once since the weights were loaded.
+    warmed: HashSet<usize>,
+    /// Sizes whose capture failed.
+    failed: HashSet<usize>,
+    weights_id: Option<u64>,
+    max_num_seqs: usize,
+    /// The KV block the padding rows write into (the pool's last).
+    pad_block: u32,
+    block_size: usize,
+}
+
+impl DecodeGraphs {
+    // In a build without the kernels crate's `cuda` feature `CudaDevice` is uninhabited
+    // (the stub) and the body after its first use unreachable.
+    #[allow(unreachable_code, unused_variables)]
+    fn new(dev: &CudaDevice, limits: GraphLimits, num_blocks: usize, block_size: usize) -> Result<Self> {
+        let max_blocks = limits.max_model_len.div_ceil(block_size);
+        let n = padded(limits.max_num_seqs, limits.max_num_seqs);
+        // Tokens, positions, slots, logit rows and row tables: 5 words a row; the block
+        // tables; the sampler's rows (12 words of parameters and ~20 of offsets a row, plus
+        // room for penalty, bias and mask lists; a step whose lists do not fit runs eagerly).
+        let words = n * (5 + max_blocks + 32) + (1 << 16);
+        Ok(Self {
+            dev: dev.clone(),
+            plan: dev.step_plan(words, limits.max_model_len)?,
+            pool: dev.graph_pool(),
+            graphs: HashMap::new(),
+            warmed: HashSet::new(),
+            failed: HashSet::new(),
+            weights_id: None,
+            max_num_seqs: limits.max_num_seqs,
+            pad_block: num_blocks as u32,
+            block_size,
+        })
+    }
+
+    /// Runs a decode-only `batch` (one row per sequence, sampled by `rows`) through the
+    /// graph of its padded size; `None` when it must run eagerly (too many sequences, a
+    /// plan that does not fit).
+    fn run(
+        &mut self,
+        model: &Model,
+        kv: &mut KvCache,
+        batch: &ForwardBatch,
+        rows: &[SampleRow],
+    ) -> Result<Option<Vec<Sampled>>> {
+        let n = batch.seqs.len();
+        if n == 0 || n > self.max_num_seqs {
+            return Ok(None);
+        }
+        if self.weights_id != Some(model.weights_id()) {
+            self.graphs.clear();
+            self.warmed.clear();
+            self.failed.clear();
+            self.weights_id = Some(model.weights_id());
+        }
+        let bp = padded(n, self.max_num_seqs);
+        let pad = bp - n;
+        let plan = &mut self.plan;
+        plan.clear();
+        let tokens = plan.push(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, pad)));
+        let positions = plan.push(batch.positions.iter().map(|&p| p as u32).chain(std::iter::repeat_n(0, pad)));
+        let pad_slot = self.pad_block * self.block_size as u32;
+        let slots = plan.push(batch.slot_mapping.iter().copied().chain(std::iter::repeat_n(pad_slot, pad)));
+        let logit_rows = plan.push(0..bp as u32);
+        // The row tables (word offsets into the plan), then each row's block table: every
+        // section a graph reads has the same offset in every step of its size (the tables
+        // vary in length, so they come after).
+        let mut at = plan.len() + bp;
+        let mut offsets = Vec::with_capacity(bp);
+        for s in &batch.seqs {
+            offsets.push(at as u32);
+            at += s.block_table.len();
+        }
+        offsets.extend(std::iter::repeat_n(at as u32, pad));
+        let row_table = plan.push(offsets);
+        for s in &batch.seqs {
+            plan.push(s.block_table.iter().copied());
+        }
+        plan.push([self.pad_block]);
+        let staged = plan.stage_sample(bp, model.config.vocab_size, rows)?;
+        if !plan.fits() {
+            return Ok(None);
+        }
+        plan.upload()?;
+        // The graph's logits tensor is the buffer its replays write (a clone would be a copy).
+        let mut eager = None;
+        if let Some((graph, _)) = self.graphs.get(&bp) {
+            graph.replay()?;
+        } else {
+            let inputs = || -> Result<StepInputs> {
+                let tables: Vec<Vec<u32>> = (0..bp)
+                    .map(|i| batch.seqs.get(i).map_or(vec![self.pad_block], |s| s.block_table.clone()))
+                    .collect();
+                let seqs: Vec<AttnSeq> = (0..bp)
+                    .map(|i| AttnSeq {
+                        rows: i..i + 1,
+                        start_pos: batch.positions.get(i).copied().unwrap_or(0),
+                        block_table: &tables[i],
+                    })
+                    .collect();
+                let attn = AttnBatch::new(&seqs, self.block_size)?;
+                Ok(StepInputs {
+                    tokens: plan.indices(tokens.clone())?,
+                    positions: plan.indices(positions.clone())?,
+                    slots: plan.indices(slots.clone())?,
+                    attn: plan.decode_attn(attn, row_table.clone(), positions.clone())?,
+                    logit_rows: plan.indices(logit_rows.clone())?,
+                })
+            };
+            let step = inputs()?;
+            // The size's first step runs eagerly (the warm-up); its second captures.
+            let capture = !self.warmed.insert(bp) && !self.failed.contains(&bp);
+            match capture.then(|| self.dev.capture(&self.pool, || model.forward_step(&step, kv))) {
+                Some(Ok((graph, logits))) => {
+                    graph.replay()?;
+                    self.graphs.insert(bp, (graph, logits));
+                }
+                Some(Err(e)) => {
+                    tracing::warn!("CUDA graph capture for decode batch {bp} failed, running it eagerly: {e}");
+                    self.failed.insert(bp);
+                    eager = Some(model.forward_step(&step, kv)?);
+                }
+                None => eager = Some(model.forward_step(&step, kv)?),
+            }
+        }
+        let logits = match &eager {
+            Some(l) => l,
+            None => &self.graphs[&bp].1,
+        };
+        Ok(Some(self.plan.sample(logits, &staged, rows)?))
+    }
+}
+
+/// The graph batch size for `n` sequences: 1, 2, 4, 8, then the next multiple of 8 (vLLM's
+/// capture sizes), at most `max` rounded up to one of them.
+fn padded(n: usize, max: usize) -> usize {
+    let size = |n: usize| if n <= 8 { n.next_power_of_two() } else { n.div_ceil(8) * 8 };
+    size(n.min(max.max(1)))
 }

@@ -28,6 +28,78 @@ impl CudaDevice {
     pub fn counters(&self) -> crate::DeviceCounters {
         match *self {}
     }
+
+    pub fn graph_pool(&self) -> CudaGraphPool {
+        match *self {}
+    }
+
+    pub fn capture<R, E: From<KernelError>>(
+        &self,
+        _: &CudaGraphPool,
+        _: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> std::result::Result<(CudaGraph, R), E> {
+        match *self {}
+    }
+
+    pub fn step_plan(&self, _: usize, _: usize) -> Result<StepPlan> {
+        match *self {}
+    }
+}
+
+/// A captured graph (uninhabited in this build).
+pub enum CudaGraph {}
+
+impl CudaGraph {
+    pub fn replay(&self) -> Result<()> {
+        match *self {}
+    }
+}
+
+/// A graph pool (uninhabited in this build).
+pub enum CudaGraphPool {}
+
+/// Staged sampler rows (uninhabited in this build).
+pub enum StagedSample {}
+
+/// A step plan (uninhabited in this build).
+pub enum StepPlan {}
+
+impl StepPlan {
+    pub fn clear(&mut self) {
+        match *self {}
+    }
+    pub fn push(&mut self, _: impl IntoIterator<Item = u32>) -> Range<usize> {
+        match *self {}
+    }
+    pub fn len(&self) -> usize {
+        match *self {}
+    }
+    pub fn is_empty(&self) -> bool {
+        match *self {}
+    }
+    pub fn fits(&self) -> bool {
+        match *self {}
+    }
+    pub fn upload(&self) -> Result<()> {
+        match *self {}
+    }
+    pub fn indices(&self, _: Range<usize>) -> Result<Indices> {
+        match *self {}
+    }
+    pub fn decode_attn(&self, _: AttnBatch, _: Range<usize>, _: Range<usize>) -> Result<AttnBatch> {
+        match *self {}
+    }
+    pub fn stage_sample(&mut self, _: usize, _: usize, _: &[crate::sample::SampleRow]) -> Result<StagedSample> {
+        match *self {}
+    }
+    pub fn sample(
+        &self,
+        _: &crate::Tensor,
+        _: &StagedSample,
+        _: &[crate::sample::SampleRow],
+    ) -> Result<Vec<crate::sample::Sampled>> {
+        match *self {}
+    }
 }
 
 impl BackendDevice for CudaDevice {

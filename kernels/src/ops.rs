@@ -675,6 +675,16 @@ pub fn token_logprobs(logits: &Tensor, tokens: &[u32], temperature: f32) -> Resu
 /// `v`, or more than [`MAX_TOP_LOGPROBS`] top log-probabilities.
 pub fn sample(logits: &Tensor, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
     let (m, v) = logits.dims2("sample")?;
+    check_sample_rows(m, v, rows)?;
+    if rows.is_empty() {
+        return Ok(vec![]);
+    }
+    let a = &logits.storage;
+    backend!("sample"; a => a.sample(v, rows))
+}
+
+/// [`sample`]'s checks of `rows` over logits `[m, v]`.
+pub(crate) fn check_sample_rows(m: usize, v: usize, rows: &[SampleRow]) -> Result<()> {
     for (i, r) in rows.iter().enumerate() {
         let bad = |what: String| Err(shape_err("sample", format!("row {i}: {what}")));
         if r.row >= m {
@@ -698,11 +708,7 @@ pub fn sample(logits: &Tensor, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
             return bad(format!("token id {t} >= vocab size {v}"));
         }
     }
-    if rows.is_empty() {
-        return Ok(vec![]);
-    }
-    let a = &logits.storage;
-    backend!("sample"; a => a.sample(v, rows))
+    Ok(())
 }
 
 /// Gradient w.r.t. the logits of a loss with `dL/dℓ_i = dl_dlogp[i]` and (optionally)

@@ -102,6 +102,9 @@ pub struct DeviceCounters {
     pub gemms: u64,
     /// Times the host waited for the stream.
     pub syncs: u64,
+    /// CUDA graph launches (each replays a captured step: its kernels and GEMMs are not
+    /// counted again above).
+    pub graph_launches: u64,
 }
 
 impl DeviceCounters {
@@ -116,6 +119,7 @@ impl DeviceCounters {
             launches: f(self.launches, b.launches),
             gemms: f(self.gemms, b.gemms),
             syncs: f(self.syncs, b.syncs),
+            graph_launches: f(self.graph_launches, b.graph_launches),
         }
     }
 }

@@ -49,6 +49,9 @@ pub struct EngineArgs {
     /// (slow where the host backs memory lazily; it then costs startup time instead).
     #[arg(long)]
     pub kv_cache_prefault: bool,
+    /// Run every step's kernels one by one on a CUDA device (vLLM's flag): no CUDA graphs.
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 #[derive(clap::ValueEnum, Clone, Copy, Debug)]
@@ -72,6 +75,7 @@ impl EngineArgs {
                 KvOnUpdateArg::Recompute => KvOnUpdate::Recompute,
             },
             kv_cache_prefault: self.kv_cache_prefault,
+            enforce_eager: self.enforce_eager,
         }
     }
 }

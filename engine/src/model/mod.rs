@@ -70,6 +70,8 @@ pub struct Model {
     /// Policy version (DESIGN-NOTES §2): 0 for loaded weights (or the checkpoint's version
     /// on resume), +1 per optimizer step. Every generated token records it.
     pub version: u64,
+    /// Unique per loaded set of weight buffers ([`Self::weights_id`]).
+    weights_id: u64,
     rope_cos: Tensor,
     rope_sin: Tensor,
     device: Device,
@@ -144,6 +146,10 @@ impl Model {
             norm,
             lm_head,
             version: 0,
+            weights_id: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
             rope_cos,
             rope_sin,
             device: device.clone(),
@@ -152,6 +158,14 @@ impl Model {
 
     pub fn device(&self) -> &Device {
         &self.device
+    }
+
+    /// Names this model's weight buffers: unique per [`Model`] built in the process, kept by
+    /// an in-place update (the buffers stay where they are), new when a checkpoint's weights
+    /// replace the model. A captured CUDA graph holds the addresses of the buffers it was
+    /// captured with, so it is replayed only while this id is unchanged.
+    pub fn weights_id(&self) -> u64 {
+        self.weights_id
     }
 
     /// A KV cache on this model's device for up to `capacity` tokens (blocks of
@@ -282,8 +296,6 @@ impl Model {
     }
 
     fn forward_inner(&self, b: &ForwardBatch, cache: &mut KvCache) -> Result<Tensor> {
-        let c = &self.config;
-        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         let seqs: Vec<AttnSeq> = b
             .seqs
             .iter()
@@ -291,30 +303,43 @@ impl Model {
             .collect();
         // The step's indices, built once: a device uploads each once and every layer reads
         // the resident copy (docs/ARCHITECTURE.md, "The step's indices").
-        let attn = AttnBatch::new(&seqs, b.block_size)?;
-        let positions: Indices = b.positions.iter().map(|&p| p as u32).collect();
-        let slots = Indices::new(b.slot_mapping.clone());
-        let mut x = ops::embedding(&self.embed_tokens, &b.tokens)?;
+        let inputs = StepInputs {
+            tokens: Indices::new(b.tokens.clone()),
+            positions: b.positions.iter().map(|&p| p as u32).collect(),
+            slots: Indices::new(b.slot_mapping.clone()),
+            attn: AttnBatch::new(&seqs, b.block_size)?,
+            logit_rows: b.logit_rows.iter().map(|&r| r as u32).collect(),
+        };
+        self.forward_step(&inputs, cache)
+    }
+
+    /// The forward of one step's [`StepInputs`] over `cache`: logits `[logit_rows, vocab]`.
+    /// [`Self::forward_batch`] builds the inputs from a [`ForwardBatch`]; the model runner's
+    /// decode graphs build them over a step plan's device buffer and capture this call.
+    pub fn forward_step(&self, inputs: &StepInputs, cache: &mut KvCache) -> Result<Tensor> {
+        let c = &self.config;
+        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let StepInputs { tokens, positions, slots, attn, logit_rows } = inputs;
+        let mut x = ops::embedding(&self.embed_tokens, tokens)?;
         for (l, w) in self.layers.iter().enumerate() {
             let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
             let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
             let [q, k, v]: [Tensor; 3] =
                 ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
             let (mut q, mut k) = w.norm_qk(c, q, k)?;
-            ops::rope_inplace(&mut q, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            ops::rope_inplace(&mut k, &positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            cache.write(l, &slots, &k, &v)?;
+            ops::rope_inplace(&mut q, positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            ops::rope_inplace(&mut k, positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+            cache.write(l, slots, &k, &v)?;
             let (kc, vc) = cache.layer(l);
             let (heads, kv_heads, layout) = (c.num_attention_heads, c.num_key_value_heads, cache.layout());
-            let a = ops::paged_attention(&q, kc, vc, &attn, heads, kv_heads, c.head_dim, layout)?;
+            let a = ops::paged_attention(&q, kc, vc, attn, heads, kv_heads, c.head_dim, layout)?;
             ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
             let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
             let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
             ops::add_inplace(&mut x, &ops::linear(&ops::silu_mul(&gu)?, &w.down_proj, None)?)?;
         }
         // Only the requested rows go through the final norm and LM head (a row gather).
-        let rows: Vec<u32> = b.logit_rows.iter().map(|&r| r as u32).collect();
-        let x = ops::embedding(&x, &rows)?;
+        let x = ops::embedding(&x, logit_rows)?;
         let x = ops::rms_norm(&x, &self.norm, c.rms_norm_eps)?;
         Ok(ops::linear(&x, &self.lm_head, None)?)
     }
@@ -337,6 +362,21 @@ pub struct BatchSeq {
     pub start_pos: usize,
     /// The KV blocks of positions `0..start_pos + rows.len()`, in order.
     pub block_table: Vec<u32>,
+}
+
+/// A step's index arguments as the forward reads them ([`Model::forward_step`]): on a CUDA
+/// device each is uploaded once per step (or is a view of a step plan) and read by every
+/// layer.
+pub struct StepInputs {
+    /// Token id per row `[t]`.
+    pub tokens: Indices,
+    /// Position per row (RoPE) `[t]`.
+    pub positions: Indices,
+    /// KV slot per row `[t]`.
+    pub slots: Indices,
+    pub attn: AttnBatch,
+    /// The rows whose logits are returned, in order.
+    pub logit_rows: Indices,
 }
 
 /// The new tokens of several sequences, flattened, for [`Model::forward_batch`].

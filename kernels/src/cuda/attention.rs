@@ -51,7 +51,28 @@ struct DecodeMeta {
     max_parts: usize,
 }
 
+/// Partitions of the split-KV kernels for a context of `max_context` positions (a captured
+/// graph's fixed grid: partitions past a row's context write nothing and are not read).
+pub(super) fn partitions(max_context: usize) -> usize {
+    max_context.div_ceil(PARTITION).max(1)
+}
+
 impl AttnMeta {
+    /// A decode-only step's metadata over a step plan's views: `n` one-row sequences, all
+    /// the rows of `q` in order; `row_table[r]` is row `r`'s offset into `tables`; the grid
+    /// covers `max_parts` partitions whatever the rows' positions (a graph's launches do not
+    /// change from step to step).
+    pub(super) fn decode_only(
+        tables: DevBuf<u32>,
+        row_table: DevBuf<i32>,
+        row_pos: DevBuf<i32>,
+        n: usize,
+        max_parts: usize,
+    ) -> Self {
+        let decode = DecodeMeta { rows: None, n, row_table, row_pos, max_parts };
+        Self { tables, prefill: None, decode: Some(decode) }
+    }
+
     /// A sequence with one query row (decode) runs the split-KV kernels, a longer one
     /// (prefill, chunked prefill, the learner's spans) the tiled prefill kernel; with
     /// `--batch-invariant` every row runs the split-KV kernels.

@@ -90,6 +90,16 @@ impl CudaDevice {
         Ok(Resident::Shared(&idx.resident.get().expect("set").buf))
     }
 
+    /// Sets `idx`'s device copy to `buf` (a step plan's view).
+    pub(super) fn set_resident(&self, idx: &Indices, buf: DevBuf<u32>) {
+        let _ = idx.resident.set(ResidentIndices { owner: Arc::downgrade(&self.inner), buf });
+    }
+
+    /// Sets `batch`'s device metadata to `meta` (a step plan's views).
+    pub(super) fn set_resident_attn(&self, batch: &AttnBatch, meta: AttnMeta) {
+        let _ = batch.resident.set(ResidentAttn { owner: Arc::downgrade(&self.inner), meta });
+    }
+
     /// The attention metadata of `batch` on this device (built by `build` on first use, or
     /// per call when another device holds it).
     pub(super) fn attn_meta<'a>(

@@ -16,9 +16,11 @@ mod compile;
 mod device;
 #[cfg(feature = "cuda-emu")]
 pub mod emu;
+mod plan;
 mod runtime;
 mod sample;
 mod storage;
 
 pub use device::{CudaDevice, ResidentAttn, ResidentIndices};
+pub use plan::{CudaGraph, CudaGraphPool, StagedSample, StepPlan};
 pub use storage::CudaStorage;

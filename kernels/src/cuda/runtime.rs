@@ -72,6 +72,8 @@ macro_rules! elems {
                 Arg::Null(v) => { b.arg(&*v); }
                 $(Arg::In(BufRef::$kind(x)) => { let x: &'a DevBuf<$t> = x; b.arg(x.driver()); })+
                 $(Arg::Out(BufMut::$kind(x)) => { b.arg(x.driver_mut()); })+
+                #[cfg(feature = "cuda-emu")]
+                Arg::Emu(..) => unreachable!("an emulated buffer on the driver runtime"),
             }
         }
     };
@@ -88,6 +90,10 @@ pub(super) enum Arg<'a> {
     Null(u64),
     In(BufRef<'a>),
     Out(BufMut<'a>),
+    /// A buffer of a recorded graph replayed on the emulated device: its kind, its memory,
+    /// whether the kernel may write it.
+    #[cfg(feature = "cuda-emu")]
+    Emu(ElemKind, &'a super::emu::EmuBuf, bool),
 }
 
 /// A read-only buffer argument.
@@ -101,20 +107,19 @@ pub(super) fn w<T: Elem>(b: &mut DevBuf<T>) -> Arg<'_> {
 }
 
 /// A device buffer of `len` values of `T` (the allocation has at least one element). Dropped,
-/// it goes back to its runtime's [`Pool`] for reuse.
+/// it goes back to its home [`Pool`] for reuse (the runtime's workspace, or, made during a
+/// graph capture, the graph's pool); a view's home ([`Runtime::view`]) frees nothing.
 pub struct DevBuf<T: Elem> {
     pub(super) inner: ManuallyDrop<BufInner<T>>,
     len: usize,
-    pool: Option<Arc<Pool>>,
+    home: Arc<Pool>,
 }
 
 impl<T: Elem> Drop for DevBuf<T> {
     fn drop(&mut self) {
         // SAFETY: `inner` is taken once, here, and never used again.
         let inner = unsafe { ManuallyDrop::take(&mut self.inner) };
-        if let Some(pool) = &self.pool {
-            pool.give(inner, self.len);
-        }
+        self.home.give(inner, self.len);
     }
 }
 
@@ -128,6 +133,8 @@ pub(super) struct Pool {
     free: Mutex<HashMap<(ElemKind, usize), Vec<FreeBuf>>>,
     bytes: AtomicU64,
     cap: u64,
+    /// A view's home: the buffer whose memory the view is (kept alive; nothing is freed).
+    viewed: Option<Arc<dyn std::any::Any + Send + Sync>>,
 }
 
 /// A freed `BufInner<T>` (its `T` is the key's element kind).
@@ -135,7 +142,17 @@ type FreeBuf = Box<dyn std::any::Any + Send>;
 
 impl Pool {
     fn new(cap: u64) -> Self {
-        Self { free: Mutex::new(HashMap::new()), bytes: AtomicU64::new(0), cap }
+        Self { free: Mutex::new(HashMap::new()), bytes: AtomicU64::new(0), cap, viewed: None }
+    }
+
+    /// The home of views of `viewed`'s memory.
+    fn view(viewed: Arc<dyn std::any::Any + Send + Sync>) -> Self {
+        Self { viewed: Some(viewed), ..Self::new(0) }
+    }
+
+    /// A pool without a cap (a graph's: [`GraphPool`]).
+    fn unbounded() -> Self {
+        Self::new(u64::MAX)
     }
 
     fn take<T: Elem>(&self, n: usize) -> Option<BufInner<T>> {
@@ -146,6 +163,14 @@ impl Pool {
     }
 
     fn give<T: Elem>(&self, inner: BufInner<T>, n: usize) {
+        if self.viewed.is_some() {
+            // The memory is the viewed buffer's: not freed here.
+            #[allow(irrefutable_let_patterns)] // without `cuda-emu`, the one variant
+            if let BufInner::Driver(s) = inner {
+                s.leak();
+            }
+            return;
+        }
         let size = (n.max(1) * std::mem::size_of::<T>()) as u64;
         if self.bytes.fetch_add(size, Ordering::Relaxed) + size > self.cap {
             self.bytes.fetch_sub(size, Ordering::Relaxed);
@@ -193,7 +218,9 @@ impl<T: Elem> Clone for DevBuf<T> {
             #[cfg(feature = "cuda-emu")]
             BufInner::Emu(b) => BufInner::Emu(b.deep_copy()),
         };
-        Self { inner: ManuallyDrop::new(inner), len: self.len, pool: self.pool.clone() }
+        // A copy of a view is a buffer of its own, freed when dropped (a pool of no capacity).
+        let home = if self.home.viewed.is_some() { Arc::new(Pool::new(0)) } else { self.home.clone() };
+        Self { inner: ManuallyDrop::new(inner), len: self.len, home }
     }
 }
 
@@ -242,7 +269,113 @@ pub(super) struct Runtime {
     pub(super) backend: Backend,
     counters: Counters,
     pool: Arc<Pool>,
+    gate: Gate,
 }
+
+/// The device's one stream is shared by the engine's and the learner's threads: while one
+/// thread captures a graph ([`Runtime::capture`]), every other thread's request waits at this
+/// gate (work queued by another thread would otherwise land in the graph), and a capture
+/// starts only when no other request is being queued.
+#[derive(Default)]
+struct Gate {
+    state: Mutex<GateState>,
+    changed: std::sync::Condvar,
+}
+
+#[derive(Default)]
+struct GateState {
+    /// Requests being queued by threads other than the capturing one.
+    inside: usize,
+    capture: Option<Capture>,
+}
+
+/// A capture in progress: its thread, the graph pool its buffers come from and go back to,
+/// and on the emulated device the recorded work.
+struct Capture {
+    thread: u64,
+    pool: Arc<Pool>,
+    #[cfg(feature = "cuda-emu")]
+    ops: Vec<super::emu::Op>,
+}
+
+/// This thread's id for the [`Gate`] (`std::thread::ThreadId` has no stable integer form).
+fn thread_id() -> u64 {
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    thread_local!(static ID: u64 = NEXT.fetch_add(1, Ordering::Relaxed));
+    ID.with(|id| *id)
+}
+
+/// Passage through the [`Gate`] for one request: `Shared` for a thread that is not
+/// capturing (leaves on drop), `Capturing` for the capturing thread.
+enum Pass<'a> {
+    Shared(&'a Gate),
+    Capturing(std::sync::MutexGuard<'a, GateState>),
+}
+
+impl Drop for Pass<'_> {
+    fn drop(&mut self) {
+        if let Pass::Shared(g) = self {
+            let mut st = g.state.lock().unwrap_or_else(|e| e.into_inner());
+            st.inside -= 1;
+            if st.inside == 0 {
+                g.changed.notify_all();
+            }
+        }
+    }
+}
+
+impl Pass<'_> {
+    /// The capture in progress, for the capturing thread.
+    fn capture(&mut self) -> Option<&mut Capture> {
+        match self {
+            Pass::Capturing(st) => st.capture.as_mut(),
+            Pass::Shared(_) => None,
+        }
+    }
+}
+
+impl Gate {
+    fn enter(&self) -> Pass<'_> {
+        let me = thread_id();
+        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        loop {
+            match &st.capture {
+                Some(c) if c.thread == me => return Pass::Capturing(st),
+                Some(_) => st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
+                None => break,
+            }
+        }
+        st.inside += 1;
+        Pass::Shared(self)
+    }
+}
+
+/// The buffers graphs are captured with ([`Runtime::capture`]): a capture takes its buffers
+/// from here (or from the workspace, moving them here) and gives them back here, so the
+/// addresses a graph was captured with stay the graph's. Graphs captured with one pool share
+/// its buffers: they must never run at the same time (one stream, replays in turn, each
+/// step's outputs read before the next replay), as vLLM's decode graphs share one memory pool.
+#[derive(Clone)]
+pub struct GraphPool(Arc<Pool>);
+
+impl Default for GraphPool {
+    fn default() -> Self {
+        Self(Arc::new(Pool::unbounded()))
+    }
+}
+
+/// A captured graph: replayed by [`Runtime::replay`].
+pub(super) enum GraphExec {
+    Driver(cudarc::driver::CudaGraph),
+    #[cfg(feature = "cuda-emu")]
+    Emu(Vec<super::emu::Op>),
+}
+
+// SAFETY: a `CudaGraph` is used only through `Runtime::replay`, which launches it behind the
+// gate (one request at a time per thread; cuGraphLaunch on the backend's stream); the
+// emulated ops are plain data.
+unsafe impl Send for GraphExec {}
+unsafe impl Sync for GraphExec {}
 
 /// Bytes of freed buffers the workspace keeps ([`Pool`]).
 const WORKSPACE_CAP: u64 = 1 << 30;
@@ -259,6 +392,7 @@ struct Counters {
     launches: AtomicU64,
     gemms: AtomicU64,
     syncs: AtomicU64,
+    graph_launches: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -290,6 +424,11 @@ impl Driver {
     pub(super) fn new(ordinal: usize) -> Result<Self> {
         check_libraries()?;
         let ctx = CudaContext::new(ordinal).map_err(cuda_err)?;
+        // One stream, ordered: cudarc's per-buffer events (made for several streams) would
+        // only add an event record per argument per launch, and waits on events recorded
+        // outside a graph capture invalidate the capture.
+        // SAFETY: called before any buffer is made; every buffer is used on this one stream.
+        unsafe { ctx.disable_event_tracking() };
         let stream = ctx.new_stream().map_err(cuda_err)?;
         let (major, minor) = ctx.compute_capability().map_err(cuda_err)?;
         let mut modules = HashMap::new();
@@ -323,22 +462,43 @@ fn copy_err(what: &str, range: &Range<usize>, len: usize) -> KernelError {
 
 impl Runtime {
     pub(super) fn new(backend: Backend) -> Self {
-        Self { backend, counters: Counters::default(), pool: Arc::new(Pool::new(WORKSPACE_CAP)) }
+        Self { backend, counters: Counters::default(), pool: Arc::new(Pool::new(WORKSPACE_CAP)), gate: Gate::default() }
     }
 
-    fn wrap<T: Elem>(&self, inner: BufInner<T>, len: usize) -> DevBuf<T> {
-        DevBuf { inner: ManuallyDrop::new(inner), len, pool: Some(self.pool.clone()) }
-    }
-
-    /// A freed buffer of `n` values from the workspace, or a new allocation (counted).
-    fn take_or<T: Elem>(&self, n: usize, new: impl FnOnce() -> Result<BufInner<T>>) -> Result<(DevBuf<T>, bool)> {
+    /// A freed buffer of `n` values from the workspace, or a new allocation (counted). During
+    /// a capture the buffer comes from (and will go back to) the graph's pool, or from the
+    /// workspace; a new allocation there is an error: a graph is captured after an eager
+    /// warm-up step of the same shapes, which leaves every buffer it needs in the workspace
+    /// (an allocation inside a capture would become the graph's own, freed at each replay).
+    fn take_or<T: Elem>(
+        &self,
+        pass: &mut Pass<'_>,
+        n: usize,
+        new: impl FnOnce() -> Result<BufInner<T>>,
+    ) -> Result<(DevBuf<T>, bool)> {
+        let wrap = |inner, pool: &Arc<Pool>| DevBuf { inner: ManuallyDrop::new(inner), len: n, home: pool.clone() };
+        if let Some(c) = pass.capture() {
+            let inner = c.pool.take::<T>(n).or_else(|| self.pool.take::<T>(n));
+            return match inner {
+                Some(inner) => Ok((wrap(inner, &c.pool), true)),
+                None => Err(KernelError::Cuda(format!(
+                    "a graph capture allocated {n} {:?} values that no warm-up step left in the workspace",
+                    T::KIND
+                ))),
+            };
+        }
         match self.pool.take::<T>(n) {
-            Some(inner) => Ok((self.wrap(inner, n), true)),
+            Some(inner) => Ok((wrap(inner, &self.pool), true)),
             None => {
                 bump(&self.counters.allocations, 1);
-                Ok((self.wrap(new()?, n), false))
+                Ok((wrap(new()?, &self.pool), false))
             }
         }
+    }
+
+    /// The error of a request a graph cannot hold.
+    fn not_in_capture(what: &str) -> KernelError {
+        KernelError::Cuda(format!("{what} during a graph capture (a graph's inputs are uploaded before its replay)"))
     }
 
     /// Whether this is the emulated device (a host thread per CUDA thread).
@@ -360,15 +520,16 @@ impl Runtime {
             launches: g(&c.launches),
             gemms: g(&c.gemms),
             syncs: g(&c.syncs),
+            graph_launches: g(&c.graph_launches),
         }
     }
-
     /// `n` zeroed values (the driver allocates at least one, as cudarc refuses an empty
     /// allocation; the emulated device exactly `n`, so that any access to an empty buffer
     /// is a memcheck failure).
     pub(super) fn zeros<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
+        let mut pass = self.gate.enter();
         bump(&self.counters.zero_fills, 1);
-        let (mut b, reused) = self.take_or(n, || match &self.backend {
+        let (mut b, reused) = self.take_or(&mut pass, n, || match &self.backend {
             Backend::Driver(d) => Ok(BufInner::Driver(d.stream.alloc_zeros(n.max(1)).map_err(cuda_err)?)),
             #[cfg(feature = "cuda-emu")]
             Backend::Emu(_) => Ok(BufInner::Emu(super::emu::EmuBuf::zeroed::<T>(n))),
@@ -377,7 +538,10 @@ impl Runtime {
             match (&self.backend, &mut *b.inner) {
                 (Backend::Driver(d), BufInner::Driver(s)) => d.stream.memset_zeros(s).map_err(cuda_err)?,
                 #[cfg(feature = "cuda-emu")]
-                (Backend::Emu(_), BufInner::Emu(e)) => e.fill(0),
+                (Backend::Emu(_), BufInner::Emu(e)) => match pass.capture() {
+                    Some(c) => c.ops.push(super::emu::Op::Fill(e.share(), 0)),
+                    None => e.fill(0),
+                },
                 #[cfg(feature = "cuda-emu")]
                 _ => unreachable!("a buffer of another runtime"),
             }
@@ -392,8 +556,9 @@ impl Runtime {
     /// A buffer from the workspace is as its last user left it (on the emulated device
     /// poisoned again).
     pub(super) fn alloc<T: Elem>(&self, n: usize) -> Result<DevBuf<T>> {
+        let mut pass = self.gate.enter();
         #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut))]
-        let (mut b, reused) = self.take_or(n, || match &self.backend {
+        let (mut b, reused) = self.take_or(&mut pass, n, || match &self.backend {
             // SAFETY: the buffer is only read after a kernel or copy has written it (the
             // callers' contract, checked on the emulated device by the poison fill).
             Backend::Driver(d) => Ok(BufInner::Driver(unsafe { d.stream.alloc(n.max(1)) }.map_err(cuda_err)?)),
@@ -413,40 +578,119 @@ impl Runtime {
         if data.is_empty() {
             return self.zeros(0);
         }
+        let mut pass = self.gate.enter();
+        if pass.capture().is_some() {
+            return Err(Self::not_in_capture("a host→device copy"));
+        }
         bump(&self.counters.htod_copies, 1);
         bump(&self.counters.htod_bytes, std::mem::size_of_val(data) as u64);
-        let (mut b, reused) = self.take_or(data.len(), || match &self.backend {
+        let (mut b, reused) = self.take_or(&mut pass, data.len(), || match &self.backend {
             Backend::Driver(d) => Ok(BufInner::Driver(d.stream.clone_htod(data).map_err(cuda_err)?)),
             #[cfg(feature = "cuda-emu")]
             Backend::Emu(_) => Ok(BufInner::Emu(super::emu::EmuBuf::from_host(data))),
         })?;
         if reused {
-            match (&self.backend, &mut *b.inner) {
-                (Backend::Driver(d), BufInner::Driver(s)) => d.stream.memcpy_htod(data, s).map_err(cuda_err)?,
-                #[cfg(feature = "cuda-emu")]
-                (Backend::Emu(_), BufInner::Emu(e)) => e.write_host(data),
-                #[cfg(feature = "cuda-emu")]
-                _ => unreachable!("a buffer of another runtime"),
-            }
+            Self::write(&self.backend, data, &mut b)?;
         }
         Ok(b)
     }
 
+    /// `data` into `dst[..data.len()]` (one host→device copy into a buffer that stays where
+    /// it is: a step plan's, [`super::plan`]).
+    pub(super) fn htod_into<T: Elem>(&self, data: &[T], dst: &mut DevBuf<T>) -> Result<()> {
+        if data.len() > dst.len {
+            return Err(copy_err("host→device copy", &(0..data.len()), dst.len));
+        }
+        if data.is_empty() {
+            return Ok(());
+        }
+        let mut pass = self.gate.enter();
+        if pass.capture().is_some() {
+            return Err(Self::not_in_capture("a host→device copy"));
+        }
+        bump(&self.counters.htod_copies, 1);
+        bump(&self.counters.htod_bytes, std::mem::size_of_val(data) as u64);
+        Self::write(&self.backend, data, dst)
+    }
+
+    /// `data` into the start of `b`.
+    fn write<T: Elem>(backend: &Backend, data: &[T], b: &mut DevBuf<T>) -> Result<()> {
+        match (backend, &mut *b.inner) {
+            (Backend::Driver(d), BufInner::Driver(s)) => {
+                d.stream.memcpy_htod(data, &mut s.slice_mut(0..data.len())).map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            (Backend::Emu(_), BufInner::Emu(e)) => {
+                e.write_host(data);
+                Ok(())
+            }
+            #[cfg(feature = "cuda-emu")]
+            _ => unreachable!("a buffer of another runtime"),
+        }
+    }
+
+    /// `len` values of `U` starting `offset` values of `T` into `base`: a buffer sharing
+    /// `base`'s memory (kept alive by `keep`, which owns `base`; freeing nothing). `offset · size_of::<T>()` must be
+    /// a multiple of `size_of::<U>()`.
+    pub(super) fn view<T: Elem, U: Elem>(
+        &self,
+        base: &DevBuf<T>,
+        offset: usize,
+        len: usize,
+        keep: Arc<dyn std::any::Any + Send + Sync>,
+    ) -> Result<DevBuf<U>> {
+        let (bytes, size) = (offset * std::mem::size_of::<T>(), std::mem::size_of::<U>());
+        if bytes % size != 0 || bytes + len * size > base.len * std::mem::size_of::<T>() {
+            return Err(KernelError::Cuda(format!(
+                "a view of {len} {:?} values at byte {bytes} does not fit a buffer of {} {:?} values",
+                U::KIND,
+                base.len,
+                T::KIND
+            )));
+        }
+        let inner = match (&self.backend, &*base.inner) {
+            (Backend::Driver(d), BufInner::Driver(s)) => {
+                use cudarc::driver::DevicePtr;
+                let (ptr, _record) = s.device_ptr(&d.stream);
+                // SAFETY: the range lies inside `base`'s allocation (checked above), which the
+                // view keeps alive; the view is leaked, never freed, when dropped.
+                BufInner::Driver(unsafe { d.stream.upgrade_device_ptr::<U>(ptr + bytes as u64, len.max(1)) })
+            }
+            #[cfg(feature = "cuda-emu")]
+            (Backend::Emu(_), BufInner::Emu(e)) => BufInner::Emu(e.view(bytes, len * size)),
+            #[cfg(feature = "cuda-emu")]
+            _ => unreachable!("a buffer of another runtime"),
+        };
+        Ok(DevBuf { inner: ManuallyDrop::new(inner), len, home: Arc::new(Pool::view(keep)) })
+    }
+
     /// The buffer's `len` values on the host (waits for the stream).
     pub(super) fn dtoh<T: Elem>(&self, b: &DevBuf<T>) -> Result<Vec<T>> {
+        self.dtoh_prefix(b, b.len)
+    }
+
+    /// The buffer's first `n` values on the host (waits for the stream).
+    pub(super) fn dtoh_prefix<T: Elem>(&self, b: &DevBuf<T>, n: usize) -> Result<Vec<T>> {
+        if n > b.len {
+            return Err(copy_err("device→host copy", &(0..n), b.len));
+        }
+        let mut pass = self.gate.enter();
+        if pass.capture().is_some() {
+            return Err(Self::not_in_capture("a device→host copy"));
+        }
         bump(&self.counters.dtoh_copies, 1);
-        bump(&self.counters.dtoh_bytes, (b.len * std::mem::size_of::<T>()) as u64);
+        bump(&self.counters.dtoh_bytes, (n * std::mem::size_of::<T>()) as u64);
         bump(&self.counters.syncs, 1);
         let mut v = match &*b.inner {
             BufInner::Driver(s) => match &self.backend {
-                Backend::Driver(d) => d.stream.clone_dtoh(s).map_err(cuda_err)?,
+                Backend::Driver(d) => d.stream.clone_dtoh(&s.slice(0..n.min(s.len()))).map_err(cuda_err)?,
                 #[cfg(feature = "cuda-emu")]
                 Backend::Emu(_) => unreachable!("a driver buffer on the emulated device"),
             },
             #[cfg(feature = "cuda-emu")]
             BufInner::Emu(e) => e.to_host::<T>(),
         };
-        v.truncate(b.len);
+        v.truncate(n);
         Ok(v)
     }
 
@@ -469,13 +713,25 @@ impl Runtime {
         if n == 0 {
             return Ok(());
         }
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut, unused_variables))]
+        let mut pass = self.gate.enter();
         match (&self.backend, &*src.inner, &mut *dst.inner) {
             (Backend::Driver(d), BufInner::Driver(s), BufInner::Driver(t)) => {
                 d.stream.memcpy_dtod(&s.slice(sr), &mut t.slice_mut(dr)).map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
             (Backend::Emu(_), BufInner::Emu(s), BufInner::Emu(t)) => {
-                t.copy_from::<T>(s, src_off, dst_off, n);
+                let size = std::mem::size_of::<T>();
+                match pass.capture() {
+                    Some(c) => c.ops.push(super::emu::Op::Copy {
+                        src: s.share(),
+                        dst: t.share(),
+                        from: src_off * size,
+                        to: dst_off * size,
+                        bytes: n * size,
+                    }),
+                    None => t.copy_bytes(s, src_off * size, dst_off * size, n * size),
+                }
                 Ok(())
             }
             #[cfg(feature = "cuda-emu")]
@@ -515,6 +771,8 @@ impl Runtime {
         cfg: LaunchCfg,
         args: &mut [Arg<'_>],
     ) -> Result<()> {
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut, unused_variables))]
+        let mut pass = self.gate.enter();
         bump(&self.counters.launches, 1);
         match &self.backend {
             Backend::Driver(d) => {
@@ -535,12 +793,91 @@ impl Runtime {
                 unsafe { b.launch(cfg) }.map(|_| ()).map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Backend::Emu(e) => e.launch(name, cfg, args),
+            Backend::Emu(e) => match pass.capture() {
+                Some(c) => {
+                    c.ops.push(super::emu::Op::launch(name, cfg, args));
+                    Ok(())
+                }
+                None => e.launch(name, cfg, args),
+            },
+        }
+    }
+
+    /// Records the work this thread queues while `f` runs into a graph instead of running it
+    /// (CUDA stream capture, thread-local mode; on the emulated device the requests are
+    /// recorded), and returns the graph with `f`'s result. Other threads' requests wait
+    /// until the capture ends. Inside `f`: no host↔device copy (an error), buffers only from
+    /// `pool` or the workspace (see [`Self::take_or`]); `f`'s work does not run until
+    /// [`Self::replay`]. A failed capture (an error from `f` or the driver) returns the error
+    /// and leaves no capture behind.
+    pub(super) fn capture<R, E: From<KernelError>>(
+        &self,
+        pool: &GraphPool,
+        f: impl FnOnce() -> std::result::Result<R, E>,
+    ) -> std::result::Result<(GraphExec, R), E> {
+        let me = thread_id();
+        {
+            let mut st = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
+            while st.capture.is_some() || st.inside > 0 {
+                if st.capture.as_ref().is_some_and(|c| c.thread == me) {
+                    return Err(KernelError::Cuda("a graph capture inside a graph capture".into()).into());
+                }
+                st = self.gate.changed.wait(st).unwrap_or_else(|e| e.into_inner());
+            }
+            #[allow(irrefutable_let_patterns)]
+            if let Backend::Driver(d) = &self.backend {
+                use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+                d.stream.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| E::from(cuda_err(e)))?;
+            }
+            st.capture = Some(Capture {
+                thread: me,
+                pool: pool.0.clone(),
+                #[cfg(feature = "cuda-emu")]
+                ops: Vec::new(),
+            });
+        }
+        let out = f();
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_variables))]
+        let capture = {
+            let mut st = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
+            let c = st.capture.take().expect("this thread's capture");
+            self.gate.changed.notify_all();
+            c
+        };
+        let exec = match &self.backend {
+            Backend::Driver(d) => {
+                use cudarc::driver::sys::CUgraphInstantiate_flags;
+                match d.stream.end_capture(CUgraphInstantiate_flags(0)).map_err(cuda_err) {
+                    Ok(Some(g)) => Ok(GraphExec::Driver(g)),
+                    Ok(None) => Err(KernelError::Cuda("the stream capture returned no graph".into())),
+                    Err(e) => Err(e),
+                }
+            }
+            #[cfg(feature = "cuda-emu")]
+            Backend::Emu(_) => Ok(GraphExec::Emu(capture.ops)),
+        };
+        // `f`'s own error first: a failed request also invalidates a driver capture.
+        let out = out?;
+        Ok((exec.map_err(E::from)?, out))
+    }
+
+    /// Runs a captured graph on the stream (one graph launch).
+    pub(super) fn replay(&self, graph: &GraphExec) -> Result<()> {
+        let _pass = self.gate.enter();
+        bump(&self.counters.graph_launches, 1);
+        match (&self.backend, graph) {
+            (Backend::Driver(_), GraphExec::Driver(g)) => g.launch().map_err(cuda_err),
+            #[cfg(feature = "cuda-emu")]
+            (Backend::Emu(e), GraphExec::Emu(ops)) => ops.iter().try_for_each(|op| op.run(e)),
+            #[cfg(feature = "cuda-emu")]
+            _ => unreachable!("a graph of another runtime"),
         }
     }
 
     /// f32 SGEMM ([`GemmArgs`]) over device buffers.
     pub(super) fn sgemm(&self, g: &GemmArgs, a: &DevBuf<f32>, b: &DevBuf<f32>, c: &mut DevBuf<f32>) -> Result<()> {
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut, unused_variables))]
+        let mut pass = self.gate.enter();
         bump(&self.counters.gemms, 1);
         match &self.backend {
             Backend::Driver(d) => {
@@ -565,13 +902,15 @@ impl Runtime {
                 unsafe { d.blas.gemm(cfg, a.driver(), b.driver(), c.driver_mut()) }.map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Backend::Emu(_) => super::emu::sgemm(g, a, b, c),
+            Backend::Emu(_) => super::emu::gemm(pass.capture().map(|c| &mut c.ops), false, g, a, b, c),
         }
     }
 
     /// `cublasGemmEx` with A and B in bf16 (`CUDA_R_16BF`), C in f32, f32 compute
     /// (`CUBLAS_COMPUTE_32F`); the layout as [`Self::sgemm`].
     pub(super) fn gemm_bf16(&self, g: &GemmArgs, a: &DevBuf<u16>, b: &DevBuf<u16>, c: &mut DevBuf<f32>) -> Result<()> {
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut, unused_variables))]
+        let mut pass = self.gate.enter();
         bump(&self.counters.gemms, 1);
         match &self.backend {
             Backend::Driver(d) => {
@@ -612,7 +951,7 @@ impl Runtime {
                 .map_err(cuda_err)
             }
             #[cfg(feature = "cuda-emu")]
-            Backend::Emu(_) => super::emu::gemm_bf16(g, a, b, c),
+            Backend::Emu(_) => super::emu::gemm(pass.capture().map(|c| &mut c.ops), true, g, a, b, c),
         }
     }
 }

@@ -26,9 +26,9 @@ fn sampler_threads(dev: &CudaDevice) -> u32 {
 const LOGPROB_THREADS: u32 = 256;
 
 /// `rows` in the kernels' packed form.
-struct Packed {
-    meta: Vec<i32>,
-    wide: Vec<u64>,
+pub(super) struct Packed {
+    pub(super) meta: Vec<i32>,
+    pub(super) wide: Vec<u64>,
     /// Entry `j` of the kernels is `rows[order[j]]` (the draws first).
     order: Vec<usize>,
     /// Draws, and top log-probabilities per row (K).
@@ -38,7 +38,7 @@ struct Packed {
     truncates: bool,
 }
 
-fn pack(rows: &[SampleRow]) -> Result<Packed> {
+pub(super) fn pack(rows: &[SampleRow]) -> Result<Packed> {
     let draw = |i: &usize| match &rows[*i].task {
         RowTask::Draw(d) => Some(d),
         RowTask::Score(_) => None,
@@ -106,8 +106,22 @@ fn pack(rows: &[SampleRow]) -> Result<Packed> {
 /// [`crate::backend::BackendStorage::sample`] on `logits [_, v]`.
 pub(super) fn sample(dev: &CudaDevice, logits: &DevBuf<f32>, v: usize, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
     let p = pack(rows)?;
-    let (n, stride) = (p.order.len(), 3 + 2 * p.k);
     let (meta, wide) = (dev.upload_any(&p.meta)?, dev.upload_any(&p.wide)?);
+    run(dev, logits, v, &p, &meta, &wide, rows)
+}
+
+/// The launches over `rows` packed as `p`, whose `meta` and `wide` are on the device
+/// (uploaded for this call, or a step plan's views), and the one download.
+pub(super) fn run(
+    dev: &CudaDevice,
+    logits: &DevBuf<f32>,
+    v: usize,
+    p: &Packed,
+    meta: &DevBuf<i32>,
+    wide: &DevBuf<u64>,
+    rows: &[SampleRow],
+) -> Result<Vec<Sampled>> {
+    let (n, stride) = (p.order.len(), 3 + 2 * p.k);
     let mut out = dev.alloc_any::<f32>(n * stride)?;
     let vi = int(v)?;
     if p.d > 0 {
@@ -117,8 +131,8 @@ pub(super) fn sample(dev: &CudaDevice, logits: &DevBuf<f32>, v: usize, rows: &[S
         let args = &mut [
             r(logits),
             Arg::I32(vi),
-            r(&meta),
-            r(&wide),
+            r(meta),
+            r(wide),
             w(&mut work),
             keys.as_mut().map_or(Arg::Null(0), w),
             w(&mut cum),
@@ -127,7 +141,7 @@ pub(super) fn sample(dev: &CudaDevice, logits: &DevBuf<f32>, v: usize, rows: &[S
         ];
         dev.launch("sampler.cu", "sampler", row_cfg(p.d, sampler_threads(dev)), args)?;
     }
-    let args = &mut [r(logits), Arg::I32(vi), r(&meta), r(&wide), w(&mut out)];
+    let args = &mut [r(logits), Arg::I32(vi), r(meta), r(wide), w(&mut out)];
     dev.launch("sampler.cu", "sample_logprobs", row_cfg(n, LOGPROB_THREADS), args)?;
     let host = dev.rt().dtoh(&out)?;
     let mut res = vec![None; rows.len()];

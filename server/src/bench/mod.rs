@@ -61,14 +61,13 @@ pub fn peak_rss_mib() -> Option<f64> {
     Some(kb / 1024.0)
 }
 
-/// The median of `v` (the upper middle value for an even count); `v` must not be empty.
 /// One line of what a CUDA device was asked per step (`counters` summed over `steps`
 /// steps; [`kernels::DeviceCounters`]); nothing on the CPU.
 pub fn print_device_per_step(what: &str, counters: Option<kernels::DeviceCounters>, steps: usize) {
     let (Some(c), true) = (counters, steps > 0) else { return };
     let per = |x: u64| x as f64 / steps as f64;
     println!(
-        "Device per {what}: {:.1} host→device copies ({:.0} B), {:.1} device→host copies ({:.0} B), {:.1} allocations, {:.1} kernel launches, {:.1} cuBLAS GEMMs, {:.1} host syncs",
+        "Device per {what}: {:.1} host→device copies ({:.0} B), {:.1} device→host copies ({:.0} B), {:.1} allocations, {:.1} kernel launches, {:.1} cuBLAS GEMMs, {:.1} graph launches, {:.1} host syncs",
         per(c.htod_copies),
         per(c.htod_bytes),
         per(c.dtoh_copies),
@@ -76,10 +75,12 @@ pub fn print_device_per_step(what: &str, counters: Option<kernels::DeviceCounter
         per(c.allocations),
         per(c.launches),
         per(c.gemms),
+        per(c.graph_launches),
         per(c.syncs)
     );
 }
 
+/// The median of `v` (the upper middle value for an even count); `v` must not be empty.
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]

@@ -84,6 +84,8 @@ on_targets!(
     greedy_tokens_match_the_cpu_for_16_steps,
     chunked_prefill_preemption_and_prefix_hits_match_the_cpu,
     a_decode_steps_uploads_do_not_grow_with_depth,
+    decode_graphs_replay_the_eager_steps_bitwise,
+    a_replayed_graph_reads_the_weights_an_update_wrote,
     a_learner_steps_host_reads_do_not_grow_with_depth,
     learner_gradients_match_the_cpu,
     learner_logprobs_vs_behavior_logprobs_on_the_gpu,
@@ -322,14 +324,15 @@ fn greedy_tokens_match_the_cpu_for_16_steps(t: Target) {
     }
 }
 
-/// The step's indices are uploaded once per step, not per layer ([`kernels::Indices`],
-/// `ops::AttnBatch`): a decode step of a 2-layer and of a 6-layer model make the same
-/// host→device copies — token ids, positions, KV slots, logit rows, and the attention's
-/// block tables, row tables and positions: 7 — plus the sampler's two packed buffers, and
-/// one device→host copy: the sampled token, μ and raw log-probability (12 bytes for the one
-/// sequence; the logits stay on the device: `ops::sample`), with no zero fill (outputs the
-/// kernels write in full are not cleared first). Before, each layer uploaded its own (9 per
-/// layer), every output was zero-filled and the logits came back to be sampled on the host.
+/// A decode step asks the device for one upload, one graph launch and one download at any
+/// depth. Its inputs — token ids, positions, KV slots, logit rows, block tables, row tables,
+/// the sampler's packed rows — go up in one copy into the step plan (`kernels::cuda::StepPlan`);
+/// the forward is a CUDA graph captured on the batch size's second decode step (its first
+/// runs eagerly, over the same plan) and replayed after; the sampler's two launches follow,
+/// and one device→host copy brings back the sampled token, μ and raw log-probability (12
+/// bytes for the one sequence; the logits stay on the device). No zero fill; after the
+/// warm-up step no allocation. Before the plan: 9 uploads per step (7 step indices and the
+/// sampler's 2 buffers), and before resident indices 9 per layer.
 fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
     let Some(dev) = t.device(F32) else { return };
     let mut per_depth = Vec::new();
@@ -341,7 +344,7 @@ fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
         let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
         let cfg = EngineConfig { num_blocks: Some(16), ..EngineConfig::default() };
         let mut e = LLMEngine::new(shared, tok, cfg).unwrap();
-        let params = SamplingParams { temperature: 0.0, max_tokens: Some(4), ignore_eos: true, ..Default::default() };
+        let params = SamplingParams { temperature: 0.0, max_tokens: Some(5), ignore_eos: true, ..Default::default() };
         e.add_request("0", tokens(tests::tiny::VOCAB, 5, 3), params).unwrap();
         let mut steps = Vec::new();
         while e.has_unfinished() {
@@ -350,20 +353,149 @@ fn a_decode_steps_uploads_do_not_grow_with_depth(t: Target) {
             steps.push(dev.counters().unwrap() - before);
         }
         eprintln!("{layers} layers: per step {steps:#?}");
-        assert_eq!(steps.len(), 4, "a prefill and three decode steps");
+        assert_eq!(steps.len(), 5, "a prefill and four decode steps");
         for s in &steps[1..] {
             let got = (s.htod_copies, s.dtoh_copies, s.dtoh_bytes, s.syncs, s.zero_fills);
-            assert_eq!(got, (9, 1, 12, 1, 0), "{layers} layers, a decode step: {s:?}");
+            assert_eq!(got, (1, 1, 12, 1, 0), "{layers} layers, a decode step: {s:?}");
         }
-        // The workspace: the second decode step repeats the first one's shapes, so every
-        // buffer comes from the previous step's (none allocated; the first decode step still
-        // allocates, its shapes new after the prefill).
-        for s in &steps[2..] {
-            assert_eq!(s.allocations, 0, "{layers} layers, a decode step after warm-up: {s:?}");
+        // The first decode step runs eagerly (launches per layer), the second captures them
+        // (counted as the requests they are) without allocating and replays them, the rest
+        // replay: one graph launch and the sampler's two launches, no GEMM outside the
+        // graph, nothing allocated.
+        assert_eq!(steps[1].graph_launches, 0, "{:?}", steps[1]);
+        assert!(steps[1].launches > 2 * layers as u64, "{:?}", steps[1]);
+        assert_eq!((steps[2].graph_launches, steps[2].allocations), (1, 0), "{:?}", steps[2]);
+        for s in &steps[3..] {
+            let got = (s.graph_launches, s.launches, s.gemms, s.allocations);
+            assert_eq!(got, (1, 2, 0, 0), "{layers} layers, a decode step after warm-up: {s:?}");
         }
-        per_depth.push(steps[3]);
+        per_depth.push(steps[4]);
     }
-    assert_eq!(per_depth[0].htod_bytes, per_depth[1].htod_bytes, "the same bytes whatever the depth");
+    assert_eq!(per_depth[0], per_depth[1], "the same requests whatever the depth");
+}
+
+/// The engine of [`run_engine`] with `enforce_eager`, on the target.
+fn eager(cfg: EngineConfig) -> EngineConfig {
+    EngineConfig { enforce_eager: true, ..cfg }
+}
+
+/// Decode steps replayed from CUDA graphs give the eager steps' tokens, μ, raw and top
+/// log-probabilities bit for bit: seven requests of different lengths, sampled (seeded,
+/// temperature, top-p, a repetition penalty, logprobs) and greedy, finishing at different
+/// steps, so the batch shrinks through padded sizes 8, 4, 2 and 1 (padding rows, graphs
+/// captured and replayed at each). Under `--batch-invariant` a row's result does not depend
+/// on its batch, so this holds on a GPU too; the emulated device's GEMM is per element.
+fn decode_graphs_replay_the_eager_steps_bitwise(t: Target) {
+    let Some(dev) = t.device(BATCH_INVARIANT) else { return };
+    let cfg = EngineConfig { num_blocks: Some(64), ..EngineConfig::default() };
+    for (name, config) in t.cases().into_iter().take(2) {
+        let vocab = config["vocab_size"].as_u64().unwrap() as usize;
+        let ps: Vec<Vec<u32>> = (0..7).map(|i| tokens(vocab, 3 + 2 * i, 60 + i as u64)).collect();
+        let run = |cfg: EngineConfig| {
+            let shared = SharedModel::new(model(&config, &dev));
+            let dir = tests::temp_dir("cuda-e2e-graphs");
+            tests::tiny::write_tokenizer(&dir);
+            let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+            let mut e = LLMEngine::new(shared, tok, cfg).unwrap();
+            for (i, p) in ps.iter().enumerate() {
+                let params = SamplingParams {
+                    temperature: if i % 3 == 0 { 0.0 } else { 0.8 },
+                    top_p: if i % 2 == 0 { 0.9 } else { 1.0 },
+                    repetition_penalty: if i == 4 { 1.3 } else { 1.0 },
+                    seed: Some(i as u64),
+                    logprobs: Some(i % 3),
+                    max_tokens: Some(3 + i),
+                    ignore_eos: true,
+                    ..Default::default()
+                };
+                e.add_request(&i.to_string(), p.clone(), params).unwrap();
+            }
+            let mut out = vec![Vec::new(); ps.len()];
+            let before = dev.counters().unwrap();
+            while e.has_unfinished() {
+                for o in e.step().unwrap() {
+                    out[o.request_id.parse::<usize>().unwrap()].extend(o.tokens);
+                }
+            }
+            (out, (dev.counters().unwrap() - before).graph_launches)
+        };
+        let (want, none) = run(eager(cfg.clone()));
+        let (got, replays) = run(cfg.clone());
+        eprintln!("{name}: {replays} graph replays");
+        assert_eq!(none, 0, "{name}: --enforce-eager launches no graph");
+        assert!(replays >= 4, "{name}: graphs replayed at several batch sizes: {replays}");
+        for (r, (w, g)) in want.iter().zip(&got).enumerate() {
+            assert_eq!(w.len(), 3 + r, "{name}: request {r}");
+            assert_eq!(g, w, "{name}: request {r}");
+        }
+    }
+}
+
+/// A weight update writes the weights in place (their addresses do not change), so a graph
+/// captured before it reads the new values when replayed: the graph engine and the eager
+/// engine, each updated in place after the same step, keep giving the same tokens and
+/// log-probabilities bit for bit, which differ from those without the update. A model
+/// replaced by new weight buffers (a checkpoint's) drops the graphs; the next steps capture
+/// anew over the new buffers and still agree.
+fn a_replayed_graph_reads_the_weights_an_update_wrote(t: Target) {
+    let Some(dev) = t.device(BATCH_INVARIANT) else { return };
+    let config = TinySpec::default().config();
+    let cfg = EngineConfig { num_blocks: Some(64), ..EngineConfig::default() };
+    let ps: Vec<Vec<u32>> = (0..3).map(|i| tokens(tests::tiny::VOCAB, 4 + i, 80 + i as u64)).collect();
+    let params = SamplingParams {
+        temperature: 0.0,
+        max_tokens: Some(12),
+        ignore_eos: true,
+        logprobs: Some(2),
+        ..Default::default()
+    };
+    // (update after this step, replace the model after this step)
+    let run = |cfg: EngineConfig, update: Option<(usize, usize)>| {
+        let shared = SharedModel::new(model(&config, &dev));
+        let dir = tests::temp_dir("cuda-e2e-graph-update");
+        tests::tiny::write_tokenizer(&dir);
+        let tok = Arc::new(Tokenizer::from_dir(&dir).unwrap());
+        let mut e = LLMEngine::new(shared.clone(), tok, cfg).unwrap();
+        for (i, p) in ps.iter().enumerate() {
+            e.add_request(&i.to_string(), p.clone(), params.clone()).unwrap();
+        }
+        let mut out = vec![Vec::new(); ps.len()];
+        let mut step = 0;
+        let mut replays_after_update = 0;
+        while e.has_unfinished() {
+            let before = dev.counters().unwrap();
+            for o in e.step().unwrap() {
+                out[o.request_id.parse::<usize>().unwrap()]
+                    .extend(o.tokens.into_iter().map(|t| (t.token_id, t.raw_logprob, t.top_logprobs)));
+            }
+            step += 1;
+            if let Some((u, r)) = update {
+                if step > u {
+                    replays_after_update += (dev.counters().unwrap() - before).graph_launches;
+                }
+                if step == u {
+                    let mut m = shared.write();
+                    let w = &mut m.layers[0].o_proj;
+                    let zero = kernels::ops::pack_weight(&Tensor::zeros(&w.shape(), &dev).unwrap()).unwrap();
+                    kernels::ops::scale_add_packed(w, -1.5, &zero).unwrap();
+                    m.version += 1;
+                }
+                if step == r {
+                    let mut m = shared.write();
+                    let version = m.version + 1;
+                    *m = model(&config, &dev);
+                    m.version = version;
+                }
+            }
+        }
+        (out, replays_after_update)
+    };
+    let (want, _) = run(eager(cfg.clone()), Some((4, 8)));
+    let (got, replays) = run(cfg.clone(), Some((4, 8)));
+    let (unchanged, _) = run(cfg.clone(), None);
+    assert!(replays >= 3, "graphs captured before the update were replayed after it: {replays}");
+    assert_eq!(got, want, "graph replays after an in-place update and a replaced model = eager steps");
+    assert_ne!(got, unchanged, "the update changed the outputs");
 }
 
 /// A learner forward + backward + global gradient norm reads the device back the same

@@ -98,18 +98,27 @@ impl Drop for Alloc {
     }
 }
 
-/// An emulated device buffer (one allocation; its element type is the `DevBuf`'s).
+/// An emulated device buffer: `bytes` bytes at byte `off` of one allocation (the whole of
+/// it, ending at the guard page, unless it is a view: [`Self::view`]). Its element type is
+/// the `DevBuf`'s.
 pub(crate) struct EmuBuf {
     alloc: Arc<Alloc>,
+    off: usize,
+    bytes: usize,
 }
 
 impl EmuBuf {
+    fn whole(alloc: Alloc) -> Self {
+        let bytes = alloc.bytes;
+        Self { alloc: Arc::new(alloc), off: 0, bytes }
+    }
+
     pub(super) fn zeroed<T: Elem>(n: usize) -> Self {
         let alloc = Alloc::new(n * std::mem::size_of::<T>());
         // SAFETY: the data region is writable and `bytes` long (mmap gives zeroed pages, but
         // the canary fill may share the data's first page).
         unsafe { std::ptr::write_bytes(alloc.data, 0, alloc.bytes) };
-        Self { alloc: Arc::new(alloc) }
+        Self::whole(alloc)
     }
 
     /// `n` values of `0xFF` bytes ([`super::runtime::Runtime::alloc`]).
@@ -117,53 +126,135 @@ impl EmuBuf {
         let alloc = Alloc::new(n * std::mem::size_of::<T>());
         // SAFETY: the data region is writable and `bytes` long.
         unsafe { std::ptr::write_bytes(alloc.data, 0xFF, alloc.bytes) };
-        Self { alloc: Arc::new(alloc) }
+        Self::whole(alloc)
     }
 
     pub(super) fn from_host<T: Elem>(v: &[T]) -> Self {
         let b = Self::zeroed::<T>(v.len());
         // SAFETY: the allocation holds exactly `v.len()` values of T, aligned (size_of::<T>()
         // divides the page size and the data ends at a page boundary).
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), b.alloc.data as *mut T, v.len()) };
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), b.ptr() as *mut T, v.len()) };
         b
+    }
+
+    /// The same memory (a recorded graph's reference to a buffer; shares the allocation).
+    pub(super) fn share(&self) -> Self {
+        Self { alloc: self.alloc.clone(), off: self.off, bytes: self.bytes }
+    }
+
+    /// `bytes` bytes at byte `off` of this buffer (checked by the caller), sharing its memory.
+    /// Past the view's end lies the rest of the allocation, not a guard page.
+    pub(super) fn view(&self, off: usize, bytes: usize) -> Self {
+        Self { alloc: self.alloc.clone(), off: self.off + off, bytes }
     }
 
     /// Every byte set to `byte` (a reused buffer: zeroed, or poisoned as
     /// [`Self::poisoned`]).
     pub(super) fn fill(&mut self, byte: u8) {
         // SAFETY: the data region is writable and `bytes` long.
-        unsafe { std::ptr::write_bytes(self.alloc.data, byte, self.alloc.bytes) };
+        unsafe { std::ptr::write_bytes(self.ptr(), byte, self.bytes) };
     }
 
-    /// The buffer's values from the host (`v` exactly its length).
+    /// The buffer's first `v.len()` values from the host.
     pub(super) fn write_host<T: Elem>(&mut self, v: &[T]) {
-        assert_eq!(std::mem::size_of_val(v), self.alloc.bytes, "a write of the whole buffer");
-        // SAFETY: as `from_host`.
-        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.alloc.data as *mut T, v.len()) };
+        assert!(std::mem::size_of_val(v) <= self.bytes, "a write inside the buffer");
+        // SAFETY: as `from_host`, inside the buffer.
+        unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), self.ptr() as *mut T, v.len()) };
     }
 
     pub(super) fn to_host<T: Elem>(&self) -> Vec<T> {
-        let n = self.alloc.bytes / std::mem::size_of::<T>();
+        let n = self.bytes / std::mem::size_of::<T>();
         // SAFETY: as `from_host`.
-        unsafe { std::slice::from_raw_parts(self.alloc.data as *const T, n) }.to_vec()
+        unsafe { std::slice::from_raw_parts(self.ptr() as *const T, n) }.to_vec()
     }
 
     pub(super) fn deep_copy(&self) -> Self {
-        let b = EmuBuf { alloc: Arc::new(Alloc::new(self.alloc.bytes)) };
+        let b = EmuBuf::whole(Alloc::new(self.bytes));
         // SAFETY: both regions are `bytes` long and distinct.
-        unsafe { std::ptr::copy_nonoverlapping(self.alloc.data, b.alloc.data, self.alloc.bytes) };
+        unsafe { std::ptr::copy_nonoverlapping(self.ptr(), b.ptr(), self.bytes) };
         b
     }
 
-    /// `self[dst..dst + n] = src[from..from + n]` (bounds checked by the caller).
-    pub(super) fn copy_from<T: Elem>(&mut self, src: &EmuBuf, from: usize, dst: usize, n: usize) {
-        let s = std::mem::size_of::<T>();
+    /// `self[to..to + bytes] = src[from..from + bytes]`, in bytes (bounds checked by the
+    /// caller).
+    pub(super) fn copy_bytes(&self, src: &EmuBuf, from: usize, to: usize, bytes: usize) {
         // SAFETY: the ranges were checked against both buffers' lengths; `copy` allows overlap.
-        unsafe { std::ptr::copy(src.alloc.data.add(from * s), self.alloc.data.add(dst * s), n * s) };
+        unsafe { std::ptr::copy(src.ptr().add(from), self.ptr().add(to), bytes) };
     }
 
     fn ptr(&self) -> *mut u8 {
-        self.alloc.data
+        // SAFETY: `off` lies inside the allocation (a view is checked when made).
+        unsafe { self.alloc.data.add(self.off) }
+    }
+}
+
+/// One request recorded by a graph capture on the emulated device
+/// ([`super::runtime::Runtime::capture`]), run again at each replay.
+pub(in crate::cuda) enum Op {
+    Launch { name: &'static str, cfg: LaunchCfg, args: Vec<RecArg> },
+    Gemm { bf16: bool, g: GemmArgs, a: (EmuBuf, usize), b: (EmuBuf, usize), c: (EmuBuf, usize) },
+    Fill(EmuBuf, u8),
+    Copy { src: EmuBuf, dst: EmuBuf, from: usize, to: usize, bytes: usize },
+}
+
+/// A recorded kernel argument: a scalar, a null pointer, or a buffer (its kind, its memory,
+/// whether the kernel may write it).
+pub(in crate::cuda) enum RecArg {
+    I32(i32),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Null(u64),
+    Buf(ElemKind, EmuBuf, bool),
+}
+
+impl Op {
+    pub(super) fn launch(name: &'static str, cfg: LaunchCfg, args: &[Arg<'_>]) -> Self {
+        let rec = args
+            .iter()
+            .map(|a| match a {
+                Arg::I32(v) => RecArg::I32(*v),
+                Arg::I64(v) => RecArg::I64(*v),
+                Arg::F32(v) => RecArg::F32(*v),
+                Arg::F64(v) => RecArg::F64(*v),
+                Arg::Null(v) => RecArg::Null(*v),
+                a => {
+                    let (kind, b) = buf_of(a).expect("a buffer argument");
+                    RecArg::Buf(kind, b.share(), matches!(a, Arg::Out(_) | Arg::Emu(_, _, true)))
+                }
+            })
+            .collect();
+        Op::Launch { name, cfg, args: rec }
+    }
+
+    /// Runs the recorded request (one step of a replay).
+    pub(super) fn run(&self, emu: &Emu) -> Result<()> {
+        match self {
+            Op::Launch { name, cfg, args } => {
+                let mut args: Vec<Arg> = args
+                    .iter()
+                    .map(|a| match a {
+                        RecArg::I32(v) => Arg::I32(*v),
+                        RecArg::I64(v) => Arg::I64(*v),
+                        RecArg::F32(v) => Arg::F32(*v),
+                        RecArg::F64(v) => Arg::F64(*v),
+                        RecArg::Null(v) => Arg::Null(*v),
+                        RecArg::Buf(kind, b, out) => Arg::Emu(*kind, b, *out),
+                    })
+                    .collect();
+                emu.launch(name, *cfg, &mut args)
+            }
+            Op::Gemm { bf16, g, a, b, c } => gemm_bufs(*bf16, g, a, b, c),
+            Op::Fill(b, byte) => {
+                // SAFETY: the recorded buffer's own bytes.
+                unsafe { std::ptr::write_bytes(b.ptr(), *byte, b.bytes) };
+                Ok(())
+            }
+            Op::Copy { src, dst, from, to, bytes } => {
+                dst.copy_bytes(src, *from, *to, *bytes);
+                Ok(())
+            }
+        }
     }
 }
 
@@ -288,7 +379,7 @@ impl Args<'_> {
     fn ptr_mut<T: Elem>(&self, i: usize) -> std::result::Result<*mut T, String> {
         match &self.args[i] {
             Arg::Null(0) => Ok(std::ptr::null_mut()),
-            a @ Arg::Out(_) => match buf_of(a) {
+            a @ (Arg::Out(_) | Arg::Emu(_, _, true)) => match buf_of(a) {
                 Some((kind, p)) if kind == T::KIND => Ok(p.ptr() as *mut T),
                 _ => Err(self.err(i, &format!("expected a written {:?} buffer, got {}", T::KIND, describe(a)))),
             },
@@ -309,6 +400,9 @@ macro_rules! buf_arms {
 
 /// The element kind and data pointer of a buffer argument.
 fn buf_of<'a>(a: &'a Arg<'_>) -> Option<(ElemKind, &'a EmuBuf)> {
+    if let Arg::Emu(kind, b, _) = a {
+        return Some((*kind, b));
+    }
     buf_arms!(a, F32, F64, I32, U32, U64, U16)
 }
 
@@ -328,7 +422,7 @@ fn describe(a: &Arg) -> String {
         Arg::Null(v) => format!("pointer-sized {v}"),
         a => {
             let (kind, _) = buf_of(a).expect("a buffer");
-            let rw = if matches!(a, Arg::Out(_)) { "written" } else { "read-only" };
+            let rw = if matches!(a, Arg::Out(_) | Arg::Emu(_, _, true)) { "written" } else { "read-only" };
             format!("a {rw} {kind:?} buffer")
         }
     }
@@ -435,33 +529,45 @@ fn gemm_ref(
     Ok(())
 }
 
-fn host_of<T: Elem>(b: &DevBuf<T>) -> Vec<T> {
-    let mut v = emu_buf(b).to_host::<T>();
-    v.truncate(b.len());
-    v
+/// A buffer's `len` values as f64 (bf16 bits widened when `bf16`).
+fn host_f64(b: &EmuBuf, len: usize, bf16: bool) -> Vec<f64> {
+    if bf16 {
+        let v = b.to_host::<u16>();
+        v[..len].iter().map(|&x| f32::from_bits((x as u32) << 16) as f64).collect()
+    } else {
+        b.to_host::<f32>()[..len].iter().map(|&x| x as f64).collect()
+    }
 }
 
-fn write_back(c: &mut DevBuf<f32>, v: &[f32]) {
-    let e = emu_buf(c);
-    // SAFETY: `v` has the buffer's length (read from it by `host_of`).
-    unsafe { std::ptr::copy_nonoverlapping(v.as_ptr(), e.ptr() as *mut f32, v.len()) };
-}
-
-/// Emulated `cublasSgemm`.
-pub(super) fn sgemm(g: &GemmArgs, a: &DevBuf<f32>, b: &DevBuf<f32>, c: &mut DevBuf<f32>) -> Result<()> {
-    let (av, bv, mut cv) = (host_of(a), host_of(b), host_of(c));
-    gemm_ref(g, |i| av[i] as f64, av.len(), |i| bv[i] as f64, bv.len(), &mut cv)?;
-    write_back(c, &cv);
+/// The emulated GEMM over buffers: A and B f32, or bf16 bits when `bf16`; C f32.
+fn gemm_bufs(bf16: bool, g: &GemmArgs, a: &(EmuBuf, usize), b: &(EmuBuf, usize), c: &(EmuBuf, usize)) -> Result<()> {
+    let (av, bv) = (host_f64(&a.0, a.1, bf16), host_f64(&b.0, b.1, bf16));
+    let mut cv = c.0.to_host::<f32>();
+    cv.truncate(c.1);
+    gemm_ref(g, |i| av[i], av.len(), |i| bv[i], bv.len(), &mut cv)?;
+    // SAFETY: `cv` has C's length (read from it above).
+    unsafe { std::ptr::copy_nonoverlapping(cv.as_ptr(), c.0.ptr() as *mut f32, cv.len()) };
     Ok(())
 }
 
-/// Emulated `cublasGemmEx` with bf16 A and B, f32 C and compute.
-pub(super) fn gemm_bf16(g: &GemmArgs, a: &DevBuf<u16>, b: &DevBuf<u16>, c: &mut DevBuf<f32>) -> Result<()> {
-    let bf = |x: u16| f32::from_bits((x as u32) << 16) as f64;
-    let (av, bv, mut cv) = (host_of(a), host_of(b), host_of(c));
-    gemm_ref(g, |i| bf(av[i]), av.len(), |i| bf(bv[i]), bv.len(), &mut cv)?;
-    write_back(c, &cv);
-    Ok(())
+/// Emulated `cublasSgemm` (`bf16` false) or `cublasGemmEx` with bf16 A and B, f32 C and
+/// compute (`bf16` true); recorded into `capture` instead of run during a graph capture.
+pub(super) fn gemm<A: Elem>(
+    capture: Option<&mut Vec<Op>>,
+    bf16: bool,
+    g: &GemmArgs,
+    a: &DevBuf<A>,
+    b: &DevBuf<A>,
+    c: &mut DevBuf<f32>,
+) -> Result<()> {
+    let (a, b, c) = ((emu_buf(a).share(), a.len()), (emu_buf(b).share(), b.len()), (emu_buf(c).share(), c.len()));
+    match capture {
+        Some(ops) => {
+            ops.push(Op::Gemm { bf16, g: *g, a, b, c });
+            Ok(())
+        }
+        None => gemm_bufs(bf16, g, &a, &b, &c),
+    }
 }
 
 #[cfg(test)]
@@ -584,6 +690,46 @@ mod tests {
         assert_eq!(copy, master.iter().map(|&f| rne(f)).collect::<Vec<_>>());
         let before: Vec<f32> = vals(1);
         assert!(master.iter().zip(&before).any(|(a, b)| a != b), "the update changed the master");
+    }
+
+    /// A captured graph runs nothing until replayed, then runs its kernels again with the
+    /// buffers it was captured with, reading their values at replay time; a copy from or to
+    /// the host, or a buffer no warm-up left in the workspace, is an error inside a capture.
+    #[test]
+    fn a_graph_replays_its_kernels_over_the_buffers_it_captured() {
+        let dev = device();
+        let pool = dev.graph_pool();
+        let mut x = dev.upload_any(&[1.0f32, 2.0, 3.0]).unwrap();
+        // Warm-up: a 3-value output freed into the workspace, for the capture to take.
+        drop(dev.alloc_any::<f32>(3).unwrap());
+        let before = dev.counters();
+        let (graph, y) = dev
+            .capture(&pool, || {
+                let mut y = dev.alloc_any::<f32>(3)?;
+                let args = &mut [r(&x), w(&mut y), Arg::F32(2.0), Arg::I64(3)];
+                dev.launch("elementwise.cu", "scale", stride_cfg(3), args)?;
+                Ok::<_, crate::KernelError>(y)
+            })
+            .unwrap();
+        assert_eq!((dev.counters() - before).allocations, 0);
+        assert!(dev.rt().dtoh(&y).unwrap().iter().all(|v| v.is_nan()), "captured, not run");
+        graph.replay().unwrap();
+        assert_eq!(dev.rt().dtoh(&y).unwrap(), [2.0, 4.0, 6.0]);
+        dev.rt().htod_into(&[10.0f32, 20.0, 30.0], &mut x).unwrap();
+        let before = dev.counters();
+        graph.replay().unwrap();
+        let c = dev.counters() - before;
+        assert_eq!((c.graph_launches, c.launches), (1, 0));
+        assert_eq!(dev.rt().dtoh(&y).unwrap(), [20.0, 40.0, 60.0]);
+
+        let e = dev.capture(&pool, || dev.upload_any(&[1u32])).err().unwrap().to_string();
+        assert!(e.contains("host→device copy during a graph capture"), "{e}");
+        let e = dev.capture(&pool, || dev.rt().dtoh(&y)).err().unwrap().to_string();
+        assert!(e.contains("device→host copy during a graph capture"), "{e}");
+        let e = dev.capture(&pool, || dev.alloc_any::<f32>(12345)).err().unwrap().to_string();
+        assert!(e.contains("a graph capture allocated 12345 F32 values"), "{e}");
+        // The device works normally after failed captures.
+        assert_eq!(dev.rt().dtoh(&dev.upload_any(&[7u32]).unwrap()).unwrap(), [7]);
     }
 
     #[test]
