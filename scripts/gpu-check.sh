@@ -15,7 +15,8 @@
 #  3. The integration binary: `conformance` (every op, CUDA vs f64 references) and
 #     `cuda_e2e::gpu_vs_cpu` (GPU engine and learner vs the CPU's). A test that prints
 #     "no CUDA device" counts as a failure here.
-#  4. rlserve bench latency / throughput (batch 64) / train with --device cuda on both
+#  4. rlserve bench latency (with decode graphs, then --enforce-eager) / throughput (batch
+#     64) / train with --device cuda on both
 #     models (the CLI's default --dtype auto: bf16 serving copies of the linear weights,
 #     f32 master weights and an f32 backward), and derived figures: % of the HBM roof at
 #     batch 1 (bytes of bf16 weights read per token × decode tokens/s ÷ HBM bandwidth), % of
@@ -189,6 +190,12 @@ for m in "${MODELS[@]}"; do
         tg=$(awk -F'|' '$4 ~ /tg128/ {gsub(/ /, "", $5); print $5}' "$log")
         l=$(grep -m 1 '^Device per' "$log") && record "device counters $m" ok "$l"
         record "bench latency $m" ok "pp512 $pp tok/s, tg128 $tg tok/s = $(pct "$tg" "$bytes" "${HBM_TBPS}e12")% of the HBM roof ($((bytes / 1000000)) MB of bf16 weights per token)"
+    fi
+    # The same decode without CUDA graphs (--enforce-eager): what the graphs buy at batch 1.
+    if [[ -n "$tg" ]] && bench latency "$m" --prompt-tokens 512 --gen-tokens 128 --repetitions 3 --enforce-eager; then
+        cp "$LOGS/latency-$m.log" "$LOGS/latency-eager-$m.log"
+        eager=$(awk -F'|' '$4 ~ /tg128/ {gsub(/ /, "", $5); print $5}' "$LOGS/latency-eager-$m.log")
+        record "decode graphs $m" ok "tg128 with graphs $tg tok/s, eager $eager tok/s, ratio $("$PYTHON" -c 'import sys; a, b = map(float, sys.argv[1:]); print(f"{a / b:.2f}")' "$tg" "$eager")"
     fi
     if bench throughput "$m" --num-prompts 64 --input-len 128 --output-len 64 --max-num-seqs 64 --no-curve; then
         line=$(grep -m 1 '^Throughput:' "$LOGS/throughput-$m.log")

@@ -34,20 +34,27 @@ impl GenerationStats {
 /// Generates one completion of `prompt` with `params` (`n` must be 1) on an engine of its
 /// own over `model`, with a KV pool just large enough for it. `on_output` sees each step's
 /// output (tokens with their log-probabilities, and the text delta, stop strings held back
-/// as the API does) as it is produced; returns every output and the timings.
+/// as the API does) as it is produced; returns every output and the timings. On a CUDA
+/// device decode steps replay a CUDA graph unless `enforce_eager`.
 /// Errors: the parameters' validation (as the API's 400s) and a failed engine step.
 pub fn generate(
     model: &SharedModel,
     tokenizer: Arc<Tokenizer>,
     prompt: &[u32],
     params: &SamplingParams,
+    enforce_eager: bool,
     mut on_output: impl FnMut(&SeqOutput),
 ) -> anyhow::Result<(Vec<SeqOutput>, GenerationStats)> {
     anyhow::ensure!(params.n == 1, "generate draws one sample (n = {})", params.n);
     let context = model.read().max_positions();
     let len = prompt.len() + params.max_tokens.unwrap_or(context);
     let block_size = EngineConfig::default().block_size;
-    let cfg = EngineConfig { num_blocks: Some(len.min(context).div_ceil(block_size) + 1), ..Default::default() };
+    let cfg = EngineConfig {
+        num_blocks: Some(len.min(context).div_ceil(block_size) + 1),
+        max_num_seqs: 1,
+        enforce_eager,
+        ..Default::default()
+    };
     let mut engine = LLMEngine::new(model.clone(), tokenizer, cfg)?;
     engine.add_request("generate", prompt.to_vec(), params.clone())?;
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..Default::default() };

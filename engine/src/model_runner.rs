@@ -306,10 +306,17 @@ impl DecodeGraphs {
             // The size's first step runs eagerly (the warm-up); its second captures.
             let capture = !self.warmed.insert(bp) && !self.failed.contains(&bp);
             match capture.then(|| self.dev.capture(&self.pool, || model.forward_step(&step, kv))) {
-                Some(Ok((graph, logits))) => {
-                    graph.replay()?;
-                    self.graphs.insert(bp, (graph, logits));
-                }
+                // A capture, or its first launch, that fails leaves the size eager.
+                Some(Ok((graph, logits))) => match graph.replay() {
+                    Ok(()) => {
+                        self.graphs.insert(bp, (graph, logits));
+                    }
+                    Err(e) => {
+                        tracing::warn!("CUDA graph for decode batch {bp} failed to launch, running it eagerly: {e}");
+                        self.failed.insert(bp);
+                        eager = Some(model.forward_step(&step, kv)?);
+                    }
+                },
                 Some(Err(e)) => {
                     tracing::warn!("CUDA graph capture for decode batch {bp} failed, running it eagerly: {e}");
                     self.failed.insert(bp);

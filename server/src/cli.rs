@@ -152,6 +152,9 @@ pub struct GenerateArgs {
     /// RNG seed for reproducible sampling.
     #[arg(long)]
     pub seed: Option<u64>,
+    /// Decode without CUDA graphs (vLLM's flag; the CPU has none).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 /// Loads tokenizer and model from `dir`, the model onto `device`.
@@ -198,7 +201,7 @@ pub fn generate(a: GenerateArgs) -> Result<()> {
     }
     let mut stdout = std::io::stdout();
     let model = engine::SharedModel::new(model);
-    let (_, stats) = run_generation(&model, std::sync::Arc::new(tok), &prompt, &params, |o| {
+    let (_, stats) = run_generation(&model, std::sync::Arc::new(tok), &prompt, &params, a.enforce_eager, |o| {
         let _ = stdout.write_all(o.text.as_bytes());
         let _ = stdout.flush();
     })?;

@@ -253,9 +253,14 @@ pub(super) struct LaunchCfg {
 pub(super) struct Driver {
     stream: Arc<CudaStream>,
     blas: CudaBlas,
+    /// cuBLAS's workspace, set once ([`CUBLAS_WORKSPACE`]).
+    _blas_workspace: CudaSlice<u8>,
     modules: HashMap<&'static str, Arc<CudaModule>>,
     functions: Mutex<HashMap<&'static str, CudaFunction>>,
 }
+
+/// Bytes of cuBLAS's workspace (its recommendation for Hopper: 32 MiB).
+const CUBLAS_WORKSPACE: usize = 32 << 20;
 
 /// Which runtime a device runs on.
 pub(super) enum Backend {
@@ -436,7 +441,20 @@ impl Driver {
             modules.insert(name, ctx.load_module(ptx).map_err(cuda_err)?);
         }
         let blas = CudaBlas::new(stream.clone()).map_err(cuda_err)?;
-        Ok(Self { stream, blas, modules, functions: Mutex::default() })
+        // A workspace of cuBLAS's own that never moves: without it cuBLAS may allocate one
+        // inside a graph capture (an allocation node; PyTorch sets one for the same reason).
+        let mut ws = stream.alloc_zeros::<u8>(CUBLAS_WORKSPACE).map_err(cuda_err)?;
+        {
+            use cudarc::driver::DevicePtrMut;
+            let (ptr, _record) = ws.device_ptr_mut(&stream);
+            // SAFETY: the workspace lives as long as the handle (both owned by `Driver`).
+            let status =
+                unsafe { cudarc::cublas::sys::cublasSetWorkspace_v2(*blas.handle(), ptr as *mut _, CUBLAS_WORKSPACE) };
+            if status != cudarc::cublas::sys::cublasStatus_t::CUBLAS_STATUS_SUCCESS {
+                return Err(KernelError::Cuda(format!("cublasSetWorkspace: {status:?}")));
+            }
+        }
+        Ok(Self { stream, blas, _blas_workspace: ws, modules, functions: Mutex::default() })
     }
 
     /// Kernel `name` of source `file` (looked up once).

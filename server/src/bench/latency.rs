@@ -23,6 +23,9 @@ pub struct BenchArgs {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     pub repetitions: usize,
+    /// Decode without CUDA graphs (vLLM's flag; the CPU has none).
+    #[arg(long)]
+    pub enforce_eager: bool,
 }
 
 /// Runs `bench latency`.
@@ -55,7 +58,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
             pp.push(a.prompt_tokens as f64 / t.elapsed().as_secs_f64());
         }
         let c0 = device.counters();
-        let (_, stats) = generate(&shared, tok.clone(), &prompt[..1], &params, |_| {})?;
+        let (_, stats) = generate(&shared, tok.clone(), &prompt[..1], &params, a.enforce_eager, |_| {})?;
         tg.push(stats.decode_tokens_per_s());
         if let (Some(sum), Some(c0), Some(c1)) = (decode_counters.as_mut(), c0, device.counters()) {
             *sum = *sum + (c1 - c0);

@@ -40,6 +40,9 @@ pub struct ThroughputArgs {
     pub max_num_seqs: usize,
     #[arg(long, default_value_t = 2048)]
     pub max_num_batched_tokens: usize,
+    /// Decode without CUDA graphs (vLLM's flag; the CPU has none).
+    #[arg(long)]
+    pub enforce_eager: bool,
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub output_json: Option<PathBuf>,
@@ -134,6 +137,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         max_num_batched_tokens: a.max_num_batched_tokens,
         num_blocks: Some(num_blocks),
         kv_cache_prefault: true,
+        enforce_eager: a.enforce_eager,
         ..Default::default()
     };
     let params = SamplingParams {
