@@ -282,47 +282,38 @@ impl DecodeGraphs {
         if let Some((graph, _)) = self.graphs.get(&bp) {
             graph.replay()?;
         } else {
-            let inputs = || -> Result<StepInputs> {
-                let tables: Vec<Vec<u32>> = (0..bp)
-                    .map(|i| batch.seqs.get(i).map_or(vec![self.pad_block], |s| s.block_table.clone()))
-                    .collect();
-                let seqs: Vec<AttnSeq> = (0..bp)
-                    .map(|i| AttnSeq {
-                        rows: i..i + 1,
-                        start_pos: batch.positions.get(i).copied().unwrap_or(0),
-                        block_table: &tables[i],
-                    })
-                    .collect();
-                let attn = AttnBatch::new(&seqs, self.block_size)?;
-                Ok(StepInputs {
-                    tokens: plan.indices(tokens.clone())?,
-                    positions: plan.indices(positions.clone())?,
-                    slots: plan.indices(slots.clone())?,
-                    attn: plan.decode_attn(attn, row_table.clone(), positions.clone())?,
-                    logit_rows: plan.indices(logit_rows.clone())?,
+            let tables: Vec<Vec<u32>> =
+                (0..bp).map(|i| batch.seqs.get(i).map_or(vec![self.pad_block], |s| s.block_table.clone())).collect();
+            let seqs: Vec<AttnSeq> = (0..bp)
+                .map(|i| AttnSeq {
+                    rows: i..i + 1,
+                    start_pos: batch.positions.get(i).copied().unwrap_or(0),
+                    block_table: &tables[i],
                 })
+                .collect();
+            let step = StepInputs {
+                tokens: plan.indices(tokens)?,
+                positions: plan.indices(positions.clone())?,
+                slots: plan.indices(slots)?,
+                attn: plan.decode_attn(AttnBatch::new(&seqs, self.block_size)?, row_table, positions)?,
+                logit_rows: plan.indices(logit_rows)?,
             };
-            let step = inputs()?;
-            // The size's first step runs eagerly (the warm-up); its second captures.
-            let capture = !self.warmed.insert(bp) && !self.failed.contains(&bp);
-            match capture.then(|| self.dev.capture(&self.pool, || model.forward_step(&step, kv))) {
-                // A capture, or its first launch, that fails leaves the size eager.
-                Some(Ok((graph, logits))) => match graph.replay() {
-                    Ok(()) => {
-                        self.graphs.insert(bp, (graph, logits));
+            // The size's first step runs eagerly (the warm-up); its second captures and
+            // replays. A capture, or its first launch, that fails leaves the size eager.
+            if !self.warmed.insert(bp) && !self.failed.contains(&bp) {
+                let captured = self.dev.capture(&self.pool, || model.forward_step(&step, kv));
+                match captured.and_then(|(graph, logits)| Ok(graph.replay().map(|()| (graph, logits))?)) {
+                    Ok(g) => {
+                        self.graphs.insert(bp, g);
                     }
                     Err(e) => {
-                        tracing::warn!("CUDA graph for decode batch {bp} failed to launch, running it eagerly: {e}");
+                        tracing::warn!("CUDA graph for decode batch {bp} failed, running it eagerly: {e}");
                         self.failed.insert(bp);
-                        eager = Some(model.forward_step(&step, kv)?);
                     }
-                },
-                Some(Err(e)) => {
-                    tracing::warn!("CUDA graph capture for decode batch {bp} failed, running it eagerly: {e}");
-                    self.failed.insert(bp);
-                    eager = Some(model.forward_step(&step, kv)?);
                 }
-                None => eager = Some(model.forward_step(&step, kv)?),
+            }
+            if !self.graphs.contains_key(&bp) {
+                eager = Some(model.forward_step(&step, kv)?);
             }
         }
         let logits = match &eager {

@@ -279,25 +279,20 @@ pub(super) struct Runtime {
 
 /// The device's one stream is shared by the engine's and the learner's threads: while one
 /// thread captures a graph ([`Runtime::capture`]), every other thread's request waits at this
-/// gate (work queued by another thread would otherwise land in the graph), and a capture
-/// starts only when no other request is being queued.
+/// gate (work queued by another thread would otherwise land in the graph). A request holds
+/// the read side while it is queued; a capture holds the write side from start to end, and
+/// the capturing thread's own requests pass by `capturer`.
 #[derive(Default)]
 struct Gate {
-    state: Mutex<GateState>,
-    changed: std::sync::Condvar,
+    stream: std::sync::RwLock<()>,
+    /// The capturing thread's [`thread_id`], 0 when none.
+    capturer: AtomicU64,
+    capture: Mutex<Option<Capture>>,
 }
 
-#[derive(Default)]
-struct GateState {
-    /// Requests being queued by threads other than the capturing one.
-    inside: usize,
-    capture: Option<Capture>,
-}
-
-/// A capture in progress: its thread, the graph pool its buffers come from and go back to,
-/// and on the emulated device the recorded work.
+/// A capture in progress: the graph pool its buffers come from and go back to, and on the
+/// emulated device the recorded work.
 struct Capture {
-    thread: u64,
     pool: Arc<Pool>,
     #[cfg(feature = "cuda-emu")]
     ops: Vec<super::emu::Op>,
@@ -310,30 +305,19 @@ fn thread_id() -> u64 {
     ID.with(|id| *id)
 }
 
-/// Passage through the [`Gate`] for one request: `Shared` for a thread that is not
-/// capturing (leaves on drop), `Capturing` for the capturing thread.
+/// Passage through the [`Gate`] for one request: the read side for a thread that is not
+/// capturing, the capture itself for the capturing thread.
 enum Pass<'a> {
-    Shared(&'a Gate),
-    Capturing(std::sync::MutexGuard<'a, GateState>),
-}
-
-impl Drop for Pass<'_> {
-    fn drop(&mut self) {
-        if let Pass::Shared(g) = self {
-            let mut st = g.state.lock().unwrap_or_else(|e| e.into_inner());
-            st.inside -= 1;
-            if st.inside == 0 {
-                g.changed.notify_all();
-            }
-        }
-    }
+    #[allow(dead_code)] // held, never read
+    Shared(std::sync::RwLockReadGuard<'a, ()>),
+    Capturing(std::sync::MutexGuard<'a, Option<Capture>>),
 }
 
 impl Pass<'_> {
     /// The capture in progress, for the capturing thread.
     fn capture(&mut self) -> Option<&mut Capture> {
         match self {
-            Pass::Capturing(st) => st.capture.as_mut(),
+            Pass::Capturing(c) => c.as_mut(),
             Pass::Shared(_) => None,
         }
     }
@@ -341,17 +325,10 @@ impl Pass<'_> {
 
 impl Gate {
     fn enter(&self) -> Pass<'_> {
-        let me = thread_id();
-        let mut st = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        loop {
-            match &st.capture {
-                Some(c) if c.thread == me => return Pass::Capturing(st),
-                Some(_) => st = self.changed.wait(st).unwrap_or_else(|e| e.into_inner()),
-                None => break,
-            }
+        if self.capturer.load(Ordering::Acquire) == thread_id() {
+            return Pass::Capturing(self.capture.lock().unwrap_or_else(|e| e.into_inner()));
         }
-        st.inside += 1;
-        Pass::Shared(self)
+        Pass::Shared(self.stream.read().unwrap_or_else(|e| e.into_inner()))
     }
 }
 
@@ -834,34 +811,26 @@ impl Runtime {
         f: impl FnOnce() -> std::result::Result<R, E>,
     ) -> std::result::Result<(GraphExec, R), E> {
         let me = thread_id();
-        {
-            let mut st = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
-            while st.capture.is_some() || st.inside > 0 {
-                if st.capture.as_ref().is_some_and(|c| c.thread == me) {
-                    return Err(KernelError::Cuda("a graph capture inside a graph capture".into()).into());
-                }
-                st = self.gate.changed.wait(st).unwrap_or_else(|e| e.into_inner());
-            }
-            #[allow(irrefutable_let_patterns)]
-            if let Backend::Driver(d) = &self.backend {
-                use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
-                d.stream.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| E::from(cuda_err(e)))?;
-            }
-            st.capture = Some(Capture {
-                thread: me,
-                pool: pool.0.clone(),
-                #[cfg(feature = "cuda-emu")]
-                ops: Vec::new(),
-            });
+        if self.gate.capturer.load(Ordering::Acquire) == me {
+            return Err(KernelError::Cuda("a graph capture inside a graph capture".into()).into());
         }
+        // Waits for other threads' requests in flight; theirs wait for the capture's end.
+        let _exclusive = self.gate.stream.write().unwrap_or_else(|e| e.into_inner());
+        #[allow(irrefutable_let_patterns)]
+        if let Backend::Driver(d) = &self.backend {
+            use cudarc::driver::sys::CUstreamCaptureMode::CU_STREAM_CAPTURE_MODE_THREAD_LOCAL;
+            d.stream.begin_capture(CU_STREAM_CAPTURE_MODE_THREAD_LOCAL).map_err(|e| E::from(cuda_err(e)))?;
+        }
+        *self.gate.capture.lock().unwrap_or_else(|e| e.into_inner()) = Some(Capture {
+            pool: pool.0.clone(),
+            #[cfg(feature = "cuda-emu")]
+            ops: Vec::new(),
+        });
+        self.gate.capturer.store(me, Ordering::Release);
         let out = f();
+        self.gate.capturer.store(0, Ordering::Release);
         #[cfg_attr(not(feature = "cuda-emu"), allow(unused_variables))]
-        let capture = {
-            let mut st = self.gate.state.lock().unwrap_or_else(|e| e.into_inner());
-            let c = st.capture.take().expect("this thread's capture");
-            self.gate.changed.notify_all();
-            c
-        };
+        let capture = self.gate.capture.lock().unwrap_or_else(|e| e.into_inner()).take().expect("this capture");
         let exec = match &self.backend {
             Backend::Driver(d) => {
                 use cudarc::driver::sys::CUgraphInstantiate_flags;
