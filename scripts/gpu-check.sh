@@ -16,7 +16,8 @@
 #     `cuda_e2e::gpu_vs_cpu` (GPU engine and learner vs the CPU's). A test that prints
 #     "no CUDA device" counts as a failure here.
 #  4. rlserve bench latency (with decode graphs, then --enforce-eager) / throughput (batch
-#     64) / train with --device cuda on both
+#     64; at Qwen2-0.5B also nano-vllm's offline shape, 256 sequences of 100–1024 tokens in
+#     and out) / train with --device cuda on both
 #     models (the CLI's default --dtype auto: bf16 serving copies of the linear weights,
 #     f32 master weights and an f32 backward), and derived figures: % of the HBM roof at
 #     batch 1 (bytes of bf16 weights read per token × decode tokens/s ÷ HBM bandwidth), % of
@@ -26,7 +27,9 @@
 #     launches, syncs), and PyTorch + transformers on the same folders and workloads
 #     (scripts/torch_peer.py: prefill, batch-1 and batch-64 decode in bf16, an f32 train
 #     step with AdamW) with the ratio rlserve / PyTorch and the GPU-engine issue's target.
-#  5. Online RL: a three-step `rlserve train --device cuda` job (GRPO on SmolLM2-135M's
+#  5. Per-kernel time tables (Nsight Compute) of an eager decode and a training step
+#     (scripts/kernel_table.py), kept in the logs.
+#  6. Online RL: a three-step `rlserve train --device cuda` job (GRPO on SmolLM2-135M's
 #     shapes): its steps, policy versions and the engine's pause per update.
 #
 # Peaks assumed (NVIDIA H200 Tensor Core GPU datasheet, H200 SXM): HBM3e 4.8 TB/s; FP32
@@ -205,6 +208,16 @@ for m in "${MODELS[@]}"; do
         record "bench throughput $m" ok "batch 64: $out output tok/s, $total total tok/s = $(pct "$total" "$fwd" "${BF16_TFLOPS}e12")% of bf16 peak (2N FLOPs/token); decode phase $decode output tok/s"
         l=$(grep -m 1 '^Device per' "$LOGS/throughput-$m.log") && record "device counters $m" ok "$l"
     fi
+    # The offline-throughput target's shape (nano-vllm's benchmark: 256 sequences, input and
+    # output lengths uniform in 100–1024), at Qwen2-0.5B's shapes only.
+    [[ -f "$LOGS/throughput-$m.log" ]] && cp "$LOGS/throughput-$m.log" "$LOGS/throughput-64-$m.log"
+    if [[ "$m" == qwen2-0.5b ]] && bench throughput "$m" --num-prompts 256 --input-len 562 --output-len 562 \
+        --random-range-ratio 0.822 --max-num-seqs 256 --max-num-batched-tokens 16384 --no-curve; then
+        cp "$LOGS/throughput-$m.log" "$LOGS/throughput-offline-$m.log"
+        line=$(grep -m 1 '^Throughput:' "$LOGS/throughput-offline-$m.log")
+        offline=$(sed -E 's/.* ([0-9.]+) output tokens\/s.*/\1/' <<<"$line")
+        record "offline throughput $m" ok "256 sequences, lengths uniform in 100–1024: $offline output tok/s; target ≥ 30000"
+    fi
     if bench train "$m" --num-seqs 8 --prompt-len 128 --completion-len 128 --steps 2; then
         line=$(grep -m 1 '^fwd+bwd+AdamW:' "$LOGS/train-$m.log")
         tps=$(sed -E 's/.*, ([0-9.]+) tokens\/s.*/\1/' <<<"$line")
@@ -231,11 +244,40 @@ for m in "${MODELS[@]}"; do
     }
     peer "prefill 512" "$pp" "prefill" "no target"
     peer "decode batch 1" "$tg" "decode batch 1" "target ≥ 1000 tok/s at Qwen2-0.5B shapes, bf16"
-    peer "decode batch 64" "$out" "decode batch 64" "target ≥ 30000 output tok/s offline (256 sequences) at Qwen2-0.5B shapes"
+    peer "decode batch 64" "$out" "decode batch 64" "no target (the offline row has it)"
     peer "train step 8 × 256" "$tps" "train step" "target ≥ 1.0x PyTorch"
 done
 
-# ---- 5. online RL on the GPU: a short `rlserve train` job ----
+# ---- 5. where the time goes: per-kernel tables of a decode step and a training step ----
+# Nsight Compute (`ncu --clock-control none`: the clocks as they run) times every kernel of
+# a short eager decode (SmolLM2-135M shapes: 8 decode steps after a 16-token prefill) and of
+# one small training step; scripts/kernel_table.py sums them per kernel name and per step.
+if command -v ncu >/dev/null 2>&1 && [[ -d "$WORK/models/smollm2-135m" ]]; then
+    # profile NAME STEPS ARGS...: ncu over `rlserve ARGS`, the table per STEPS steps.
+    profile() {
+        local name=$1 steps=$2
+        shift 2
+        local csv="$LOGS/ncu-$name.csv"
+        timeout "$(budget 120)" ncu --clock-control none --metrics gpu__time_duration.sum --csv --page raw \
+            --print-units base --launch-count 4000 "$BIN/rlserve" "$@" >"$csv" 2>"$LOGS/ncu-$name.err"
+        local rc=$?
+        if ((rc != 0)); then
+            record "kernel table $name" FAIL "ncu exit $rc: $(tail -n 1 "$LOGS/ncu-$name.err")"
+            return
+        fi
+        "$PYTHON" scripts/kernel_table.py "$csv" --steps "$steps" >"$LOGS/kernels-$name.md" 2>&1 &&
+            record "kernel table $name" ok "$(head -n 1 "$LOGS/kernels-$name.md") (table: $LOGS/kernels-$name.md)" ||
+            record "kernel table $name" FAIL "$(tail -n 1 "$LOGS/kernels-$name.md")"
+    }
+    profile decode 9 bench latency --device cuda --model "$WORK/models/smollm2-135m" --prompt-tokens 16 \
+        --gen-tokens 8 --repetitions 1 --enforce-eager
+    profile train 1 bench train --device cuda --model "$WORK/models/smollm2-135m" --num-seqs 2 --prompt-len 64 \
+        --completion-len 64 --steps 1
+else
+    record "kernel tables" FAIL "ncu not found on PATH (or no model): no per-kernel times"
+fi
+
+# ---- 6. online RL on the GPU: a short `rlserve train` job ----
 # Three GRPO steps on SmolLM2-135M's shapes (random weights): the engine samples, the
 # learner updates the served weights in place under the write guard; the pause per update
 # (the guard's hold) comes from metrics.jsonl. Target: ≤ 1 ms (at Qwen2-0.5B).

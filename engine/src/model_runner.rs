@@ -5,19 +5,19 @@
 //! host, never the logits.
 //!
 //! On a CUDA device, a decode-only step (every sequence one new token, which it samples)
-//! goes through [`DecodeGraphs`]: its inputs in one upload into a step plan, the forward
-//! replayed from a CUDA graph captured for the padded batch size (docs/ARCHITECTURE.md,
-//! "Step plans and graphs").
+//! goes through [`DecodeGraphs`]: its inputs in one upload into a step plan, the forward and
+//! the sampler replayed from a CUDA graph captured for the padded batch size
+//! (docs/ARCHITECTURE.md, "Step plans and graphs").
 
 use crate::model::{BatchSeq, ForwardBatch, KvCache, Model, StepInputs};
 use crate::sampling::{draw_for, SampleContext};
 use crate::scheduler::Scheduled;
 use crate::sequence::Sequence;
 use crate::Result;
-use kernels::cuda::{CudaDevice, CudaGraph, CudaGraphPool, StepPlan};
+use kernels::cuda::{CudaDevice, CudaGraph, CudaGraphPool, SampleOut, StepPlan};
 use kernels::ops::{self, AttnBatch, AttnSeq};
-use kernels::sample::{RowTask, SampleRow, Sampled};
-use kernels::{Device, Tensor};
+use kernels::sample::{Draw, DrawParams, RowTask, SampleRow, Sampled, MAX_TOP_LOGPROBS};
+use kernels::Device;
 use std::collections::{HashMap, HashSet};
 use std::ops::Range;
 
@@ -180,9 +180,10 @@ fn sample_rows(
 /// Decode steps through CUDA graphs, as vLLM runs them: a graph per padded batch size (1, 2,
 /// 4, 8, then multiples of 8 up to `max_num_seqs`), captured on the size's second step (its
 /// first runs eagerly and leaves the buffers the capture takes in the workspace), replayed
-/// after. A step writes its inputs into the [`StepPlan`] (one upload), replays, and samples
-/// from the graph's logits through the plan (two launches, one download). The padding rows
-/// decode token 0 at position 0 into the pool's extra block and are not sampled. Graphs
+/// after. A step writes its inputs and its sampler rows into the [`StepPlan`] (one upload),
+/// replays the forward and the sampler in one graph launch, and reads the sampled tokens and
+/// log-probabilities back (one download). The padding rows decode token 0 at position 0
+/// into the pool's extra block and are drawn greedily; their results are dropped. Graphs
 /// hold the weights' addresses: an in-place update keeps them valid, a model replaced by a
 /// checkpoint's ([`Model::weights_id`]) drops them. A capture that fails is logged once and
 /// its size runs eagerly from then on.
@@ -190,8 +191,8 @@ struct DecodeGraphs {
     dev: CudaDevice,
     plan: StepPlan,
     pool: CudaGraphPool,
-    /// Per padded batch size: the graph and the logits tensor it writes.
-    graphs: HashMap<usize, (CudaGraph, Tensor)>,
+    /// Per padded batch size: the graph and the sampler results it writes.
+    graphs: HashMap<usize, (CudaGraph, SampleOut)>,
     /// Sizes that ran eagerly once since the weights were loaded.
     warmed: HashSet<usize>,
     /// Sizes whose capture failed.
@@ -252,32 +253,31 @@ impl DecodeGraphs {
         let pad = bp - n;
         let plan = &mut self.plan;
         plan.clear();
+        // The sections a graph reads at fixed offsets first: the rows' inputs, their block
+        // table offsets (filled in below), the sampler's rows (the padding rows greedy
+        // draws, their results dropped); the block tables, of varying lengths, after them.
         let tokens = plan.push(batch.tokens.iter().copied().chain(std::iter::repeat_n(0, pad)));
         let positions = plan.push(batch.positions.iter().map(|&p| p as u32).chain(std::iter::repeat_n(0, pad)));
         let pad_slot = self.pad_block * self.block_size as u32;
         let slots = plan.push(batch.slot_mapping.iter().copied().chain(std::iter::repeat_n(pad_slot, pad)));
         let logit_rows = plan.push(0..bp as u32);
-        // The row tables (word offsets into the plan), then each row's block table: every
-        // section a graph reads has the same offset in every step of its size (the tables
-        // vary in length, so they come after).
-        let mut at = plan.len() + bp;
-        let mut offsets = Vec::with_capacity(bp);
-        for s in &batch.seqs {
-            offsets.push(at as u32);
-            at += s.block_table.len();
+        let row_table = plan.push(std::iter::repeat_n(0, bp));
+        let greedy = Draw { params: DrawParams { temperature: 0.0, ..DrawParams::default() }, ..Draw::default() };
+        let pads = (n..bp).map(|row| SampleRow { row, task: RowTask::Draw(greedy.clone()), top_logprobs: 0 });
+        let padded_rows: Vec<SampleRow> = rows.iter().cloned().chain(pads).collect();
+        let staged = plan.stage_sample(bp, model.config.vocab_size, &padded_rows, MAX_TOP_LOGPROBS)?;
+        let mut at = plan.len();
+        for (i, s) in batch.seqs.iter().enumerate() {
+            plan.words_mut(row_table.clone())[i] = at as u32;
+            at += plan.push(s.block_table.iter().copied()).len();
         }
-        offsets.extend(std::iter::repeat_n(at as u32, pad));
-        let row_table = plan.push(offsets);
-        for s in &batch.seqs {
-            plan.push(s.block_table.iter().copied());
-        }
+        plan.words_mut(row_table.clone())[n..].fill(at as u32);
         plan.push([self.pad_block]);
-        let staged = plan.stage_sample(bp, model.config.vocab_size, rows)?;
         if !plan.fits() {
             return Ok(None);
         }
         plan.upload()?;
-        // The graph's logits tensor is the buffer its replays write (a clone would be a copy).
+        // The graph's results buffer is the one its replays write.
         let mut eager = None;
         if let Some((graph, _)) = self.graphs.get(&bp) {
             graph.replay()?;
@@ -291,6 +291,7 @@ impl DecodeGraphs {
                     block_table: &tables[i],
                 })
                 .collect();
+            let plan = &self.plan;
             let step = StepInputs {
                 tokens: plan.indices(tokens)?,
                 positions: plan.indices(positions.clone())?,
@@ -298,11 +299,15 @@ impl DecodeGraphs {
                 attn: plan.decode_attn(AttnBatch::new(&seqs, self.block_size)?, row_table, positions)?,
                 logit_rows: plan.indices(logit_rows)?,
             };
+            let mut forward = || -> Result<SampleOut> {
+                let logits = model.forward_step(&step, kv)?;
+                Ok(plan.sample_launch(&logits, &staged)?)
+            };
             // The size's first step runs eagerly (the warm-up); its second captures and
             // replays. A capture, or its first launch, that fails leaves the size eager.
             if !self.warmed.insert(bp) && !self.failed.contains(&bp) {
-                let captured = self.dev.capture(&self.pool, || model.forward_step(&step, kv));
-                match captured.and_then(|(graph, logits)| Ok(graph.replay().map(|()| (graph, logits))?)) {
+                let captured = self.dev.capture(&self.pool, &mut forward);
+                match captured.and_then(|(graph, out)| Ok(graph.replay().map(|()| (graph, out))?)) {
                     Ok(g) => {
                         self.graphs.insert(bp, g);
                     }
@@ -313,14 +318,16 @@ impl DecodeGraphs {
                 }
             }
             if !self.graphs.contains_key(&bp) {
-                eager = Some(model.forward_step(&step, kv)?);
+                eager = Some(forward()?);
             }
         }
-        let logits = match &eager {
-            Some(l) => l,
+        let out = match &eager {
+            Some(out) => out,
             None => &self.graphs[&bp].1,
         };
-        Ok(Some(self.plan.sample(logits, &staged, rows)?))
+        let mut results = self.plan.sample_read(out, &staged, &padded_rows)?;
+        results.truncate(n);
+        Ok(Some(results))
     }
 }
 

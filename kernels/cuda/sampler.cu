@@ -32,8 +32,11 @@
 //     each entry), tokens [n] (the scored token; unused for draws), topk [n], untouched [n]
 //     (1: a draw whose μ is its raw log-prob), rep_off, out_off, bias_off, mask_off [d+1]
 //     each (row r's list is entries off[r] .. off[r+1]), rep_tok [n_rep] (distinct ids),
-//     out_tok [n_out] (distinct ids), out_cnt [n_out], bias_tok [n_bias], mask_tok [n_mask];
-//   wide (u64): params [d] (RlsSampleParams, 6 words each), bias values [n_bias] (f64 bits).
+//     out_tok [n_out] (distinct ids), out_cnt [n_out], bias_tok [n_bias], bias_val [2·n_bias]
+//     (each bias an f64's bits as a (low, high) word pair), mask_tok [n_mask];
+//   wide (u64): params [d] (RlsSampleParams, 6 words each): a fixed size for a given d, so a
+//     step plan can place meta after it at an address that does not depend on the lists
+//     (kernels/src/cuda/plan.rs: a decode graph captures both addresses).
 // Entries 0 .. d are draws, d .. n scored tokens. Every id < vocab (the host checks).
 // out [n, 3 + 2K] (f32): token bits, μ, raw log-prob, then K (id bits, raw log-prob) pairs.
 //
@@ -123,8 +126,14 @@ struct RlsSampleMeta {
     const int *rows, *tokens, *topk, *untouched, *rep_off, *out_off, *bias_off, *mask_off, *out_cnt;
     const unsigned *rep_tok, *out_tok, *bias_tok, *mask_tok;
     const RlsSampleParams* params;
-    const double* bias_val;
+    const int* bias_val;
 };
+
+/// Bias value `b` of the (low, high) word pairs `bias_val`.
+__device__ __forceinline__ double rls_bias_value(const int* bias_val, int b) {
+    unsigned long long lo = (unsigned)bias_val[2 * b], hi = (unsigned)bias_val[2 * b + 1];
+    return __longlong_as_double((long long)(hi << 32 | lo));
+}
 
 __device__ RlsSampleMeta rls_sample_meta(const int* meta, const unsigned long long* wide) {
     RlsSampleMeta s;
@@ -143,9 +152,9 @@ __device__ RlsSampleMeta rls_sample_meta(const int* meta, const unsigned long lo
     s.out_tok = (const unsigned*)p, p += n_out;
     s.out_cnt = p, p += n_out;
     s.bias_tok = (const unsigned*)p, p += n_bias;
+    s.bias_val = p, p += 2 * n_bias;
     s.mask_tok = (const unsigned*)p;
     s.params = (const RlsSampleParams*)wide;
-    s.bias_val = (const double*)(wide + 6 * (long long)s.d);
     return s;
 }
 
@@ -163,13 +172,13 @@ extern "C" __global__ void sampler(const float* logits, int vocab, const int* me
     const int *rep_offsets = s.rep_off, *out_offsets = s.out_off, *bias_offsets = s.bias_off, *mask_offsets = s.mask_off;
     const unsigned *rep_tokens = s.rep_tok, *out_tokens = s.out_tok, *bias_tokens = s.bias_tok, *mask_tokens = s.mask_tok;
     const int* out_counts = s.out_cnt;
-    const double* bias_values = s.bias_val;
+    const int* bias_values = s.bias_val;
     float* l = work + row * vocab;
     for (int i = tid; i < vocab; i += nt) l[i] = z[i];
     __syncthreads();
     if (tid == 0)
         for (int b = bias_offsets[row]; b < bias_offsets[row + 1]; ++b)
-            l[bias_tokens[b]] = (float)((double)l[bias_tokens[b]] + bias_values[b]);
+            l[bias_tokens[b]] = (float)((double)l[bias_tokens[b]] + rls_bias_value(bias_values, b));
     __syncthreads();
     if (p.repetition_penalty != 1.0f)
         for (int x = rep_offsets[row] + tid; x < rep_offsets[row + 1]; x += nt) {

@@ -61,6 +61,9 @@ pub enum CudaGraphPool {}
 /// Staged sampler rows (uninhabited in this build).
 pub enum StagedSample {}
 
+/// The sampler's results on the device (uninhabited in this build).
+pub enum SampleOut {}
+
 /// A step plan (uninhabited in this build).
 pub enum StepPlan {}
 
@@ -89,12 +92,24 @@ impl StepPlan {
     pub fn decode_attn(&self, _: AttnBatch, _: Range<usize>, _: Range<usize>) -> Result<AttnBatch> {
         match *self {}
     }
-    pub fn stage_sample(&mut self, _: usize, _: usize, _: &[crate::sample::SampleRow]) -> Result<StagedSample> {
+    pub fn words_mut(&mut self, _: Range<usize>) -> &mut [u32] {
         match *self {}
     }
-    pub fn sample(
+    pub fn stage_sample(
+        &mut self,
+        _: usize,
+        _: usize,
+        _: &[crate::sample::SampleRow],
+        _: usize,
+    ) -> Result<StagedSample> {
+        match *self {}
+    }
+    pub fn sample_launch(&self, _: &crate::Tensor, _: &StagedSample) -> Result<SampleOut> {
+        match *self {}
+    }
+    pub fn sample_read(
         &self,
-        _: &crate::Tensor,
+        _: &SampleOut,
         _: &StagedSample,
         _: &[crate::sample::SampleRow],
     ) -> Result<Vec<crate::sample::Sampled>> {

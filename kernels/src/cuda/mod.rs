@@ -22,5 +22,5 @@ mod sample;
 mod storage;
 
 pub use device::{CudaDevice, ResidentAttn, ResidentIndices};
-pub use plan::{CudaGraph, CudaGraphPool, StagedSample, StepPlan};
+pub use plan::{CudaGraph, CudaGraphPool, SampleOut, StagedSample, StepPlan};
 pub use storage::CudaStorage;

@@ -11,7 +11,7 @@
 use super::attention::{partitions, AttnMeta};
 use super::device::CudaDevice;
 use super::runtime::{DevBuf, GraphExec, GraphPool};
-use super::sample::{pack, run, Packed};
+use super::sample::{launch, pack, read, Packed};
 use crate::ops::AttnBatch;
 use crate::sample::{SampleRow, Sampled};
 use crate::{Indices, KernelError, Result, Tensor};
@@ -133,11 +133,21 @@ impl StepPlan {
         Ok(batch)
     }
 
+    /// The staged words `range`, to fill in after later sections were pushed (a table of
+    /// offsets to them).
+    pub fn words_mut(&mut self, range: Range<usize>) -> &mut [u32] {
+        &mut self.staging[range]
+    }
+
     /// Stages `rows` of a sampling call over logits `[m, v]` (checked as
-    /// [`crate::ops::sample`] checks them).
-    pub fn stage_sample(&mut self, m: usize, v: usize, rows: &[SampleRow]) -> Result<StagedSample> {
+    /// [`crate::ops::sample`] checks them), with buffers any rows of the same count fit
+    /// when they ask for at most `k_room` top log-probabilities: launches over them
+    /// ([`Self::sample_launch`]) can be captured once and replayed for every later step of
+    /// that count. The parameters come first (a fixed size for the count), then the lists:
+    /// a section pushed before them keeps its offset from step to step.
+    pub fn stage_sample(&mut self, m: usize, v: usize, rows: &[SampleRow], k_room: usize) -> Result<StagedSample> {
         crate::ops::check_sample_rows(m, v, rows)?;
-        let packed = pack(rows)?;
+        let packed = pack(rows)?.fixed(k_room)?;
         if self.staging.len() % 2 == 1 {
             self.staging.push(0);
         }
@@ -146,17 +156,28 @@ impl StepPlan {
         Ok(StagedSample { packed, meta, wide })
     }
 
-    /// Samples `rows` (staged as `staged`, uploaded with the plan) from `logits`: the
-    /// sampler's launches over the plan's views, one download ([`crate::ops::sample`]).
-    pub fn sample(&self, logits: &Tensor, staged: &StagedSample, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
+    /// The sampler's launches over `logits` for rows staged as `staged` (uploaded with the
+    /// plan), reading the plan's views; no host copy, so they may be captured. The results
+    /// stay on the device until [`Self::sample_read`].
+    pub fn sample_launch(&self, logits: &Tensor, staged: &StagedSample) -> Result<SampleOut> {
         let (_, v) = logits.dims2("sample")?;
         let crate::Storage::Cuda(l) = &logits.storage else {
             return Err(KernelError::DeviceMismatch { op: "sample" });
         };
         let (meta, wide) = (self.view(staged.meta.clone())?, self.view(staged.wide.clone())?);
-        run(&self.dev, &l.buf, v, &staged.packed, &meta, &wide, rows)
+        Ok(SampleOut(launch(&self.dev, &l.buf, v, &staged.packed, &meta, &wide)?))
+    }
+
+    /// What the sampler wrote into `out` for `rows` (staged as `staged`): one download of
+    /// the token, μ, the raw and the top log-probabilities per row.
+    pub fn sample_read(&self, out: &SampleOut, staged: &StagedSample, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
+        read(&self.dev, &out.0, &staged.packed, rows)
     }
 }
+
+/// The sampler's results on the device ([`StepPlan::sample_launch`]); a graph that captured
+/// the launches keeps it, and each replay rewrites it.
+pub struct SampleOut(DevBuf<f32>);
 
 /// A captured CUDA graph ([`CudaDevice::capture`]): [`Self::replay`] runs its kernels again
 /// with the pointers and scalars they were captured with, in one graph launch.

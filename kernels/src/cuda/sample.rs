@@ -34,8 +34,28 @@ pub(super) struct Packed {
     /// Draws, and top log-probabilities per row (K).
     d: usize,
     k: usize,
+    /// The K the results buffer has room for (≥ `k`; [`Packed::fixed`]).
+    k_room: usize,
     /// Whether some draw truncates (then `sampler` sorts: the `keys` scratch).
     truncates: bool,
+}
+
+impl Packed {
+    /// The same rows with buffers that any rows of the same count fit: results with room for
+    /// `k_room` top log-probabilities per row, the sort scratch whether or not a draw
+    /// truncates. A graph captured over these launches then serves every later step of the
+    /// same entry count (the kernels read K, the lists and the parameters from `meta` and
+    /// `wide`, not from the launch). Errors when `k` exceeds `k_room`.
+    pub(super) fn fixed(mut self, k_room: usize) -> Result<Self> {
+        if self.k > k_room {
+            return Err(crate::KernelError::Cuda(format!(
+                "{} top log-probabilities exceed the room for {k_room}",
+                self.k
+            )));
+        }
+        (self.k_room, self.truncates) = (k_room, true);
+        Ok(self)
+    }
 }
 
 pub(super) fn pack(rows: &[SampleRow]) -> Result<Packed> {
@@ -56,7 +76,7 @@ pub(super) fn pack(rows: &[SampleRow]) -> Result<Packed> {
         total(|x| x.bias.len()),
         total(|x| x.mask.len()),
     );
-    let mut meta = Vec::with_capacity(7 + 4 * n + 4 * (d + 1) + n_rep + 2 * n_out + n_bias + n_mask);
+    let mut meta = Vec::with_capacity(7 + 4 * n + 4 * (d + 1) + n_rep + 2 * n_out + 3 * n_bias + n_mask);
     meta.extend([n, d, k, n_rep, n_out, n_bias, n_mask].map(|x| x as i32));
     for &i in &order {
         meta.push(int(rows[i].row)?);
@@ -84,9 +104,11 @@ pub(super) fn pack(rows: &[SampleRow]) -> Result<Packed> {
     ids(&mut meta, &mut draws.iter().flat_map(|x| x.out_counts.iter().map(|c| c.0)));
     ids(&mut meta, &mut draws.iter().flat_map(|x| x.out_counts.iter().map(|c| c.1)));
     ids(&mut meta, &mut draws.iter().flat_map(|x| x.bias.iter().map(|b| b.0)));
+    let bits = draws.iter().flat_map(|x| x.bias.iter().map(|b| b.1.to_bits()));
+    ids(&mut meta, &mut bits.flat_map(|w| [w as u32, (w >> 32) as u32]));
     ids(&mut meta, &mut draws.iter().flat_map(|x| x.mask.iter().copied()));
     // `RlsSampleParams`: six f32 and two i32 in 4 words, then seed and step (48 bytes).
-    let mut wide = Vec::with_capacity(6 * d + n_bias);
+    let mut wide = Vec::with_capacity(6 * d);
     let word = |a: u32, b: u32| a as u64 | (b as u64) << 32;
     for x in &draws {
         let p = &x.params;
@@ -99,8 +121,7 @@ pub(super) fn pack(rows: &[SampleRow]) -> Result<Packed> {
             p.step,
         ]);
     }
-    wide.extend(draws.iter().flat_map(|x| x.bias.iter().map(|b| b.1.to_bits())));
-    Ok(Packed { meta, wide, order, d, k, truncates: draws.iter().any(|x| x.truncates() && !x.is_greedy()) })
+    Ok(Packed { meta, wide, order, d, k, k_room: k, truncates: draws.iter().any(|x| x.truncates() && !x.is_greedy()) })
 }
 
 /// [`crate::backend::BackendStorage::sample`] on `logits [_, v]`.
@@ -121,8 +142,24 @@ pub(super) fn run(
     wide: &DevBuf<u64>,
     rows: &[SampleRow],
 ) -> Result<Vec<Sampled>> {
-    let (n, stride) = (p.order.len(), 3 + 2 * p.k);
-    let mut out = dev.alloc_any::<f32>(n * stride)?;
+    let out = launch(dev, logits, v, p, meta, wide)?;
+    read(dev, &out, p, rows)
+}
+
+/// The sampler's launches over `rows` packed as `p` (no host copy: they may be captured
+/// into a graph); their results `[n, 3 + 2K]` stay on the device for [`read`]. The scratch
+/// of a truncating draw (`keys`) is allocated when some draw of `p` truncates, or always
+/// after [`Packed::keep_sort_scratch`].
+pub(super) fn launch(
+    dev: &CudaDevice,
+    logits: &DevBuf<f32>,
+    v: usize,
+    p: &Packed,
+    meta: &DevBuf<i32>,
+    wide: &DevBuf<u64>,
+) -> Result<DevBuf<f32>> {
+    let n = p.order.len();
+    let mut out = dev.alloc_any::<f32>(n * (3 + 2 * p.k_room))?;
     let vi = int(v)?;
     if p.d > 0 {
         let sort_len = v.next_power_of_two();
@@ -143,7 +180,14 @@ pub(super) fn run(
     }
     let args = &mut [r(logits), Arg::I32(vi), r(meta), r(wide), w(&mut out)];
     dev.launch("sampler.cu", "sample_logprobs", row_cfg(n, LOGPROB_THREADS), args)?;
-    let host = dev.rt().dtoh(&out)?;
+    Ok(out)
+}
+
+/// The results [`launch`] left in `out` for `rows` packed as `p`: one download of
+/// `n · (3 + 2K)` values (K: `p`'s, whatever room `out` has).
+pub(super) fn read(dev: &CudaDevice, out: &DevBuf<f32>, p: &Packed, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
+    let stride = 3 + 2 * p.k;
+    let host = dev.rt().dtoh_prefix(out, p.order.len() * stride)?;
     let mut res = vec![None; rows.len()];
     for (j, o) in host.chunks(stride).enumerate() {
         let i = p.order[j];

@@ -51,6 +51,44 @@ pub struct WorkloadArgs {
     pub output_len: usize,
     #[arg(long, default_value_t = 0)]
     pub seed: u64,
+    /// Request `i`'s input and output lengths are drawn uniformly from
+    /// `[len·(1 − r), len·(1 + r)]` (vLLM's `--random-range-ratio`, in [0, 1); 0: every
+    /// request the given lengths). nano-vllm's benchmark (lengths uniform in 100–1024) is
+    /// `--input-len 562 --output-len 562 --random-range-ratio 0.822`.
+    #[arg(long, default_value_t = 0.0)]
+    pub random_range_ratio: f64,
+}
+
+impl WorkloadArgs {
+    /// Checks the flags: every length and count at least 1, the ratio in [0, 1).
+    pub fn check(&self) -> Result<()> {
+        anyhow::ensure!(
+            self.num_prompts >= 1 && self.input_len >= 1 && self.output_len >= 1,
+            "--num-prompts, --input-len and --output-len must be >= 1"
+        );
+        anyhow::ensure!(
+            (0.0..1.0).contains(&self.random_range_ratio),
+            "--random-range-ratio must be in [0, 1), got {}",
+            self.random_range_ratio
+        );
+        Ok(())
+    }
+
+    /// Request `i`'s `(input, output)` lengths (see `random_range_ratio`), a function of
+    /// `seed` and `i` only.
+    pub fn lengths(&self, i: usize) -> (usize, usize) {
+        use engine::sampling::splitmix64;
+        let r = self.random_range_ratio;
+        let draw = |len: usize, salt: u64| {
+            if r == 0.0 {
+                return len;
+            }
+            let (lo, hi) = (((len as f64) * (1.0 - r)).round() as usize, ((len as f64) * (1.0 + r)).round() as usize);
+            let h = splitmix64(self.seed ^ splitmix64(2 * i as u64 + salt));
+            (lo + (h % (hi - lo + 1) as u64) as usize).max(1)
+        };
+        (draw(self.input_len, 0), draw(self.output_len, 1))
+    }
 }
 
 /// Peak resident set size of this process in MiB (`VmHWM`, Linux only).
@@ -84,4 +122,30 @@ pub fn print_device_per_step(what: &str, counters: Option<kernels::DeviceCounter
 pub fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::WorkloadArgs;
+
+    fn workload(input_len: usize, output_len: usize, random_range_ratio: f64) -> WorkloadArgs {
+        WorkloadArgs { num_prompts: 256, input_len, output_len, seed: 0, random_range_ratio }
+    }
+
+    /// Ratio 0: every request the given lengths. nano-vllm's shape: 562 · (1 ∓ 0.822) rounds
+    /// to 100 and 1024, every length within them, both lengths drawn apart, spread over the
+    /// range (256 draws reach within 5% of each end), a function of (seed, i).
+    #[test]
+    fn lengths_are_uniform_in_vllms_range() {
+        let w = workload(128, 64, 0.0);
+        assert!((0..256).all(|i| w.lengths(i) == (128, 64)));
+        let w = workload(562, 562, 0.822);
+        let ls: Vec<(usize, usize)> = (0..256).map(|i| w.lengths(i)).collect();
+        let all = ls.iter().flat_map(|&(a, b)| [a, b]);
+        assert!(all.clone().all(|l| (100..=1024).contains(&l)), "{ls:?}");
+        assert!(all.clone().min().unwrap() < 146 && all.clone().max().unwrap() > 978, "{ls:?}");
+        assert!(ls.iter().filter(|(a, b)| a == b).count() < 8, "input and output drawn apart");
+        assert_eq!(ls, (0..256).map(|i| w.lengths(i)).collect::<Vec<_>>());
+        assert!(workload(562, 562, 1.0).check().is_err() && workload(0, 1, 0.0).check().is_err());
+    }
 }

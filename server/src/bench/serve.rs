@@ -110,6 +110,7 @@ async fn one(client: reqwest::Client, url: String, key: Option<String>, body: Va
 
 /// Runs `bench serve`.
 pub fn run(a: BenchServeArgs) -> Result<()> {
+    a.workload.check()?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(run_async(a))
 }
@@ -135,8 +136,9 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(a.workload.num_prompts);
     for i in 0..a.workload.num_prompts {
-        let prompt: Vec<u32> = (0..a.workload.input_len).map(|_| rng.gen_range(100..20000)).collect();
-        let body = json!({"model": model, "prompt": prompt, "max_tokens": a.workload.output_len, "ignore_eos": true, "temperature": 1.0, "seed": a.workload.seed + i as u64, "stream": true, "stream_options": {"include_usage": true}});
+        let (input_len, output_len) = a.workload.lengths(i);
+        let prompt: Vec<u32> = (0..input_len).map(|_| rng.gen_range(100..20000)).collect();
+        let body = json!({"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": true, "temperature": 1.0, "seed": a.workload.seed + i as u64, "stream": true, "stream_options": {"include_usage": true}});
         let permit = sem.clone().acquire_owned().await?;
         let (client, url, key, bar) = (client.clone(), url.clone(), a.api_key.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
@@ -185,7 +187,7 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     }
     if let Some(path) = &a.output_json {
         let j = json!({
-            "num_prompts": a.workload.num_prompts, "input_len": a.workload.input_len, "output_len": a.workload.output_len, "request_rate": a.request_rate, "max_concurrency": a.max_concurrency,
+            "num_prompts": a.workload.num_prompts, "input_len": a.workload.input_len, "output_len": a.workload.output_len, "random_range_ratio": a.workload.random_range_ratio, "request_rate": a.request_rate, "max_concurrency": a.max_concurrency,
             "completed": ok.len(), "failed": failed.len(), "duration": duration, "total_input_tokens": in_tokens, "total_output_tokens": out_tokens,
             "request_throughput": ok.len() as f64 / duration, "output_throughput": out_tokens as f64 / duration, "total_token_throughput": (in_tokens + out_tokens) as f64 / duration,
             "mean_ttft_ms": ttft.0, "median_ttft_ms": ttft.1, "p99_ttft_ms": ttft.2, "mean_tpot_ms": tpot.0, "median_tpot_ms": tpot.1, "p99_tpot_ms": tpot.2,

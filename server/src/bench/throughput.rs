@@ -62,17 +62,16 @@ struct RunResult {
     decode_counters: Option<kernels::DeviceCounters>,
 }
 
-/// Runs `prompts` to completion on a fresh engine.
+/// Runs `requests` (prompt, parameters) to completion on a fresh engine.
 fn run_batch(
     model: &engine::SharedModel,
     tok: &Arc<engine::Tokenizer>,
     cfg: &EngineConfig,
-    prompts: &[Vec<u32>],
-    params: &SamplingParams,
+    requests: &[(Vec<u32>, SamplingParams)],
 ) -> Result<RunResult> {
     let mut e = LLMEngine::new(model.clone(), tok.clone(), cfg.clone())?;
     let t = Instant::now();
-    for (i, p) in prompts.iter().enumerate() {
+    for (i, (p, params)) in requests.iter().enumerate() {
         e.add_request(&format!("b{i}"), p.clone(), params.clone())?;
     }
     let (mut output_tokens, mut decode_tokens, mut decode_steps, mut decode_secs) = (0, 0, 0, 0.0);
@@ -96,10 +95,10 @@ fn run_batch(
     let secs = t.elapsed().as_secs_f64();
     Ok(RunResult {
         secs,
-        prompt_tokens: prompts.iter().map(Vec::len).sum::<usize>() * params.n,
+        prompt_tokens: requests.iter().map(|(p, params)| p.len() * params.n).sum(),
         output_tokens,
         prefill_tokens: e.stats().prefill_tokens,
-        requests: prompts.len(),
+        requests: requests.len(),
         decode_tokens,
         decode_steps,
         decode_secs,
@@ -109,29 +108,41 @@ fn run_batch(
 
 /// Runs `bench throughput`.
 pub fn run(a: ThroughputArgs) -> Result<()> {
-    anyhow::ensure!(
-        a.workload.num_prompts >= 1 && a.workload.input_len >= 1 && a.workload.output_len >= 1 && a.n >= 1,
-        "--num-prompts, --input-len, --output-len and --n must be >= 1"
-    );
+    a.workload.check()?;
+    anyhow::ensure!(a.n >= 1, "--n must be >= 1");
     let (device, dir) = a.model.open()?;
     let (tok, model) = load(&dir, &device)?;
     let vocab = model.config.vocab_size as u64;
     let (model, tok) = (engine::SharedModel::new(model), Arc::new(tok));
-    let prompt = |i: u64| -> Vec<u32> {
-        (0..a.workload.input_len as u64)
-            .map(|j| (100 + engine::sampling::splitmix64(a.workload.seed ^ (i << 32) ^ j) % (vocab - 100)) as u32)
+    let w = &a.workload;
+    let prompt = |i: u64, len: usize| -> Vec<u32> {
+        (0..len as u64)
+            .map(|j| (100 + engine::sampling::splitmix64(w.seed ^ (i << 32) ^ j) % (vocab - 100)) as u32)
             .collect()
     };
-    let prompts: Vec<Vec<u32>> =
-        (0..a.workload.num_prompts as u64).map(|i| prompt(if a.fixed_prompt { 0 } else { i })).collect();
+    let params = SamplingParams {
+        n: a.n,
+        temperature: 1.0,
+        seed: Some(w.seed),
+        max_tokens: Some(w.output_len),
+        ignore_eos: true,
+        ..Default::default()
+    };
+    let requests: Vec<(Vec<u32>, SamplingParams)> = (0..w.num_prompts)
+        .map(|i| {
+            let (input_len, output_len) = w.lengths(i);
+            let p = prompt(if a.fixed_prompt { 0 } else { i as u64 }, input_len);
+            (p, SamplingParams { max_tokens: Some(output_len), ..params.clone() })
+        })
+        .collect();
     // The KV pool holds the workload (as llama-batched-bench's `-c`) and is written before
     // the clock starts (llama.cpp clears its KV buffer at start): no timed step pays for
     // first touches of fresh pages.
     let block_size = EngineConfig::default().block_size;
     let blocks = |seqs: usize, len: usize| seqs * len.div_ceil(block_size);
-    let w = &a.workload;
     let curve_need = a.concurrency.iter().map(|&c| blocks(c, w.input_len.min(16) + a.curve_output_len)).max();
-    let num_blocks = blocks(w.num_prompts * a.n, w.input_len + w.output_len).max(curve_need.unwrap_or(0));
+    let workload_need: usize = (0..w.num_prompts).map(|i| w.lengths(i)).map(|(i, o)| blocks(a.n, i + o)).sum();
+    let num_blocks = workload_need.max(curve_need.unwrap_or(0));
     let cfg = EngineConfig {
         max_num_seqs: a.max_num_seqs,
         max_num_batched_tokens: a.max_num_batched_tokens,
@@ -140,23 +151,19 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         enforce_eager: a.enforce_eager,
         ..Default::default()
     };
-    let params = SamplingParams {
-        n: a.n,
-        temperature: 1.0,
-        seed: Some(a.workload.seed),
-        max_tokens: Some(a.workload.output_len),
-        ignore_eos: true,
-        ..Default::default()
+    let lengths = |len: usize| match w.random_range_ratio {
+        0.0 => format!("{len}"),
+        r => format!("{len} ± {:.0}%", 100.0 * r),
     };
     eprintln!(
         "running {} requests × n={} ({} input, {} output tokens each), {} threads; KV pool {num_blocks} blocks of {block_size}, written before timing",
-        a.workload.num_prompts,
+        w.num_prompts,
         a.n,
-        a.workload.input_len,
-        a.workload.output_len,
+        lengths(w.input_len),
+        lengths(w.output_len),
         rayon::current_num_threads()
     );
-    let r = run_batch(&model, &tok, &cfg, &prompts, &params)?;
+    let r = run_batch(&model, &tok, &cfg, &requests)?;
     let total = r.prompt_tokens + r.output_tokens;
     println!(
         "Throughput: {:.2} requests/s, {:.2} total tokens/s, {:.2} output tokens/s",
@@ -183,11 +190,11 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         println!("| --- | --- | --- |");
         let mut base = None;
         for &c in &a.concurrency {
-            let ps: Vec<Vec<u32>> =
-                (0..c as u64).map(|i| prompt(1000 + i)[..a.workload.input_len.min(16)].to_vec()).collect();
-            let cp = SamplingParams { max_tokens: Some(a.curve_output_len), ..params.clone() };
+            let cp = SamplingParams { n: 1, max_tokens: Some(a.curve_output_len), ..params.clone() };
+            let rs: Vec<(Vec<u32>, SamplingParams)> =
+                (0..c as u64).map(|i| (prompt(1000 + i, w.input_len.min(16)), cp.clone())).collect();
             let cfgc = EngineConfig { max_num_seqs: c.max(1), ..cfg.clone() };
-            let r = run_batch(&model, &tok, &cfgc, &ps, &SamplingParams { n: 1, ..cp })?;
+            let r = run_batch(&model, &tok, &cfgc, &rs)?;
             let tps = r.output_tokens as f64 / r.secs;
             let b = *base.get_or_insert(tps);
             println!("| {c} | {tps:.1} | {:.2}x |", tps / b);
@@ -200,7 +207,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
     }
     if let Some(path) = &a.output_json {
         let j = json!({
-            "elapsed_time": r.secs, "num_requests": r.requests, "n": a.n, "input_len": a.workload.input_len, "output_len": a.workload.output_len,
+            "elapsed_time": r.secs, "num_requests": r.requests, "n": a.n, "input_len": a.workload.input_len, "output_len": a.workload.output_len, "random_range_ratio": a.workload.random_range_ratio,
             "total_num_tokens": total, "prompt_tokens": r.prompt_tokens, "prefill_tokens_computed": r.prefill_tokens, "output_tokens": r.output_tokens,
             "requests_per_second": r.requests as f64 / r.secs, "tokens_per_second": total as f64 / r.secs, "output_tokens_per_second": r.output_tokens as f64 / r.secs,
             "decode_output_tokens_per_second": decode_tps, "decode_steps": r.decode_steps,
