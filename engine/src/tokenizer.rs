@@ -156,7 +156,7 @@ impl Tokenizer {
             .iter()
             .map(|m| ChatMessage { role: m.role.clone(), content: self.specials.escape(&m.content, &mut table) })
             .collect();
-        let rendered = self.render(&escaped, opts)?;
+        let rendered = self.render_chat(&escaped, opts)?;
         let (text, protected) = unescape(&rendered, &table);
         let mut ids = vec![];
         for piece in self.specials.split(&text, &protected) {
@@ -168,10 +168,11 @@ impl Tokenizer {
         Ok(ids)
     }
 
-    /// The rendered conversation, cut after the final message's content with
-    /// `continue_final_message` (HF `apply_chat_template`'s rule: the last occurrence of the
-    /// stripped content, keeping its leading whitespace when the template kept it).
-    fn render(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<String> {
+    /// The rendered conversation (the text [`Self::encode_chat`] encodes), cut after the
+    /// final message's content with `continue_final_message` (HF `apply_chat_template`'s
+    /// rule: the last occurrence of the stripped content, keeping its leading whitespace
+    /// when the template kept it).
+    pub fn render_chat(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<String> {
         if opts.continue_final_message && opts.add_generation_prompt {
             return Err(ModelError::ChatTemplate(
                 "`continue_final_message` and `add_generation_prompt` cannot both be true".into(),

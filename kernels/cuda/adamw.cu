@@ -6,7 +6,7 @@
 //   Δ = −(lr / bc1) · (m / (√v / √bc2 + ε)),  bc1 = 1 − β₁ᵗ, bc2 = 1 − β₂ᵗ.
 // Every operation is an IEEE-rounded op (sqrtf and the division too, NVRTC's defaults), so
 // with --fmad=false the results are bitwise equal to the CPU's.
-// Launch (both): grid-stride over n; any grid and block (host: 256); no shared memory.
+// Launch: grid-stride over n; any grid and block (host: 256); no shared memory.
 #include "common.cuh"
 
 /// One element's moment update (m, v in place) and its step Δ.
@@ -28,19 +28,4 @@ extern "C" __global__ void adamw_delta(const float* g, float* m, float* v, float
                                        double beta1, double beta2, double eps, double bc1, double bc2, double clip) {
     RLS_GRID_STRIDE(i, n)
         delta[i] = rls_adamw_step(g[i], &m[i], &v[i], lr, beta1, beta2, eps, bc1, bc2, clip);
-}
-
-// adamw_apply(g [n], m [n], v [n], master [n], copy [n] (bf16 bits) or null, n, lr, beta1, beta2,
-//   eps, bc1, bc2, clip, decay): the fused update: master = master·decay + Δ (decay =
-// 1 − lr·weight_decay; the f32 ops of `scale_add_inplace`), then copy = bf16(master)
-// (round to nearest even): the serving copy rewritten in the same launch.
-extern "C" __global__ void adamw_apply(const float* g, float* m, float* v, float* master, unsigned short* copy,
-                                       long long n, double lr, double beta1, double beta2, double eps, double bc1,
-                                       double bc2, double clip, float decay) {
-    RLS_GRID_STRIDE(i, n) {
-        float d = rls_adamw_step(g[i], &m[i], &v[i], lr, beta1, beta2, eps, bc1, bc2, clip);
-        float p = master[i] * decay + d;
-        master[i] = p;
-        if (copy) copy[i] = rls_bf16_rne(p);
-    }
 }

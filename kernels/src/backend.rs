@@ -11,7 +11,7 @@
 //! - Buffers are row-major `[rows, cols]` f32 unless a method says otherwise; the only
 //!   backend-owned layout is a *packed* linear weight ([`BackendStorage::pack_weight`]),
 //!   which only [`BackendStorage::linear`], [`BackendStorage::linear_grad_input`],
-//!   [`BackendStorage::unpack_weight`], [`BackendStorage::scale_add_unpacked`] and the
+//!   [`BackendStorage::unpack_weight`], [`BackendStorage::gather_packed_rows`] and the
 //!   elementwise [`BackendStorage::scale_add_inplace`] (between two buffers packed alike)
 //!   read: it is the only copy of a linear weight.
 //! - Index arguments (token ids, positions, KV slots, row lists) are [`Indices`] and the
@@ -75,9 +75,6 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn add_inplace(&mut self, b: &Self) -> Result<()>;
     /// `self ← s · self + d` (equal lengths, same layout: packed weights too).
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()>;
-    /// `self ← s·self + d` with `self` row-major `[n, k]` and `d` packed `[n, k]`
-    /// ([`Self::pack_weight`]'s layout): a tied embedding updated with its LM head's step.
-    fn scale_add_unpacked(&mut self, s: f32, d: &Self, n: usize, k: usize) -> Result<()>;
     /// `s · self`.
     fn scale(&self, s: f32) -> Result<Self>;
     /// `Σ x²` over every element of every part, in f64 (each part's sum, then the parts in
@@ -93,6 +90,9 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     // Copies between rows and columns.
     /// Rows `ids` of `[_, c]` → `[ids.len(), c]` (embedding lookup, row selection).
     fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self>;
+    /// Rows `ids` (each < n) of a packed weight `[n, k]` ([`Self::pack_weight`]'s layout) as
+    /// row-major `[ids.len(), k]`: a tied embedding's lookup in its LM head.
+    fn gather_packed_rows(&self, ids: &Indices, n: usize, k: usize) -> Result<Self>;
     /// Row `i` of `src [n, c]` into row `rows[i]` of `self [_, c]`.
     fn scatter_rows(&mut self, rows: &Indices, src: &Self, c: usize) -> Result<()>;
     /// Row `i` of `src [n, c]` added to row `rows[i]` of `self` (in row order; repeats add up).

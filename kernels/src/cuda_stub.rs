@@ -171,7 +171,7 @@ impl BackendStorage for CudaStorage {
     fn scale_add_inplace(&mut self, _: f32, _: &Self) -> Result<()> {
         match *self {}
     }
-    fn scale_add_unpacked(&mut self, _: f32, _: &Self, _: usize, _: usize) -> Result<()> {
+    fn gather_packed_rows(&self, _: &Indices, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }
     fn scale(&self, _: f32) -> Result<Self> {

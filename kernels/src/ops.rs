@@ -64,7 +64,7 @@ fn out<S: Into<Storage>>(r: Result<S>, shape: &[usize]) -> Result<Tensor> {
 /// A linear layer's weight `[n, k]` in its backend's packed layout (see `cpu::matmul` for
 /// the CPU's 64-column panels), the only copy of the weight the engine and learner keep;
 /// only [`linear`], [`linear_grad_input`], [`unpack_weight`], [`scale_add_packed`] and
-/// [`scale_add_unpacked`] read it.
+/// [`embedding_packed`] read it.
 #[derive(Debug, Clone)]
 pub struct PackedWeight {
     storage: Storage,
@@ -105,17 +105,6 @@ pub fn scale_add_packed(w: &mut PackedWeight, s: f32, d: &PackedWeight) -> Resul
     }
     let (a, b) = (&mut w.storage, &d.storage);
     backend!("scale_add_packed"; a, b => a.scale_add_inplace(s, b))
-}
-
-/// `a ← s·a + d` for a row-major `a` and a packed step `d` of the same `[n, k]` shape (a
-/// tied embedding updated with its LM head's step, laid out once): bitwise
-/// `scale_add_inplace(a, s, unpack_weight(d))`.
-pub fn scale_add_unpacked(a: &mut Tensor, s: f32, d: &PackedWeight) -> Result<()> {
-    if a.shape() != d.shape() {
-        return Err(shape_err("scale_add_unpacked", format!("{:?} vs {:?}", a.shape(), d.shape())));
-    }
-    let (a, b, n, k) = (&mut a.storage, &d.storage, d.n, d.k);
-    backend!("scale_add_unpacked"; a, b => a.scale_add_unpacked(s, b, n, k))
 }
 
 /// `a ← s·a + d` elementwise (same shapes).
@@ -535,6 +524,19 @@ pub fn embedding<'a>(table: &Tensor, ids: impl Into<Idx<'a>>) -> Result<Tensor> 
     }
     let a = &table.storage;
     out(backend!("embedding"; a => a.gather_rows(&ids, d).map(Storage::from)), &[ids.len(), d])
+}
+
+/// [`embedding`] of the rows of a packed weight `w [vocab, d]`: a tied embedding's lookup
+/// in its LM head (the model's one copy of the matrix). Bitwise
+/// `embedding(&unpack_weight(w), ids)`. Errors on an id ≥ vocab.
+pub fn embedding_packed<'a>(w: &PackedWeight, ids: impl Into<Idx<'a>>) -> Result<Tensor> {
+    let ids = ids.into();
+    let (vocab, d) = (w.n, w.k);
+    if let Some(bad) = ids.max().filter(|&i| i as usize >= vocab) {
+        return Err(shape_err("embedding_packed", format!("token id {bad} >= vocab size {vocab}")));
+    }
+    let a = &w.storage;
+    out(backend!("embedding_packed"; a => a.gather_packed_rows(&ids, vocab, d).map(Storage::from)), &[ids.len(), d])
 }
 
 fn check_scatter(op: &'static str, dst: &Tensor, rows: &Indices, src: &Tensor) -> Result<usize> {

@@ -109,8 +109,14 @@ impl Layout {
 
     /// Causal attention of every row over its sequence ([`ops::paged_attention`] with one-row
     /// blocks: block `i` of a sequence is the row of its position `i`).
-    pub fn attention(&self, q: &Tensor, k: &Tensor, v: &Tensor, heads: (usize, usize, usize)) -> Result<Tensor> {
-        Ok(ops::paged_attention(q, k, v, &self.attn, heads.0, heads.1, heads.2, ops::KvLayout::Rows)?)
+    pub fn attention(
+        &self,
+        q: &Tensor,
+        k: &Tensor,
+        v: &Tensor,
+        heads: (usize, usize, usize),
+    ) -> kernels::Result<Tensor> {
+        ops::paged_attention(q, k, v, &self.attn, heads.0, heads.1, heads.2, ops::KvLayout::Rows)
     }
 
     /// `(dq, dk, dv)` of [`Self::attention`] given `da`. Without sharing every sample's rows

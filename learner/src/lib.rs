@@ -24,25 +24,10 @@ pub use error::{LearnerError, Result};
 pub use grads::Grads;
 pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
-use engine::model::{param_name, ParamKind};
+use engine::model::{param_name, LayerActs, ParamKind};
 use engine::Model;
 use kernels::{ops, Tensor};
 use layout::Layout;
-
-struct LayerActs {
-    x_in: Tensor,
-    n1: Tensor,
-    /// q and k before the per-head RMSNorm (Qwen3's `q_norm`, `k_norm`).
-    qk_pre: Option<(Tensor, Tensor)>,
-    q: Tensor,
-    k: Tensor,
-    v: Tensor,
-    a: Tensor,
-    x_mid: Tensor,
-    n2: Tensor,
-    gu: Tensor,
-    act: Tensor,
-}
 
 /// What the forward keeps of one layer: everything, or only its input (gradient
 /// checkpointing: the rest is recomputed in backward, bitwise the same).
@@ -51,32 +36,17 @@ enum Saved {
     Input(Tensor),
 }
 
-/// One decoder layer's training forward: its activations and its output.
+/// One decoder layer's training forward ([`Model::layer`], attention within the packed
+/// sequences): its activations and its output.
 fn layer_forward(
     model: &Model,
     w: &engine::model::LayerWeights,
     x: Tensor,
     layout: &Layout,
 ) -> Result<(LayerActs, Tensor)> {
-    let c = &model.config;
-    let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
-    let (cos, sin) = model.rope_tables();
-    let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
-    let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-    let [q, k, v]: [Tensor; 3] = ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
-    let qk_pre = w.qk_norm.as_ref().map(|_| (q.clone(), k.clone()));
-    let (mut q, mut k) = w.norm_qk(c, q, k)?;
-    ops::rope_inplace(&mut q, &layout.positions, cos, sin, c.head_dim)?;
-    ops::rope_inplace(&mut k, &layout.positions, cos, sin, c.head_dim)?;
-    let a = layout.attention(&q, &k, &v, heads(model))?;
-    let mut x_mid = x.clone();
-    ops::add_inplace(&mut x_mid, &ops::linear(&a, &w.o_proj, None)?)?;
-    let n2 = ops::rms_norm(&x_mid, &w.post_attention_layernorm, c.rms_norm_eps)?;
-    let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
-    let act = ops::silu_mul(&gu)?;
-    let mut x_out = x_mid.clone();
-    ops::add_inplace(&mut x_out, &ops::linear(&act, &w.down_proj, None)?)?;
-    Ok((LayerActs { x_in: x, n1, qk_pre, q, k, v, a, x_mid, n2, gu, act }, x_out))
+    let attend = |q: &Tensor, k: &Tensor, v: &Tensor| Ok(layout.attention(q, k, v, heads(model))?);
+    let (x_out, acts) = model.layer(w, x, &layout.positions, attend, true)?;
+    Ok((acts.expect("kept"), x_out))
 }
 
 /// `(n_heads, n_kv_heads, head_dim)` of the model's attention.
@@ -140,7 +110,7 @@ fn forward_inner(
     let layout = Layout::new(seqs, model.max_positions())?;
     let completion: Vec<u32> = seqs.iter().flat_map(|(_, comp)| comp.iter().copied()).collect();
     let lens: Vec<usize> = seqs.iter().map(|(_, comp)| comp.len()).collect();
-    let mut x = ops::embedding(&model.embed_tokens, &layout.inputs)?;
+    let mut x = model.embed(&layout.inputs)?;
     let mut layers = Vec::with_capacity(model.layers.len());
     for w in &model.layers {
         let (acts, x_out) = layer_forward(model, w, x, &layout)?;

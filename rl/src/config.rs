@@ -53,6 +53,10 @@ pub struct JobConfig {
     pub apply_chat_template: bool,
     /// A system message put before every prompt (through the chat template).
     pub system_prompt: Option<String>,
+    /// Extra chat-template variables for every prompt (vLLM's `chat_template_kwargs`, e.g.
+    /// `{ enable_thinking = false }` for Qwen3); a dataset line's own object is laid over
+    /// them.
+    pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
     /// Seeds the dataset order and the rollouts' sampling.
     pub seed: u64,
     /// Reward functions, summed with their weights.
@@ -128,6 +132,7 @@ impl Default for JobConfig {
             stop: vec![],
             apply_chat_template: true,
             system_prompt: None,
+            chat_template_kwargs: Default::default(),
             seed: 0,
             rewards: vec![RewardSpec::ExactAnswer { weight: 1.0, first_number: false }],
             save_steps: 0,

@@ -3,7 +3,8 @@
 //! tokenized once: messages (and prompts under `apply_chat_template`) as the chat endpoint
 //! does ([`Tokenizer::encode_chat`]: message contents are plain text, only the template's
 //! markers are special tokens), raw prompts as a completions prompt (`Tokenizer::encode`
-//! with special tokens); a `prompt` may also be a list of token ids (taken as is).
+//! with special tokens); a `prompt` may also be a list of token ids (taken as is). The
+//! job's `chat_template_kwargs` (and a line's own, laid over them) reach the template.
 //!
 //! Preference pairs (DPO/IPO jobs; TRL's preference format): lines with `prompt`, `chosen`
 //! and `rejected`. A completion is text (tokenized without special tokens, then the EOS
@@ -56,21 +57,37 @@ fn arithmetic(eval: bool) -> Vec<Map<String, Value>> {
     rows
 }
 
+/// How a dataset's prompts go through the chat template (the job's keys of the same names).
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Templating<'a> {
+    /// Render `prompt` lines as one user message through the template (`messages` lines
+    /// always are).
+    pub apply_chat_template: bool,
+    /// A system message before every prompt.
+    pub system_prompt: Option<&'a str>,
+    /// Template variables for every prompt (vLLM's `chat_template_kwargs`, e.g. Qwen3's
+    /// `enable_thinking`); a line's own `chat_template_kwargs` object is laid over them, key
+    /// by key.
+    pub chat_template_kwargs: Option<&'a Map<String, Value>>,
+}
+
 /// Loads `spec` (`builtin:arithmetic`, `builtin:arithmetic-eval` or a JSONL path).
 /// Errors name the config key (`key`: `dataset` or `eval_dataset`), the file and the line.
-pub fn load(
-    key: &'static str,
-    spec: &str,
-    tok: &Tokenizer,
-    apply_chat_template: bool,
-    system_prompt: Option<&str>,
-) -> Result<Vec<Example>> {
+pub fn load(key: &'static str, spec: &str, tok: &Tokenizer, templating: Templating) -> Result<Vec<Example>> {
     let rows = rows(key, spec)?;
     let line_error =
         |i: usize, msg: &dyn std::fmt::Display| RlError::invalid(key, format!("{key} {spec} line {}: {msg}", i + 1));
+    let Templating { apply_chat_template, system_prompt, chat_template_kwargs } = templating;
     rows.into_iter()
         .enumerate()
-        .map(|(i, fields)| {
+        .map(|(i, mut fields)| {
+            let mut template_kwargs = chat_template_kwargs.cloned().unwrap_or_default();
+            match fields.remove("chat_template_kwargs") {
+                Some(Value::Object(own)) => template_kwargs.extend(own),
+                Some(_) => return Err(line_error(i, &"`chat_template_kwargs` must be an object")),
+                None => {}
+            }
+            let opts = ChatOptions { template_kwargs, ..ChatOptions::default() };
             let mut msgs: Vec<ChatMessage> = system_prompt.map(|s| ChatMessage::new("system", s)).into_iter().collect();
             match (fields.get("messages"), fields.get("prompt")) {
                 (Some(Value::Array(m)), _) => {
@@ -93,8 +110,8 @@ pub fn load(
                 }
                 _ => return Err(line_error(i, &"needs a string `prompt`, a list of token ids, or a `messages` list")),
             }
-            let text = tok.apply_chat_template(&msgs, true).map_err(|e| line_error(i, &e))?;
-            let prompt_ids = tok.encode_chat(&msgs, ChatOptions::default()).map_err(|e| line_error(i, &e))?;
+            let text = tok.render_chat(&msgs, opts.clone()).map_err(|e| line_error(i, &e))?;
+            let prompt_ids = tok.encode_chat(&msgs, opts).map_err(|e| line_error(i, &e))?;
             example(prompt_ids, text, fields, tok).map_err(|e| line_error(i, &e))
         })
         .collect()

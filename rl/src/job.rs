@@ -82,9 +82,12 @@ impl Job {
                 ),
             ));
         }
-        let load = |key: &'static str, s: &str| {
-            dataset::load(key, s, &ctx.tokenizer, config.apply_chat_template, config.system_prompt.as_deref())
+        let templating = dataset::Templating {
+            apply_chat_template: config.apply_chat_template,
+            system_prompt: config.system_prompt.as_deref(),
+            chat_template_kwargs: Some(&config.chat_template_kwargs),
         };
+        let load = |key: &'static str, s: &str| dataset::load(key, s, &ctx.tokenizer, templating);
         let train = load("dataset", &config.dataset)?;
         let eval = match &config.eval_dataset {
             Some(s) => load("eval_dataset", s)?.into_iter().take(config.eval_size).collect(),

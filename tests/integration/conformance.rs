@@ -347,6 +347,18 @@ fn row_and_column_copies(dev: &Device) {
         ids.iter().flat_map(|&i| x[i as usize * c..(i as usize + 1) * c].to_vec()).collect::<Vec<_>>()
     );
     assert!(ops::embedding(&t, &[5]).is_err());
+    // A tied embedding's lookup in its LM head: rows of a packed weight (70 rows: a full and
+    // a partial 64-row panel on the CPU), the row-major rows bitwise.
+    {
+        let (n, k) = (70, 37);
+        let w = vals(n * k, 18);
+        let packed = ops::pack_weight(&up(dev, &w, &[n, k])).unwrap();
+        let ids = [69u32, 0, 64, 63, 69];
+        let want: Vec<f32> = ids.iter().flat_map(|&i| w[i as usize * k..(i as usize + 1) * k].to_vec()).collect();
+        assert_eq!(host(&ops::embedding_packed(&packed, &ids).unwrap()), want);
+        let e = ops::embedding_packed(&packed, &[70]).unwrap_err();
+        assert!(e.to_string().contains("token id 70 >= vocab size 70"), "{e}");
+    }
     let src = vals(ids.len() * c, 17);
     let mut dst = up(dev, &x, &[m, c]);
     ops::scatter_rows(&mut dst, &[3, 1, 0, 2], &up(dev, &src, &[4, c])).unwrap();

@@ -524,7 +524,7 @@ fn softmax_and_logprob_kernels() {
 #[test]
 fn adamw_kernels_equal_the_cpu_bitwise() {
     let n = 517;
-    let (g, m0, v0, p0) = (rnd(n, 60), rnd(n, 61), rnd(n, 62).iter().map(|x| x.abs()).collect::<Vec<_>>(), rnd(n, 63));
+    let (g, m0, v0) = (rnd(n, 60), rnd(n, 61), rnd(n, 62).iter().map(|x| x.abs()).collect::<Vec<_>>());
     let s = AdamWStep {
         lr: 3e-4,
         beta1: 0.9,
@@ -558,36 +558,6 @@ fn adamw_kernels_equal_the_cpu_bitwise() {
     bitwise(&d, &host(&wd), "adamw delta");
     bitwise(&m, &host(&wm), "adamw m");
     bitwise(&v, &host(&wv), "adamw v");
-
-    // Fused: master ← master·decay + Δ, then the bf16 copy.
-    let decay = 1.0 - 3e-4 * 0.01;
-    let (mut m, mut v, mut p, mut copy) = (m0.clone(), v0.clone(), p0.clone(), vec![0u16; n]);
-    unsafe {
-        ffi::emu_adamw_apply(
-            stride(n).as_ptr(),
-            0,
-            g.as_ptr(),
-            m.as_mut_ptr(),
-            v.as_mut_ptr(),
-            p.as_mut_ptr(),
-            copy.as_mut_ptr(),
-            n as i64,
-            s.lr,
-            s.beta1,
-            s.beta2,
-            s.eps,
-            s.bias_correction1,
-            s.bias_correction2,
-            s.clip,
-            decay,
-        )
-    };
-    let mut wp = cpu(&p0, &[n]);
-    ops::scale_add_inplace(&mut wp, decay, &wd).unwrap();
-    bitwise(&p, &host(&wp), "adamw_apply master");
-    bitwise(&m, &host(&wm), "adamw_apply m");
-    let want_copy: Vec<u16> = host(&wp).iter().map(|&x| half::bf16::from_f32(x).to_bits()).collect();
-    assert_eq!(copy, want_copy, "adamw_apply bf16 copy");
 }
 
 /// The emulation's primitives that the kernels above do not use (kernels/cuda/emu/selftest.cu),

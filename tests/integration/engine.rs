@@ -423,14 +423,15 @@ fn in_flight_sequences_keep_or_recompute_their_kv_after_an_update() {
 }
 
 /// Makes the model's forward fail for one token id, as a weight update of the wrong shape
-/// would: the embedding table loses its last row (the tied LM head keeps it, so requests
-/// holding the id still validate, and sampling is unchanged). Returns that id.
+/// would: the tied model gets an embedding table of its own, one row short (the LM head
+/// keeps every row, so requests holding the id still validate, and sampling is unchanged).
+/// Returns that id.
 pub(crate) fn drop_last_embedding_row(model: &SharedModel) -> u32 {
     let mut m = model.write();
     let (vocab, hidden) = (m.config.vocab_size, m.config.hidden_size);
-    let mut table = m.embed_tokens.to_vec().unwrap();
+    let mut table = kernels::ops::unpack_weight(&m.lm_head).unwrap().to_vec().unwrap();
     table.truncate((vocab - 1) * hidden);
-    m.embed_tokens = Tensor::from_vec(table, &[vocab - 1, hidden]).unwrap();
+    m.embed_tokens = Some(Tensor::from_vec(table, &[vocab - 1, hidden]).unwrap());
     (vocab - 1) as u32
 }
 

@@ -116,21 +116,3 @@ fn the_input_gradient_sees_every_update_of_the_weight() {
     let dx = ops::linear_grad_input(&dy, &w).unwrap();
     assert_close(dx.as_slice().unwrap(), &[3.5, 12.0, 21.0, -6.0, -7.0, -6.0], 0.0, "dx after two updates");
 }
-
-/// A tied embedding's update from its LM head's packed step: bitwise the elementwise
-/// update with the unpacked step, on a shape with partial panels and 16 × 16 blocks.
-#[test]
-fn a_packed_step_updates_a_row_major_weight() {
-    let (n, k) = (70, 37);
-    let vals =
-        |seed: usize| -> Vec<f32> { (0..n * k).map(|i| ((i * 7919 + seed) % 2003) as f32 / 1000.0 - 1.0).collect() };
-    let (a0, d) = (t(&vals(1), &[n, k]), t(&vals(2), &[n, k]));
-    let mut want = a0.clone();
-    ops::scale_add_inplace(&mut want, 0.75, &d).unwrap();
-    let mut got = a0;
-    ops::scale_add_unpacked(&mut got, 0.75, &ops::pack_weight(&d).unwrap()).unwrap();
-    let bits = |x: &Tensor| x.as_slice().unwrap().iter().map(|v| v.to_bits()).collect::<Vec<_>>();
-    assert_eq!(bits(&got), bits(&want));
-    let e = ops::scale_add_unpacked(&mut t(&vals(1), &[k, n]), 1.0, &ops::pack_weight(&d).unwrap()).unwrap_err();
-    assert!(e.to_string().contains("scale_add_unpacked"), "{e}");
-}

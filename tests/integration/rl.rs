@@ -613,7 +613,7 @@ fn dataset_order_is_a_seeded_permutation_per_epoch() {
     let tok = Tokenizer::from_dir(&dir).unwrap();
     let data = dir.join("d.jsonl");
     std::fs::write(&data, (0..7).map(|i| format!("{{\"prompt\": \"p{i}\"}}\n")).collect::<String>()).unwrap();
-    let ex = rl::dataset::load("dataset", data.to_str().unwrap(), &tok, false, None).unwrap();
+    let ex = rl::dataset::load("dataset", data.to_str().unwrap(), &tok, Default::default()).unwrap();
     let order = |seed, epoch: u64| -> Vec<String> {
         (0..7).map(|i| rl::dataset::at(&ex, seed, epoch * 7 + i).prompt_text.clone()).collect()
     };
@@ -622,8 +622,52 @@ fn dataset_order_is_a_seeded_permutation_per_epoch() {
     assert_ne!(order(1, 1), e0, "reshuffled each epoch");
     e0.sort();
     assert_eq!(e0, (0..7).map(|i| format!("p{i}")).collect::<Vec<_>>(), "each epoch visits every example once");
-    let err = rl::dataset::load("dataset", "builtin:nope", &tok, false, None).unwrap_err().to_string();
+    let err = rl::dataset::load("dataset", "builtin:nope", &tok, Default::default()).unwrap_err().to_string();
     assert!(err.contains("builtin:arithmetic"), "{err}");
+}
+
+/// A job's `chat_template_kwargs` (TOML table) reach the template of every prompt (Qwen3's
+/// `enable_thinking = false` closes an empty think block after the generation prompt), a
+/// line's own object is laid over them key by key, and a bad one is an error naming the
+/// line.
+#[test]
+fn job_and_line_chat_template_kwargs_reach_the_template() {
+    let dir = tiny("rl-kwargs", 81);
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: serde_json::Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let think = "{% if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}";
+    cfg["chat_template"] = json!(format!("{}{think}", tests::tiny::CHAT_TEMPLATE));
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    let tok = Tokenizer::from_dir(&dir).unwrap();
+    let job = JobConfig::from_toml("chat_template_kwargs = { enable_thinking = false }\n").unwrap();
+    assert_eq!(job.chat_template_kwargs["enable_thinking"], json!(false));
+    let data = dir.join("d.jsonl");
+    let lines = [
+        json!({"prompt": "a"}),
+        json!({"prompt": "b", "chat_template_kwargs": {"enable_thinking": true}}),
+        json!({"messages": [{"role": "user", "content": "c"}]}),
+    ];
+    std::fs::write(&data, lines.iter().map(|l| format!("{l}\n")).collect::<String>()).unwrap();
+    let load = |kwargs| {
+        let t =
+            rl::dataset::Templating { apply_chat_template: true, system_prompt: None, chat_template_kwargs: kwargs };
+        rl::dataset::load("dataset", data.to_str().unwrap(), &tok, t)
+    };
+    let closed = "<think>\n\n</think>\n\n";
+    let texts =
+        |ex: Vec<rl::dataset::Example>| ex.into_iter().map(|e| e.prompt_text.ends_with(closed)).collect::<Vec<_>>();
+    assert_eq!(texts(load(Some(&job.chat_template_kwargs)).unwrap()), [true, false, true]);
+    assert_eq!(texts(load(None).unwrap()), [false, false, false]);
+    // The ids are the rendered text's (the template's markers as special tokens).
+    let ex = load(Some(&job.chat_template_kwargs)).unwrap();
+    assert_eq!(tok.decode(&ex[0].prompt_ids, false).unwrap(), ex[0].prompt_text);
+    assert!(!ex[0].fields.contains_key("chat_template_kwargs"), "not a reward field");
+    std::fs::write(&data, "{\"prompt\": \"a\"}\n{\"prompt\": \"b\", \"chat_template_kwargs\": 3}\n").unwrap();
+    let err = load(None).unwrap_err().to_string();
+    assert!(err.contains("line 2: `chat_template_kwargs` must be an object"), "{err}");
+    std::fs::write(&data, "{\"prompt\": \"a\", \"chat_template_kwargs\": {\"messages\": 1}}\n").unwrap();
+    let err = load(None).unwrap_err().to_string();
+    assert!(err.contains("line 1") && err.contains("would replace the template's own `messages`"), "{err}");
 }
 
 #[test]

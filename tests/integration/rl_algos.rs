@@ -211,11 +211,16 @@ fn the_ppo_and_dpo_example_configs_parse_and_the_pairs_load() {
     let dir = tiny("rl-dpo-example", 85);
     let tok = engine::Tokenizer::from_dir(&dir).unwrap();
     for (spec, n) in [(&dpo.dataset, 160), (dpo.eval_dataset.as_ref().unwrap(), 40)] {
-        let ex = rl::dataset::load("dataset", root.join(spec).to_str().unwrap(), &tok, true, None).unwrap();
+        let ex = rl::dataset::load("dataset", root.join(spec).to_str().unwrap(), &tok, templated()).unwrap();
         assert_eq!(ex.len(), n);
         let pair = ex[0].pair.as_ref().expect("a preference pair");
         // Text completions end with the EOS token, as TRL's.
         assert_eq!(pair.chosen.last(), tok.eos_token_ids.first());
         assert_ne!(pair.chosen, pair.rejected);
     }
+}
+
+/// The dataset templating of a job with the default keys (`apply_chat_template = true`).
+fn templated() -> rl::dataset::Templating<'static> {
+    rl::dataset::Templating { apply_chat_template: true, ..Default::default() }
 }

@@ -44,11 +44,35 @@ pub struct LayerWeights {
     pub down_proj: PackedWeight,
 }
 
+/// A layer's activations, kept by [`Model::layer`] for the learner's backward.
+pub struct LayerActs {
+    /// The layer's input `[t, hidden]`.
+    pub x_in: Tensor,
+    /// `input_layernorm(x_in)`.
+    pub n1: Tensor,
+    /// q and k before the per-head RMSNorm (Qwen3's `q_norm`, `k_norm`).
+    pub qk_pre: Option<(Tensor, Tensor)>,
+    /// q `[t, H·D]`, k and v `[t, KVH·D]` as attention read them (normed, rotated).
+    pub q: Tensor,
+    pub k: Tensor,
+    pub v: Tensor,
+    /// The attention output `[t, H·D]`.
+    pub a: Tensor,
+    /// `x_in + o_proj(a)`.
+    pub x_mid: Tensor,
+    /// `post_attention_layernorm(x_mid)`.
+    pub n2: Tensor,
+    /// `gate_up_proj(n2)` `[t, 2·intermediate]`.
+    pub gu: Tensor,
+    /// `silu(gate) · up` `[t, intermediate]`.
+    pub act: Tensor,
+}
+
 impl LayerWeights {
     /// q `[t, H·D]` and k `[t, KVH·D]` RMS-normalised per head with `q_norm`, `k_norm` (each
     /// head's `D` values a row; HF `Qwen3Attention`, before RoPE); unchanged without them.
-    /// The engine's and the learner's forward both call it.
-    pub fn norm_qk(&self, c: &ModelConfig, q: Tensor, k: Tensor) -> Result<(Tensor, Tensor)> {
+    /// Part of [`Model::layer`].
+    fn norm_qk(&self, c: &ModelConfig, q: Tensor, k: Tensor) -> Result<(Tensor, Tensor)> {
         let Some((qn, kn)) = &self.qk_norm else { return Ok((q, k)) };
         let norm = |x: Tensor, w: &Tensor| -> Result<Tensor> {
             let (shape, n) = (x.shape().to_vec(), x.len());
@@ -62,10 +86,12 @@ impl LayerWeights {
 /// A loaded model: config, f32 weights and RoPE tables, on one device.
 pub struct Model {
     pub config: ModelConfig,
-    pub embed_tokens: Tensor,
+    /// The embedding `[vocab, hidden]`; `None` when tied: the lookup reads the LM head's
+    /// rows ([`Self::embed`]), so the matrix has one copy, updated once.
+    pub embed_tokens: Option<Tensor>,
     pub layers: Vec<LayerWeights>,
     pub norm: Tensor,
-    /// The LM head (a packed copy of `embed_tokens` when tied).
+    /// The LM head `[vocab, hidden]`, packed (the tied embedding's only copy).
     pub lm_head: PackedWeight,
     /// Policy version (DESIGN-NOTES §2): 0 for loaded weights (or the checkpoint's version
     /// on resume), +1 per optimizer step. Every generated token records it.
@@ -130,12 +156,11 @@ impl Model {
         }
         let h = c.hidden_size;
         let get = |kind: ParamKind, shape: &[usize]| dev(host(kind.suffix(), shape)?);
-        let embed_tokens = get(Embed, &[c.vocab_size, h])?;
         // Some tied checkpoints still ship lm_head.weight; the tie wins, as in HF.
-        let lm_head = if c.tie_word_embeddings {
-            ops::pack_weight(&embed_tokens)?
+        let (embed_tokens, lm_head) = if c.tie_word_embeddings {
+            (None, ops::pack_weight(&get(Embed, &[c.vocab_size, h])?)?)
         } else {
-            ops::pack_weight(&get(LmHead, &[c.vocab_size, h])?)?
+            (Some(get(Embed, &[c.vocab_size, h])?), ops::pack_weight(&get(LmHead, &[c.vocab_size, h])?)?)
         };
         let norm = get(FinalNorm, &[h])?;
         let (rope_cos, rope_sin) = rope_tables(c, device)?;
@@ -226,7 +251,11 @@ impl Model {
             kinds.iter().map(|k| table.iter().find(|(t, _)| t == k).map_or(0, |(_, s)| s[0])).collect()
         };
         let mut out = BTreeMap::new();
-        out.insert(param_name(None, Embed), self.embed_tokens.clone());
+        let embed = match &self.embed_tokens {
+            Some(e) => e.clone(),
+            None => ops::unpack_weight(&self.lm_head)?,
+        };
+        out.insert(param_name(None, Embed), embed);
         out.insert(param_name(None, FinalNorm), self.norm.clone());
         if !c.tie_word_embeddings {
             out.insert(param_name(None, LmHead), ops::unpack_weight(&self.lm_head)?);
@@ -313,30 +342,71 @@ impl Model {
         self.forward_step(&inputs, cache)
     }
 
+    /// One decoder layer over `x [t, hidden]` at `positions` (pre-norm, HF `LlamaDecoderLayer`
+    /// / `Qwen2DecoderLayer` / `Qwen3DecoderLayer`): `x + o_proj(attend(q, k, v))`, then
+    /// `+ down_proj(silu(gate) · up)` of its post-attention norm. `attend` maps the rotated
+    /// q `[t, H·D]`, k and v `[t, KVH·D]` to the attention output `[t, H·D]`: the engine's
+    /// writes k, v into the KV cache and reads it (paged attention), the learner's attends
+    /// within its packed sequences. The one layer forward of both, so the learner's ℓ is the
+    /// engine's computation by construction. With `keep`, also the activations the
+    /// learner's backward reads.
+    pub fn layer(
+        &self,
+        w: &LayerWeights,
+        x: Tensor,
+        positions: &Indices,
+        attend: impl FnOnce(&Tensor, &Tensor, &Tensor) -> Result<Tensor>,
+        keep: bool,
+    ) -> Result<(Tensor, Option<LayerActs>)> {
+        let c = &self.config;
+        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
+        let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
+        let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
+        let [q, k, v]: [Tensor; 3] = ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
+        let qk_pre = (keep && w.qk_norm.is_some()).then(|| (q.clone(), k.clone()));
+        let (mut q, mut k) = w.norm_qk(c, q, k)?;
+        ops::rope_inplace(&mut q, positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+        ops::rope_inplace(&mut k, positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
+        let a = attend(&q, &k, &v)?;
+        let x_in = keep.then(|| x.clone());
+        let mut x = x;
+        ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
+        let x_mid = keep.then(|| x.clone());
+        let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
+        let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
+        let act = ops::silu_mul(&gu)?;
+        ops::add_inplace(&mut x, &ops::linear(&act, &w.down_proj, None)?)?;
+        let acts = match (x_in, x_mid) {
+            (Some(x_in), Some(x_mid)) => Some(LayerActs { x_in, n1, qk_pre, q, k, v, a, x_mid, n2, gu, act }),
+            _ => None,
+        };
+        Ok((x, acts))
+    }
+
+    /// The embedding rows of `tokens` `[tokens.len(), hidden]` (from the LM head's buffer
+    /// when tied). Errors on an id ≥ vocab.
+    pub fn embed<'a>(&self, tokens: impl Into<kernels::Idx<'a>>) -> Result<Tensor> {
+        Ok(match &self.embed_tokens {
+            Some(e) => ops::embedding(e, tokens)?,
+            None => ops::embedding_packed(&self.lm_head, tokens)?,
+        })
+    }
+
     /// The forward of one step's [`StepInputs`] over `cache`: logits `[logit_rows, vocab]`.
     /// [`Self::forward_batch`] builds the inputs from a [`ForwardBatch`]; the model runner's
     /// decode graphs build them over a step plan's device buffer and capture this call.
     pub fn forward_step(&self, inputs: &StepInputs, cache: &mut KvCache) -> Result<Tensor> {
         let c = &self.config;
-        let (q_dim, kv_dim) = (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim);
         let StepInputs { tokens, positions, slots, attn, logit_rows } = inputs;
-        let mut x = ops::embedding(&self.embed_tokens, tokens)?;
+        let mut x = self.embed(tokens)?;
+        let heads = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
         for (l, w) in self.layers.iter().enumerate() {
-            let n1 = ops::rms_norm(&x, &w.input_layernorm, c.rms_norm_eps)?;
-            let qkv = ops::linear(&n1, &w.qkv_proj, w.qkv_bias.as_ref())?;
-            let [q, k, v]: [Tensor; 3] =
-                ops::split_cols(&qkv, &[q_dim, kv_dim, kv_dim])?.try_into().expect("three parts");
-            let (mut q, mut k) = w.norm_qk(c, q, k)?;
-            ops::rope_inplace(&mut q, positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            ops::rope_inplace(&mut k, positions, &self.rope_cos, &self.rope_sin, c.head_dim)?;
-            cache.write(l, slots, &k, &v)?;
-            let (kc, vc) = cache.layer(l);
-            let (heads, kv_heads, layout) = (c.num_attention_heads, c.num_key_value_heads, cache.layout());
-            let a = ops::paged_attention(&q, kc, vc, attn, heads, kv_heads, c.head_dim, layout)?;
-            ops::add_inplace(&mut x, &ops::linear(&a, &w.o_proj, None)?)?;
-            let n2 = ops::rms_norm(&x, &w.post_attention_layernorm, c.rms_norm_eps)?;
-            let gu = ops::linear(&n2, &w.gate_up_proj, None)?;
-            ops::add_inplace(&mut x, &ops::linear(&ops::silu_mul(&gu)?, &w.down_proj, None)?)?;
+            let attend = |q: &Tensor, k: &Tensor, v: &Tensor| -> Result<Tensor> {
+                cache.write(l, slots, k, v)?;
+                let (kc, vc) = cache.layer(l);
+                Ok(ops::paged_attention(q, kc, vc, attn, heads.0, heads.1, heads.2, cache.layout())?)
+            };
+            x = self.layer(w, x, positions, attend, false)?.0;
         }
         // Only the requested rows go through the final norm and LM head (a row gather).
         let x = ops::embedding(&x, logit_rows)?;

@@ -22,10 +22,8 @@ pub trait StepSource {
 pub enum WeightDelta {
     /// Norm weights, an untied embedding, biases.
     Dense(Tensor),
-    /// A linear weight, packed like the one it updates.
+    /// A linear weight, packed like the one it updates (the LM head: also a tied embedding).
     Packed(PackedWeight),
-    /// A tied embedding: its step is the LM head's (laid out once, unpacked as it is added).
-    TiedToHead,
 }
 
 enum WeightMut<'a> {
@@ -33,19 +31,14 @@ enum WeightMut<'a> {
     Packed(&'a mut PackedWeight),
 }
 
-/// Index of the LM head in [`Model::lay_out`]'s order.
-const HEAD: usize = 2;
-
 impl Model {
     /// Every weight buffer (fused, packed), in the order of [`Self::lay_out`]: per layer the
     /// table's served buffers ([`buffers`]).
     fn weights_mut(&mut self) -> Vec<WeightMut<'_>> {
         let table = self.config.layer_params();
-        let mut out = vec![
-            WeightMut::Dense(&mut self.embed_tokens),
-            WeightMut::Dense(&mut self.norm),
-            WeightMut::Packed(&mut self.lm_head),
-        ];
+        // A tied embedding is the LM head's buffer: no buffer of its own.
+        let mut out: Vec<WeightMut> = self.embed_tokens.iter_mut().map(WeightMut::Dense).collect();
+        out.extend([WeightMut::Dense(&mut self.norm), WeightMut::Packed(&mut self.lm_head)]);
         for w in &mut self.layers {
             let super::LayerWeights {
                 input_layernorm,
@@ -92,14 +85,14 @@ impl Model {
         let c = &self.config;
         let h = c.hidden_size;
         let (embed_name, head_name) = (param_name(None, ParamKind::Embed), param_name(None, ParamKind::LmHead));
-        let (embed, head) = if c.tie_word_embeddings {
-            (WeightDelta::TiedToHead, src.packed(&[(&embed_name, c.vocab_size)], h)?)
-        } else {
-            let embed = src.dense(&embed_name, &[c.vocab_size, h])?;
-            (WeightDelta::Dense(embed), src.packed(&[(&head_name, c.vocab_size)], h)?)
-        };
-        let norm = src.dense(&param_name(None, ParamKind::FinalNorm), &[h])?;
-        let mut out = vec![embed, WeightDelta::Dense(norm), WeightDelta::Packed(head)];
+        // A tied embedding's step is the LM head's (its gradient under the embedding's name).
+        let mut out = Vec::new();
+        if !c.tie_word_embeddings {
+            out.push(WeightDelta::Dense(src.dense(&embed_name, &[c.vocab_size, h])?));
+        }
+        out.push(WeightDelta::Dense(src.dense(&param_name(None, ParamKind::FinalNorm), &[h])?));
+        let head = if c.tie_word_embeddings { &embed_name } else { &head_name };
+        out.push(WeightDelta::Packed(src.packed(&[(head, c.vocab_size)], h)?));
         let table = c.layer_params();
         for l in 0..self.layers.len() {
             for r in buffers(&table) {
@@ -143,10 +136,6 @@ impl Model {
             match (w, d) {
                 (WeightMut::Dense(w), WeightDelta::Dense(d)) => ops::scale_add_inplace(w, scale, d)?,
                 (WeightMut::Packed(w), WeightDelta::Packed(d)) => ops::scale_add_packed(w, scale, d)?,
-                (WeightMut::Dense(w), WeightDelta::TiedToHead) => match &deltas[HEAD] {
-                    WeightDelta::Packed(head) => ops::scale_add_unpacked(w, scale, head)?,
-                    _ => return Err(bad("a tied embedding without a packed LM head step".into()).into()),
-                },
                 _ => return Err(bad("a dense delta for a packed weight, or the reverse".into()).into()),
             }
         }

@@ -150,22 +150,19 @@ pub fn unpack(packed: &[f32], n: usize, k: usize) -> Vec<f32> {
     })
 }
 
-/// `a ← s·a + d` for row-major `a [n, k]` and `d` packed from [`pack`] of `[n, k]`: each
-/// panel of `d` unpacked into a cache-sized scratch, then [`super::elementwise::scale_add`]
-/// (so bitwise `scale_add_inplace(a, s, unpack(d))`).
-pub fn scale_add_unpacked(a: &mut [f32], s: f32, d: &[f32], n: usize, k: usize) {
-    assert!(a.len() == n * k && d.len() == n.div_ceil(NP) * k * NP);
-    let wide = wide_transpose();
-    a.par_chunks_mut(NP * k.max(1)).enumerate().for_each(|(p, rows)| {
-        let live = rows.len() / k.max(1);
-        let mut scratch: Vec<f32> = Vec::with_capacity(live * k);
-        // SAFETY: unpack_panel writes all live·k values of the scratch.
-        unsafe {
-            unpack_panel(&d[p * k * NP..(p + 1) * k * NP], live, k, scratch.as_mut_ptr(), wide);
-            scratch.set_len(live * k);
-        }
-        super::elementwise::scale_add(rows, s, &scratch);
-    });
+/// Rows `ids` of `w [n, k]` from its [`pack`] layout, row-major `[ids.len(), k]`: row `r`
+/// is column `r mod NP` of panel `r / NP` (a stride of `NP` values). A tied embedding's
+/// lookup reads its LM head's buffer this way, so the model keeps one copy of the matrix.
+pub fn packed_rows(packed: &[f32], n: usize, k: usize, ids: &[u32]) -> Vec<f32> {
+    assert_eq!(packed.len(), n.div_ceil(NP) * k * NP);
+    let mut y = Vec::with_capacity(ids.len() * k);
+    for &r in ids {
+        let r = r as usize;
+        assert!(r < n, "row {r} of {n}");
+        let col = &packed[(r / NP) * k * NP + r % NP..];
+        y.extend((0..k).map(|l| col[l * NP]));
+    }
+    y
 }
 
 /// The `live ≤ NP` rows (each `k` long) of one [`pack`] panel into `dst` row-major.

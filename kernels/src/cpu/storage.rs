@@ -95,10 +95,6 @@ impl BackendStorage for CpuStorage {
         self.0.par_chunks_mut(CHUNK).zip(d.0.par_chunks(CHUNK)).for_each(|(p, d)| elementwise::scale_add(p, s, d));
         Ok(())
     }
-    fn scale_add_unpacked(&mut self, s: f32, d: &Self, n: usize, k: usize) -> Result<()> {
-        matmul::scale_add_unpacked(&mut self.0, s, &d.0, n, k);
-        Ok(())
-    }
     fn scale(&self, s: f32) -> Result<Self> {
         Ok(Self::from(self.0.par_iter().map(|v| v * s).collect::<Vec<f32>>()))
     }
@@ -128,6 +124,9 @@ impl BackendStorage for CpuStorage {
         Ok(Self::from(y))
     }
 
+    fn gather_packed_rows(&self, ids: &Indices, n: usize, k: usize) -> Result<Self> {
+        Ok(Self::from(matmul::packed_rows(&self.0, n, k, ids.host())))
+    }
     fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self> {
         let mut y = Vec::with_capacity(ids.len() * c);
         for &i in ids.host() {

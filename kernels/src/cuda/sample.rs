@@ -1,7 +1,7 @@
 //! The CUDA side of [`crate::ops::sample`]: the rows packed into the two buffers
 //! `kernels/cuda/sampler.cu` reads (its header gives the layout), two launches (`sampler`
-//! over the draws, `sample_logprobs` over every row), one download of
-//! `[rows, 3 + 2K]` results. The logits stay on the device.
+//! over the draws, `sample_logprobs` over every row: [`launch`]), one download of
+//! `[rows, 3 + 2K]` results ([`read`]). The logits stay on the device.
 
 use super::device::{row_cfg, CudaDevice};
 use super::runtime::{r, w, Arg, DevBuf};
@@ -128,28 +128,15 @@ pub(super) fn pack(rows: &[SampleRow]) -> Result<Packed> {
 pub(super) fn sample(dev: &CudaDevice, logits: &DevBuf<f32>, v: usize, rows: &[SampleRow]) -> Result<Vec<Sampled>> {
     let p = pack(rows)?;
     let (meta, wide) = (dev.upload_any(&p.meta)?, dev.upload_any(&p.wide)?);
-    run(dev, logits, v, &p, &meta, &wide, rows)
+    let out = launch(dev, logits, v, &p, &meta, &wide)?;
+    read(dev, &out, &p, rows)
 }
 
-/// The launches over `rows` packed as `p`, whose `meta` and `wide` are on the device
-/// (uploaded for this call, or a step plan's views), and the one download.
-pub(super) fn run(
-    dev: &CudaDevice,
-    logits: &DevBuf<f32>,
-    v: usize,
-    p: &Packed,
-    meta: &DevBuf<i32>,
-    wide: &DevBuf<u64>,
-    rows: &[SampleRow],
-) -> Result<Vec<Sampled>> {
-    let out = launch(dev, logits, v, p, meta, wide)?;
-    read(dev, &out, p, rows)
-}
-
-/// The sampler's launches over `rows` packed as `p` (no host copy: they may be captured
-/// into a graph); their results `[n, 3 + 2K]` stay on the device for [`read`]. The scratch
-/// of a truncating draw (`keys`) is allocated when some draw of `p` truncates, or always
-/// after [`Packed::keep_sort_scratch`].
+/// The sampler's launches over `rows` packed as `p`, whose `meta` and `wide` are on the
+/// device (uploaded for this call, or a step plan's views); no host copy, so they may be
+/// captured into a graph. Their results `[n, 3 + 2K]` stay on the device for [`read`]. The
+/// scratch of a truncating draw (`keys`) is allocated when some draw of `p` truncates, or
+/// always after [`Packed::fixed`].
 pub(super) fn launch(
     dev: &CudaDevice,
     logits: &DevBuf<f32>,

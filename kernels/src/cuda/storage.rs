@@ -332,9 +332,6 @@ impl BackendStorage for CudaStorage {
         dev.launch("elementwise.cu", "add_inplace", stride_cfg(n), args)
     }
     /// The packed layout is row-major here: [`Self::scale_add_inplace`].
-    fn scale_add_unpacked(&mut self, s: f32, d: &Self, _n: usize, _k: usize) -> Result<()> {
-        self.scale_add_inplace(s, d)
-    }
     /// `a ← s·a + d`; a weight with a bf16 serving copy gets both rewritten in one launch
     /// (`scale_add_inplace_bf16`).
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()> {
@@ -387,6 +384,10 @@ impl BackendStorage for CudaStorage {
         self.rowwise("log_softmax_rows", m, n)
     }
 
+    /// The packed layout is row-major here: [`Self::gather_rows`].
+    fn gather_packed_rows(&self, ids: &Indices, _n: usize, k: usize) -> Result<Self> {
+        self.gather_rows(ids, k)
+    }
     fn gather_rows(&self, ids: &Indices, c: usize) -> Result<Self> {
         if ids.is_empty() {
             return self.uninit_like(0);
