@@ -25,6 +25,7 @@
 
 use super::context::RlContext;
 use super::error::{Result, RlError};
+use super::job::{JobState, JobStatus};
 use super::learner_loop::{self, Batch, LearnerLoop, LearnerTask};
 use super::metrics::FeedbackCounts;
 pub use super::ratings::FeedbackRequest;
@@ -66,7 +67,13 @@ pub struct FeedbackStore {
     ratings: Mutex<Ratings>,
     cv: Condvar,
     log: Mutex<std::fs::File>,
+    /// The feedback learner's step records since the server started (for
+    /// [`FeedbackStore::status`]).
+    history: Mutex<Vec<StepRecord>>,
 }
+
+/// The job id under which the feedback learner is listed ([`FeedbackStore::status`]).
+pub const FEEDBACK_JOB_ID: &str = "feedback";
 
 impl FeedbackStore {
     /// Opens (or creates) the log, loads `checkpoint/` into the served weights when present,
@@ -103,6 +110,7 @@ impl FeedbackStore {
             ratings: Mutex::new(ratings),
             cv: Condvar::new(),
             log: Mutex::new(log),
+            history: Mutex::new(Vec::new()),
         });
         // Kept across steps: the entropy-collapse and length-drift baselines.
         let mut learner = LearnerLoop::new(ctx, trainer, JobLog::detached(), ENTROPY_COLLAPSE_FRACTION)
@@ -155,6 +163,30 @@ impl FeedbackStore {
             "id": req.id, "accepted": true, "seq": line.seq, "samples_ready": ready,
             "feedback_batch_size": self.cfg.batch_size,
         }))
+    }
+
+    /// Accepted samples per feedback learner step (`--feedback-batch-size`).
+    pub fn batch_size(&self) -> usize {
+        self.cfg.batch_size
+    }
+
+    /// The feedback learner as a job's status (id [`FEEDBACK_JOB_ID`], running while the
+    /// server runs, no `max_steps`): its steps since the server started, so a dashboard
+    /// shows it like a training job.
+    pub fn status(&self) -> JobStatus {
+        let history = self.history.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        JobStatus {
+            id: FEEDBACK_JOB_ID.into(),
+            status: JobState::Running,
+            step: history.last().map_or(0, |r| r.step),
+            max_steps: 0,
+            version: self.ctx.model.version(),
+            error: None,
+            output_dir: self.cfg.dir.clone(),
+            latest: history.last().cloned(),
+            history,
+            evals: vec![],
+        }
     }
 
     /// The store's counters.
@@ -237,6 +269,7 @@ impl LearnerTask for FeedbackTask {
 
     fn after_step(&mut self, record: &StepRecord, batch: &Batch, _log: &mut JobLog, _: &mut Trainer) -> Result<bool> {
         self.0.lock().trained(batch.samples.len());
+        self.0.history.lock().unwrap_or_else(|e| e.into_inner()).push(record.clone());
         tracing::info!(
             version = record.learner.version,
             loss = record.learner.loss.loss,

@@ -24,7 +24,7 @@ pub mod rollout;
 pub use config::{job_learner_defaults, JobConfig};
 pub use context::{LearnerSlot, RlContext};
 pub use error::{Result, RlError};
-pub use feedback::{FeedbackConfig, FeedbackRecorder, FeedbackRequest, FeedbackStore};
+pub use feedback::{FeedbackConfig, FeedbackRecorder, FeedbackRequest, FeedbackStore, FEEDBACK_JOB_ID};
 pub use job::{Job, JobState, JobStatus, Jobs};
 pub use learner_loop::load_weights;
 pub use metrics::RlMetrics;

@@ -6,3 +6,4 @@ pub mod api;
 pub mod device;
 pub mod metrics;
 pub mod serve;
+pub mod ui;

@@ -146,6 +146,10 @@ pub struct ServeArgs {
     /// `content` (vLLM's `--reasoning-parser`; streamed too).
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<crate::api::reasoning::ReasoningParser>,
+    /// Do not serve the web pages (the chat at `/`, the dashboard at `/dashboard`); the API
+    /// is unchanged.
+    #[arg(long)]
+    pub no_ui: bool,
     #[command(flatten)]
     pub feedback: FeedbackArgs,
 }
@@ -298,6 +302,7 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         feedback,
         jobs_dir: args.jobs_dir.clone(),
         reasoning_parser: args.reasoning_parser,
+        ui: !args.no_ui,
         cross_site: crate::api::cross_site::CrossSite {
             listen_host: args.host.clone(),
             allowed_hosts: args.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),

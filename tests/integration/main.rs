@@ -23,3 +23,4 @@ mod rl;
 mod rl_algos;
 mod sampling;
 mod server;
+mod ui;

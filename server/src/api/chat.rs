@@ -181,6 +181,7 @@ async fn collect(
 fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, created: u64) -> impl IntoResponse {
     let include_usage = req.sampling.include_usage();
     let want_logprobs = req.logprobs == Some(true);
+    let want_ids = req.sampling.return_token_ids();
     let model = state.model_name.clone();
     let envelope = move |choices: Value, usage: Option<Usage>| {
         let mut v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
@@ -213,7 +214,9 @@ fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, c
         let mut delta = match (first, content.is_empty() && reasoning.is_empty()) {
             (true, _) => json!({"role": "assistant", "content": content}),
             (false, false) => json!({"content": content}),
-            (false, true) if out.finish_reason.is_some() || want_logprobs => json!({}),
+            // Tokens whose text is not out yet (an incomplete UTF-8 character) still carry
+            // their logprobs, ids and versions.
+            (false, true) if out.finish_reason.is_some() || want_logprobs || want_ids => json!({}),
             (false, true) => return None,
         };
         if !reasoning.is_empty() {
@@ -223,8 +226,13 @@ fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, c
             }
         }
         let logprobs = if want_logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
-        Some(
-            json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)}),
-        )
+        let mut choice = json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
+        if want_ids {
+            // As the non-streamed answer: this chunk's tokens, μ and policy versions.
+            choice["token_ids"] = json!(out.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+            choice["behavior_logprobs"] = json!(out.tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
+            choice["versions"] = json!(out.tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+        }
+        Some(choice)
     })
 }

@@ -18,6 +18,33 @@ pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
     )
 }
 
+/// `GET /v1/status`: what the web pages show, as JSON (the numbers `/metrics` exposes as
+/// Prometheus text): the model and its policy version, the engine's requests, KV-cache
+/// usage (fraction of blocks in use) and token counters (prompt tokens computed,
+/// generation tokens; a client takes rates from two readings and `time`, Unix seconds),
+/// the feedback store's counters (`null` without `--learn-from-feedback`), and whether the
+/// RL endpoints need the admin key.
+pub async fn status(State(s): State<Arc<AppState>>) -> Json<Value> {
+    let engine = s.engine.stats().ok().map(|st| {
+        let used = st.num_blocks.saturating_sub(st.num_free_blocks) as f64 / st.num_blocks.max(1) as f64;
+        json!({
+            "num_requests_running": st.num_running, "num_requests_waiting": st.num_waiting,
+            "kv_cache_usage": used, "prompt_tokens_total": st.prefill_tokens,
+            "generation_tokens_total": st.generation_tokens, "num_preemptions_total": st.num_preemptions,
+        })
+    });
+    let feedback = s.feedback.as_ref().map(|f| {
+        let c = f.counts();
+        json!({"accepted": c.accepted, "rejected": c.rejected, "trained": c.trained, "ready": c.ready, "batch_size": f.batch_size()})
+    });
+    let time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
+    Json(json!({
+        "object": "status", "model": s.model_name, "version": s.model.version(), "time": time,
+        "engine": engine, "feedback": feedback,
+        "admin_key_required": s.admin_key.is_some(), "admin_enabled": s.admin_enabled,
+    }))
+}
+
 pub async fn tokenize(
     State(s): State<Arc<AppState>>,
     ApiJson(req): ApiJson<TokenizeRequest>,

@@ -61,6 +61,8 @@ pub struct AppState {
     pub reasoning_parser: Option<reasoning::ReasoningParser>,
     /// Which hosts and origins may reach the server ([`cross_site`]).
     pub cross_site: cross_site::CrossSite,
+    /// Whether the web pages are served (`crate::ui`; `--no-ui` turns them off).
+    pub ui: bool,
 }
 
 /// Counts one request in flight until dropped.
@@ -129,6 +131,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(misc::models))
+        .route("/v1/status", get(misc::status))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
@@ -141,9 +144,11 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/feedback", post(rl::feedback))
         .route("/v1/checkpoints", post(rl::save_checkpoint))
         .route_layer(middleware::from_fn_with_state(state.clone(), admin));
+    let pages = if state.ui { crate::ui::router() } else { Router::new() };
     Router::new()
         .merge(v1)
         .merge(admin)
+        .merge(pages)
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
         .fallback(|req: Request| async move {

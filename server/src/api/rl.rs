@@ -167,10 +167,12 @@ pub async fn create_job(
 
 /// `GET /v1/train/jobs`: every job's id, status, step and version.
 pub async fn list_jobs(State(state): State<Arc<AppState>>) -> impl IntoResponse {
+    let feedback = state.feedback.as_ref().map(|f| f.status());
     let jobs: Vec<Value> = state
         .jobs
         .statuses()
         .into_iter()
+        .chain(feedback)
         .map(
             |s| json!({"id": s.id, "status": s.status, "step": s.step, "max_steps": s.max_steps, "version": s.version}),
         )
@@ -178,8 +180,12 @@ pub async fn list_jobs(State(state): State<Arc<AppState>>) -> impl IntoResponse 
     axum::Json(json!({"object": "list", "data": jobs}))
 }
 
-/// `GET /v1/train/jobs/{id}`: the job's status with its step and eval history.
+/// `GET /v1/train/jobs/{id}`: the job's status with its step and eval history (`feedback`:
+/// the feedback learner's, with `--learn-from-feedback`).
 pub async fn get_job(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    if let (::rl::FEEDBACK_JOB_ID, Some(f)) = (id.as_str(), &state.feedback) {
+        return Ok(axum::Json(f.status()).into_response());
+    }
     Ok(axum::Json(state.jobs.get(&id)?.status()).into_response())
 }
 
