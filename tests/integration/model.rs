@@ -205,7 +205,7 @@ fn transformers_checkpoints_match_hf_logits() {
         seen += 1;
     }
     eprintln!("HF checkpoints, max |logit diff|: {}", summary.join(", "));
-    assert_eq!(seen, 5, "fixtures: {summary:?}");
+    assert_eq!(seen, 6, "fixtures: {summary:?}");
 }
 
 /// `(rope_theta, llama3 (factor, original_max_position_embeddings))` of a parsed config.
