@@ -148,13 +148,19 @@ def ask(d, text):
     return wait(d, "the answer finishes", lambda: answers_done(d) and answers_done(d).get_attribute("data-id"))
 
 
+def open_chat(d, base, max_tokens, key=None):
+    """The chat page of `base` as a first visit (nothing stored but `key`), sampling at T = 1
+    (a rated answer must not be greedy) with at most `max_tokens`."""
+    d.get(base + "/")
+    d.execute_script("localStorage.clear(); if (arguments[0]) localStorage.setItem('rlserve.key', arguments[0])", key)
+    d.get(base + "/")
+    set_field(d, "max_tokens", max_tokens)
+    set_field(d, "temperature", 1)
+
+
 def chat_checks(srv, out):
     d = browser()
-    d.get(srv.base + "/")
-    d.execute_script("localStorage.clear()")
-    d.get(srv.base + "/")
-    set_field(d, "max_tokens", 24)
-    set_field(d, "temperature", 1)
+    open_chat(d, srv.base, 24)
     wait(d, "the status line shows policy v0", lambda: d.find_element(By.ID, "status").get_attribute("data-version") == "0")
     rid = ask(d, "Write one sentence about the sea.")
     version = retry(lambda: answer(d, rid).find_element(By.CSS_SELECTOR, ".version").text)
@@ -227,20 +233,13 @@ def dashboard_checks(srv, out):
 
 def error_checks(with_key, without_feedback):
     d = browser()
-    d.get(with_key.base + "/")
-    d.execute_script("localStorage.clear(); localStorage.setItem('rlserve.key', 'wrong-key')")
-    d.get(with_key.base + "/")
-    set_field(d, "max_tokens", 8)
-    set_field(d, "temperature", 1)
+    open_chat(d, with_key.base, 8, key="wrong-key")
     rid = ask(d, "Hi")
     retry(lambda: answer(d, rid).find_element(By.CSS_SELECTOR, "button.rate.up").click())
     wait(d, "a bad admin key shows a message", lambda: "401" in notice(d), 30)
     log(f"4. bad admin key: {notice(d)!r}")
-    d.get(without_feedback.base + "/")
-    d.execute_script("localStorage.clear()")
-    d.get(without_feedback.base + "/")
+    open_chat(d, without_feedback.base, 8)
     wait(d, "feedback off is stated", lambda: "feedback learning is off" in d.find_element(By.ID, "status").text, 30)
-    set_field(d, "max_tokens", 8)
     rid = ask(d, "Hi")
     enabled = retry(lambda: answer(d, rid).find_element(By.CSS_SELECTOR, "button.rate.up").is_enabled())
     assert not enabled, "rating enabled with feedback off"
