@@ -1,7 +1,7 @@
 //! The step plan and CUDA graphs (docs/ARCHITECTURE.md, "Step plans and graphs").
 //!
 //! A [`StepPlan`] is one device buffer of `u32` words, allocated once and never moved, and a
-//! host staging vector. A step writes its inputs (token ids, positions, KV slots, row
+//! host staging vector (uploaded through page-locked memory). A step writes its inputs (token ids, positions, KV slots, row
 //! tables, block tables, the sampler's packed rows) into the staging as sections, uploads
 //! them in **one** host→device copy, and the ops read them through views of the buffer
 //! ([`StepPlan::indices`], [`StepPlan::decode_attn`], [`StepPlan::sample`]): a view's address
@@ -10,7 +10,7 @@
 
 use super::attention::{partitions, AttnMeta};
 use super::device::CudaDevice;
-use super::runtime::{DevBuf, GraphExec, GraphPool};
+use super::runtime::{DevBuf, GraphExec, GraphPool, HostStaging};
 use super::sample::{launch, pack, read, Packed};
 use crate::ops::AttnBatch;
 use crate::sample::{SampleRow, Sampled};
@@ -18,14 +18,18 @@ use crate::{Indices, KernelError, Result, Tensor};
 use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
-/// A step's inputs in one device buffer at a fixed address (see the module doc). The
-/// staging is plain host memory: the copy is synchronous, so the next step may rewrite it
-/// (a pinned staging buffer, for an asynchronous copy, is not done yet).
+/// A step's inputs in one device buffer at a fixed address (see the module doc). A step's
+/// sections are built in `staging` (host values the ops also read for their checks), then
+/// go up through `pinned`: page-locked host memory of the plan's capacity, allocated once,
+/// so the upload is one DMA (vLLM stages its step inputs in pinned buffers too). That copy
+/// is asynchronous on a GPU; the next step rewrites `pinned` only after this step's
+/// download, which waits for the stream.
 pub struct StepPlan {
     dev: CudaDevice,
     buf: Arc<Mutex<DevBuf<u32>>>,
     capacity: usize,
     staging: Vec<u32>,
+    pinned: Mutex<HostStaging>,
     /// Positions a row may reach: the split-KV grid covers them in every step.
     max_context: usize,
 }
@@ -48,6 +52,7 @@ impl StepPlan {
             buf: Arc::new(Mutex::new(buf)),
             capacity: words,
             staging: Vec::with_capacity(words),
+            pinned: Mutex::new(dev.rt().host_staging(words)?),
             max_context,
         })
     }
@@ -88,7 +93,8 @@ impl StepPlan {
             )));
         }
         let mut buf = self.buf.lock().unwrap_or_else(|e| e.into_inner());
-        self.dev.rt().htod_into(&self.staging, &mut buf)
+        let mut pinned = self.pinned.lock().unwrap_or_else(|e| e.into_inner());
+        self.dev.rt().htod_staged(&mut pinned, &self.staging, &mut buf)
     }
 
     /// A view of words `range` as elements of `U`.

@@ -346,6 +346,24 @@ impl Default for GraphPool {
     }
 }
 
+/// Host memory a step plan's upload goes through ([`Runtime::host_staging`]): page-locked
+/// (pinned) on a GPU, so the copy is one DMA from it; plain memory on the emulated device.
+pub(super) enum HostStaging {
+    Driver(cudarc::driver::PinnedHostSlice<u32>),
+    #[cfg(feature = "cuda-emu")]
+    Emu(Vec<u32>),
+}
+
+impl HostStaging {
+    fn len(&self) -> usize {
+        match self {
+            HostStaging::Driver(p) => p.len(),
+            #[cfg(feature = "cuda-emu")]
+            HostStaging::Emu(v) => v.len(),
+        }
+    }
+}
+
 /// A captured graph: replayed by [`Runtime::replay`].
 pub(super) enum GraphExec {
     Driver(cudarc::driver::CudaGraph),
@@ -590,11 +608,26 @@ impl Runtime {
         Ok(b)
     }
 
-    /// `data` into `dst[..data.len()]` (one host→device copy into a buffer that stays where
-    /// it is: a step plan's, [`super::plan`]).
-    pub(super) fn htod_into<T: Elem>(&self, data: &[T], dst: &mut DevBuf<T>) -> Result<()> {
-        if data.len() > dst.len {
-            return Err(copy_err("host→device copy", &(0..data.len()), dst.len));
+    /// Host staging of `n` words for [`Self::htod_staged`]: page-locked on a GPU.
+    pub(super) fn host_staging(&self, n: usize) -> Result<HostStaging> {
+        match &self.backend {
+            // SAFETY: u32 is valid for any bits, and every word is written before it is
+            // read (`htod_staged` copies only what it just wrote).
+            Backend::Driver(d) => {
+                Ok(HostStaging::Driver(unsafe { d.stream.context().alloc_pinned::<u32>(n.max(1)) }.map_err(cuda_err)?))
+            }
+            #[cfg(feature = "cuda-emu")]
+            Backend::Emu(_) => Ok(HostStaging::Emu(vec![0; n.max(1)])),
+        }
+    }
+
+    /// `data` through `staging` into the start of `dst`: one host→device copy. On a GPU the
+    /// copy is a DMA from page-locked memory and returns before it ends: the caller writes
+    /// `staging` again only after the stream has passed this copy (a step plan's next
+    /// upload comes after its step's download, which waits for the stream).
+    pub(super) fn htod_staged(&self, staging: &mut HostStaging, data: &[u32], dst: &mut DevBuf<u32>) -> Result<()> {
+        if data.len() > dst.len || data.len() > staging.len() {
+            return Err(copy_err("host→device copy", &(0..data.len()), dst.len.min(staging.len())));
         }
         if data.is_empty() {
             return Ok(());
@@ -605,7 +638,21 @@ impl Runtime {
         }
         bump(&self.counters.htod_copies, 1);
         bump(&self.counters.htod_bytes, std::mem::size_of_val(data) as u64);
-        Self::write(&self.backend, data, dst)
+        match (&self.backend, staging, &mut *dst.inner) {
+            (Backend::Driver(d), HostStaging::Driver(pinned), BufInner::Driver(s)) => {
+                let host = pinned.as_mut_slice().map_err(cuda_err)?;
+                host[..data.len()].copy_from_slice(data);
+                d.stream.memcpy_htod(&host[..data.len()], &mut s.slice_mut(0..data.len())).map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            (Backend::Emu(_), HostStaging::Emu(host), BufInner::Emu(e)) => {
+                host[..data.len()].copy_from_slice(data);
+                e.write_host(&host[..data.len()]);
+                Ok(())
+            }
+            #[cfg(feature = "cuda-emu")]
+            _ => unreachable!("staging or a buffer of another runtime"),
+        }
     }
 
     /// `data` into the start of `b`.

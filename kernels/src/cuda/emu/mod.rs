@@ -715,7 +715,11 @@ mod tests {
         assert!(dev.rt().dtoh(&y).unwrap().iter().all(|v| v.is_nan()), "captured, not run");
         graph.replay().unwrap();
         assert_eq!(dev.rt().dtoh(&y).unwrap(), [2.0, 4.0, 6.0]);
-        dev.rt().htod_into(&[10.0f32, 20.0, 30.0], &mut x).unwrap();
+        // New values in x's memory (x = 10 · [1, 2, 3], written by a kernel: x stays where
+        // it is).
+        let ones = dev.upload_any(&[1.0f32, 2.0, 3.0]).unwrap();
+        let args = &mut [r(&ones), w(&mut x), Arg::F32(10.0), Arg::I64(3)];
+        dev.launch("elementwise.cu", "scale", stride_cfg(3), args).unwrap();
         let before = dev.counters();
         graph.replay().unwrap();
         let c = dev.counters() - before;
