@@ -360,6 +360,96 @@ async fn chat_template_kwargs_reach_the_template() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A tiny model that answers `<think>r</think>c` and stops, whatever the prompt: `<think>`
+/// and `</think>` are added tokens (ids 259, 260; not special, so they stay in the text as
+/// Qwen3's do), the layers add nothing (`o_proj` and `down_proj` are zero), so the last
+/// hidden state is the current token's embedding and the next token a function of the
+/// current one: each token of the chain `\n → <think> → r → </think> → c → <|im_end|>`
+/// has an embedding along its own axis, which the LM-head row of its successor reads.
+fn thinking_model(name: &str) -> std::path::PathBuf {
+    let dir = tests::temp_dir(name);
+    let spec = tests::tiny::TinySpec { tied: false, ..Default::default() };
+    let mut w = spec.weights();
+    let h = spec.hidden;
+    let vocab = tests::tiny::VOCAB + 2;
+    for (name, (shape, v)) in w.iter_mut() {
+        if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
+            v.fill(0.0);
+        }
+        if name == "model.embed_tokens.weight" || name == "lm_head.weight" {
+            shape[0] = vocab;
+            v.resize(vocab * h, 0.0);
+        }
+        if name == "lm_head.weight" || name == "model.norm.weight" {
+            v.fill(if name == "model.norm.weight" { 1.0 } else { 0.0 });
+        }
+    }
+    spec.write_weights(&dir, w.clone());
+    let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
+    tok.add_tokens(&[tokenizers::AddedToken::from("<think>", false), tokenizers::AddedToken::from("</think>", false)]);
+    tok.save(dir.join("tokenizer.json"), false).unwrap();
+    let id = |t: &str| tok.token_to_id(t).unwrap_or_else(|| tok.encode(t, false).unwrap().get_ids()[0]) as usize;
+    let chain = [id("\n"), id("<think>"), id("r"), id("</think>"), id("c"), id("<|im_end|>")];
+    assert_eq!((chain[1], chain[3]), (259, 260));
+    let embed = &mut w.get_mut("model.embed_tokens.weight").unwrap().1;
+    for (axis, pair) in chain.windows(2).enumerate() {
+        let row = &mut embed[pair[0] * h..(pair[0] + 1) * h];
+        row.fill(0.0);
+        row[axis] = 4.0;
+    }
+    let lm = &mut w.get_mut("lm_head.weight").unwrap().1;
+    for (axis, pair) in chain.windows(2).enumerate() {
+        lm[pair[1] * h + axis] = 6.0;
+    }
+    spec.write_weights(&dir, w);
+    // write_weights wrote the plain tiny tokenizer again.
+    tok.save(dir.join("tokenizer.json"), false).unwrap();
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    config["vocab_size"] = json!(vocab);
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    dir
+}
+
+/// `--reasoning-parser qwen3` over HTTP on an answer that thinks (`<think>r</think>c`, from
+/// [`thinking_model`]): `reasoning_content` is "r" and `content` "c", whole and streamed
+/// alike (the deltas add up to them), while the token ids keep every generated token, the
+/// tags included; without the parser the tags are in `content`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_reasoning_parser_splits_a_thinking_answer() {
+    let body = json!({"messages": [{"role": "user", "content": "hi"}], "max_tokens": 10, "temperature": 0.0,
+                      "return_token_ids": true});
+    let a = server::serve::ServeArgs {
+        reasoning_parser: Some(server::api::reasoning::ReasoningParser::Qwen3),
+        ..args("tiny-thinking")
+    };
+    let (s, base) = start(thinking_model("tiny-thinking"), a).await;
+    let (st, out) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{out}");
+    let choice = &out["choices"][0];
+    assert_eq!(
+        (choice["message"]["reasoning_content"].as_str(), choice["message"]["content"].as_str()),
+        (Some("r"), Some("c")),
+        "{out}"
+    );
+    assert_eq!(choice["finish_reason"], "stop");
+    assert_eq!(choice["token_ids"].as_array().unwrap().len(), 5, "<think> r </think> c and the end token: {out}");
+    let mut streamed = body.clone();
+    streamed["stream"] = json!(true);
+    let (mut reasoning, mut content) = (String::new(), String::new());
+    for e in stream(&base, "/v1/chat/completions", streamed).await.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let delta = &v["choices"][0]["delta"];
+        reasoning += delta["reasoning_content"].as_str().unwrap_or("");
+        content += delta["content"].as_str().unwrap_or("");
+    }
+    assert_eq!((reasoning.as_str(), content.as_str()), ("r", "c"));
+    s.shutdown(Duration::from_secs(5)).await;
+    let (s, base) = start(thinking_model("tiny-thinking-off"), args("tiny-thinking-off")).await;
+    let (_, out) = post(&base, "/v1/chat/completions", body).await;
+    assert_eq!(out["choices"][0]["message"]["content"], "<think>r</think>c", "{out}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
 /// `--reasoning-parser qwen3` over HTTP (the split itself is unit-tested in
 /// `server::api::reasoning`): an answer that does not open with `<think>` is all `content`
 /// and has no `reasoning_content`, also when it begins like the tag ("<<<<": the stream holds
