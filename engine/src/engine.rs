@@ -94,6 +94,13 @@ pub struct EngineStats {
     pub num_kv_recomputes: u64,
 }
 
+impl EngineStats {
+    /// The fraction of KV blocks in use (vLLM's `kv_cache_usage_perc`), 0 with no pool.
+    pub fn kv_cache_usage(&self) -> f64 {
+        self.num_blocks.saturating_sub(self.num_free_blocks) as f64 / self.num_blocks.max(1) as f64
+    }
+}
+
 /// A failed [`LLMEngine::step`]: the batched forward pass returned an error (a model or
 /// kernel fault, not a bad request: requests are validated before they are queued). The
 /// requests it had scheduled are already aborted and their KV blocks freed; requests that

@@ -52,8 +52,7 @@ impl Metrics {
         let m = || metrics::Label::new("model_name", self.model.clone());
         gauge!("rlserve:num_requests_running", vec![m()]).set(s.num_running as f64);
         gauge!("rlserve:num_requests_waiting", vec![m()]).set(s.num_waiting as f64);
-        gauge!("rlserve:kv_cache_usage_perc", vec![m()])
-            .set(1.0 - s.num_free_blocks as f64 / s.num_blocks.max(1) as f64);
+        gauge!("rlserve:kv_cache_usage_perc", vec![m()]).set(s.kv_cache_usage());
         gauge!("rlserve:kv_cache_free_blocks", vec![m()]).set(s.num_free_blocks as f64);
         gauge!("rlserve:policy_version", vec![m()]).set(s.version as f64);
         counter!("rlserve:prefix_cache_queries_total", vec![m()]).absolute(s.prefix_cache_queries);

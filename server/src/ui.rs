@@ -65,19 +65,24 @@ fn etag(body: &[u8]) -> String {
     format!("\"{h:016x}\"")
 }
 
+/// [`etag`] of every file of [`FILES`], in its order (computed once).
+static TAGS: std::sync::LazyLock<Vec<String>> =
+    std::sync::LazyLock::new(|| FILES.iter().map(|f| etag(f.body)).collect());
+
 fn serve(path: &str, req: &Request) -> Response {
-    let Some(f) = FILES.iter().find(|f| f.path == path) else {
+    let Some(i) = FILES.iter().position(|f| f.path == path) else {
         return crate::api::error::ApiError::NotFound(format!("no page or file /ui/{path}")).into_response();
     };
-    let tag = etag(f.body);
+    let (f, tag) = (&FILES[i], &TAGS[i]);
     let cache = if f.immutable { "public, max-age=31536000, immutable" } else { "no-cache" };
     let headers = [
         (header::CACHE_CONTROL, HeaderValue::from_static(cache)),
-        (header::ETAG, HeaderValue::from_str(&tag).expect("hex in quotes")),
+        (header::ETAG, HeaderValue::from_str(tag).expect("hex in quotes")),
         (header::CONTENT_SECURITY_POLICY, HeaderValue::from_static(CSP)),
         (header::X_CONTENT_TYPE_OPTIONS, HeaderValue::from_static("nosniff")),
     ];
-    let matched = req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).is_some_and(|v| v == tag);
+    let matched =
+        req.headers().get(header::IF_NONE_MATCH).and_then(|v| v.to_str().ok()).is_some_and(|v| v == tag.as_str());
     if matched {
         return (StatusCode::NOT_MODIFIED, headers).into_response();
     }

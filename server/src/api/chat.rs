@@ -2,7 +2,9 @@
 
 use super::body::ApiJson;
 use super::error::ApiError;
-use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
+use super::generation::{
+    finish_json, response_id, sampling_params, set_token_fields, sse, stop_json, submit, unix_now, Generation,
+};
 use super::protocol::{ChatFormat, ChatMessageIn, ChatRequest, Content, Usage};
 use super::reasoning::Splitter;
 use super::AppState;
@@ -162,9 +164,7 @@ async fn collect(
                 "logprobs": if req.logprobs == Some(true) { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
             });
             if req.sampling.return_token_ids() {
-                v["token_ids"] = json!(tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
-                v["behavior_logprobs"] = json!(tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
-                v["versions"] = json!(tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+                set_token_fields(&mut v, &tokens);
             }
             v
         })
@@ -228,10 +228,7 @@ fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, c
         let logprobs = if want_logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
         let mut choice = json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
         if want_ids {
-            // As the non-streamed answer: this chunk's tokens, μ and policy versions.
-            choice["token_ids"] = json!(out.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
-            choice["behavior_logprobs"] = json!(out.tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
-            choice["versions"] = json!(out.tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+            set_token_fields(&mut choice, &out.tokens);
         }
         Some(choice)
     })

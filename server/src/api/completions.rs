@@ -2,7 +2,9 @@
 
 use super::body::ApiJson;
 use super::error::ApiError;
-use super::generation::{finish_json, response_id, sampling_params, sse, stop_json, submit, unix_now, Generation};
+use super::generation::{
+    finish_json, response_id, sampling_params, set_token_fields, sse, stop_json, submit, unix_now, Generation,
+};
 use super::protocol::{CompletionRequest, Prompt, Usage};
 use super::AppState;
 use axum::extract::State;
@@ -169,9 +171,7 @@ async fn collect(
             }
             if req.sampling.return_token_ids() {
                 v["prompt_token_ids"] = json!(ps[prompt]);
-                v["token_ids"] = json!(c.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
-                v["behavior_logprobs"] = json!(c.tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
-                v["versions"] = json!(c.tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+                set_token_fields(&mut v, &c.tokens);
             }
             v
         })
@@ -215,7 +215,10 @@ fn stream(
         let mut lp_offset = *offset;
         text.push_str(&out.text);
         *offset += out.text.len();
-        if text.is_empty() && out.finish_reason.is_none() && req.logprobs.is_none() {
+        // Tokens whose text is not out yet (an incomplete UTF-8 character) still carry their
+        // logprobs and, with `return_token_ids`, their ids.
+        if text.is_empty() && out.finish_reason.is_none() && req.logprobs.is_none() && !req.sampling.return_token_ids()
+        {
             return None;
         }
         let logprobs = if req.logprobs.is_some() {
@@ -225,7 +228,7 @@ fn stream(
         };
         let mut c = json!({"index": idx, "text": text, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
         if req.sampling.return_token_ids() {
-            c["token_ids"] = json!(out.tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+            set_token_fields(&mut c, &out.tokens);
         }
         Some(c)
     })

@@ -251,6 +251,14 @@ where
 }
 
 /// `finish_reason` as JSON (`null` while running).
+/// `return_token_ids` (vLLM's): a choice's (or a streamed chunk's) tokens as `token_ids`,
+/// with rlserve's `behavior_logprobs` (μ) and policy `versions` beside them.
+pub fn set_token_fields(v: &mut Value, tokens: &[engine::TokenOutput]) {
+    v["token_ids"] = json!(tokens.iter().map(|t| t.token_id).collect::<Vec<_>>());
+    v["behavior_logprobs"] = json!(tokens.iter().map(|t| t.behavior_logprob).collect::<Vec<_>>());
+    v["versions"] = json!(tokens.iter().map(|t| t.version).collect::<Vec<_>>());
+}
+
 pub fn finish_json(f: Option<engine::FinishReason>) -> Value {
     f.map(|f| json!(f)).unwrap_or(Value::Null)
 }

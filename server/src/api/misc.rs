@@ -26,10 +26,9 @@ pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
 /// RL endpoints need the admin key.
 pub async fn status(State(s): State<Arc<AppState>>) -> Json<Value> {
     let engine = s.engine.stats().ok().map(|st| {
-        let used = st.num_blocks.saturating_sub(st.num_free_blocks) as f64 / st.num_blocks.max(1) as f64;
         json!({
             "num_requests_running": st.num_running, "num_requests_waiting": st.num_waiting,
-            "kv_cache_usage": used, "prompt_tokens_total": st.prefill_tokens,
+            "kv_cache_usage": st.kv_cache_usage(), "prompt_tokens_total": st.prefill_tokens,
             "generation_tokens_total": st.generation_tokens, "num_preemptions_total": st.num_preemptions,
         })
     });
