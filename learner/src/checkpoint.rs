@@ -15,6 +15,7 @@
 use super::algos::value_head::{self, ValueHead};
 use super::optim::AdamW;
 use crate::error::{LearnerError, Result};
+use crate::ParamKey;
 pub use engine::model::write_f32_safetensors as write_tensors;
 use engine::Model;
 use kernels::{Device, Tensor};
@@ -176,7 +177,7 @@ fn save_with(
     }
     write_named(&tmp.join("model.safetensors"), model.named_weights()?.iter().map(|(n, t)| (n.clone(), t)))?;
     if let Some(head) = value_head {
-        write_named(&tmp.join(value_head::FILE), head.named().into_iter())?;
+        write_named(&tmp.join(value_head::FILE), head.params().into_iter().map(|(p, t)| (p.name().to_string(), t)))?;
     }
     let moments = opt.m.iter().map(|(n, t)| (format!("exp_avg.{n}"), t));
     write_named(
@@ -248,15 +249,17 @@ pub fn load_optimizer(dir: &Path, device: &Device) -> Result<AdamW> {
         .map_err(|e| LearnerError::io(&path, e))?;
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| LearnerError::Checkpoint { path: path.clone(), msg: format!("invalid safetensors file: {e}") })?;
+    let bad = |msg: String| LearnerError::Checkpoint { path: path.clone(), msg };
     let mut opt = AdamW::default();
     for (name, view) in st.tensors() {
+        let (moments, param) = match (name.strip_prefix("exp_avg_sq."), name.strip_prefix("exp_avg.")) {
+            (Some(p), _) => (&mut opt.v, p),
+            (None, Some(p)) => (&mut opt.m, p),
+            _ => return Err(bad(format!("`{name}` is neither `exp_avg.<parameter>` nor `exp_avg_sq.<parameter>`"))),
+        };
+        let key = ParamKey::parse(param).ok_or_else(|| bad(format!("`{name}`: `{param}` is not a parameter name")))?;
         let v: Vec<f32> = view.data().chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-        let v = Tensor::from_vec(v, view.shape())?.to_device(device)?;
-        if let Some(n) = name.strip_prefix("exp_avg_sq.") {
-            opt.v.insert(n.to_string(), v);
-        } else if let Some(n) = name.strip_prefix("exp_avg.") {
-            opt.m.insert(n.to_string(), v);
-        }
+        moments.insert(key, Tensor::from_vec(v, view.shape())?.to_device(device)?);
     }
     opt.step = load_state(dir)?["step"].as_u64().unwrap_or(0);
     Ok(opt)
@@ -269,4 +272,44 @@ pub fn load_value_head(dir: &Path, hidden: usize, device: &Device) -> Result<Opt
         return Ok(None);
     }
     ValueHead::load(&path, hidden, device).map(Some)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Moments are read back under their typed keys; a moment whose name is no parameter's is
+    /// a load error naming it (it used to be kept under its string, never stepped).
+    #[test]
+    fn optimizer_moments_load_by_parameter_key() {
+        let dir = std::env::temp_dir().join(format!("rlserve-optimizer-keys-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(dir.join("trainer_state.json"), r#"{"step": 3}"#).unwrap();
+        let write = |names: &[&str]| {
+            let one = [0.5f32];
+            let t: BTreeMap<String, (Vec<usize>, &[f32])> =
+                names.iter().map(|n| (n.to_string(), (vec![1], &one[..]))).collect();
+            write_tensors(&dir.join("optimizer.safetensors"), &t).unwrap();
+        };
+        write(&["exp_avg.model.norm.weight", "exp_avg_sq.model.norm.weight", "exp_avg.v_head.bias"]);
+        let opt = load_optimizer(&dir, &Device::Cpu).unwrap();
+        let norm = ParamKey::Model(engine::model::ParamId::model(engine::model::ParamKind::FinalNorm));
+        let head = ParamKey::ValueHead(value_head::HeadParam::Bias);
+        assert_eq!(
+            (opt.step, opt.m.keys().collect::<Vec<_>>(), opt.v.keys().collect::<Vec<_>>()),
+            (3, vec![&norm, &head], vec![&norm])
+        );
+        for (name, why) in [
+            (
+                "exp_avg.model.layers.0.mlp.gate_proj.bias",
+                "`model.layers.0.mlp.gate_proj.bias` is not a parameter name",
+            ),
+            ("momentum.model.norm.weight", "is neither `exp_avg.<parameter>` nor `exp_avg_sq.<parameter>`"),
+        ] {
+            write(&[name]);
+            let e = load_optimizer(&dir, &Device::Cpu).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains(why), "{e}");
+        }
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

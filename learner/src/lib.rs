@@ -10,7 +10,7 @@
 //! Backward per layer (reverse of `Model::forward_inner`): down_proj → SwiGLU →
 //! gate_up_proj → post-attention RMSNorm → o_proj → attention (probabilities recomputed)
 //! → inverse RoPE → per-head q/k RMSNorm (Qwen3) → qkv_proj (+bias) → input RMSNorm; then the embedding scatter-add
-//! (plus the LM-head gradient when tied). Gradients use HF tensor names and layouts.
+//! (plus the LM-head gradient when tied). Gradients are keyed by the parameter table's ids ([`ParamKey`]) in HF layouts.
 
 pub mod algos;
 pub mod checkpoint;
@@ -21,10 +21,10 @@ pub mod optim;
 mod trainer;
 
 pub use error::{LearnerError, Result};
-pub use grads::Grads;
+pub use grads::{Grads, ParamKey};
 pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
 
-use engine::model::{param_name, LayerActs, ParamKind};
+use engine::model::{LayerActs, ParamId, ParamKind};
 use engine::Model;
 use kernels::{ops, Tensor};
 use layout::Layout;
@@ -165,7 +165,7 @@ impl SeqForward {
     }
 
     /// Accumulates into `grads` the gradient of a loss whose derivatives w.r.t. the
-    /// forward's outputs are `g` (HF tensor names and layouts), and the time it took into
+    /// forward's outputs are `g` (by parameter id, in HF layouts), and the time it took into
     /// `grads.backward_seconds`.
     ///
     /// When every derivative is zero (a GRPO step whose groups all have zero reward variance:
@@ -190,11 +190,11 @@ impl SeqForward {
     }
 
     /// Zeros for every weight [`Self::backward_inner`] gives a gradient (all of
-    /// [`Model::weight_shapes`]; those `grads` already holds are left as they are).
+    /// the model's parameter table; those `grads` already holds are left as they are).
     fn add_zero_grads(model: &Model, grads: &mut Grads) -> Result<()> {
-        for (name, shape) in model.weight_shapes() {
-            if let std::collections::btree_map::Entry::Vacant(e) = grads.tensors.entry(name) {
-                e.insert(Tensor::zeros(&shape, model.device())?);
+        for p in model.config.params() {
+            if let std::collections::btree_map::Entry::Vacant(e) = grads.tensors.entry(p.id.into()) {
+                e.insert(Tensor::zeros(&p.shape, model.device())?);
             }
         }
         Ok(())
@@ -223,9 +223,9 @@ impl SeqForward {
             ops::add_inplace(&mut d_normed, dh)?;
         }
         let head = if c.tie_word_embeddings { ParamKind::Embed } else { ParamKind::LmHead };
-        grads.add(&param_name(None, head), ops::linear_grad_weight(&dz, &self.normed)?)?;
+        grads.add(ParamId::model(head), ops::linear_grad_weight(&dz, &self.normed)?)?;
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
-        grads.add(&param_name(None, ParamKind::FinalNorm), dnorm)?;
+        grads.add(ParamId::model(ParamKind::FinalNorm), dnorm)?;
         // Add the completion-row gradients to their rows (a shared prompt's last row predicts
         // the first token of each of its samples).
         let mut dx = Tensor::zeros(&[t, h], model.device())?;
@@ -242,24 +242,24 @@ impl SeqForward {
                     &recomputed
                 }
             };
-            // Gradients by the parameter table's names (engine::model::params).
-            let p = |kind: ParamKind| param_name(Some(l), kind);
+            // Gradients by the parameter table's ids (engine::model::params).
+            let p = |kind: ParamKind| ParamId::layer(l, kind);
             // MLP.
             let d_act = ops::linear_grad_input(&dx, &w.down_proj)?;
-            grads.add(&p(ParamKind::DownProj), ops::linear_grad_weight(&dx, &s.act)?)?;
+            grads.add(p(ParamKind::DownProj), ops::linear_grad_weight(&dx, &s.act)?)?;
             let d_gu = ops::silu_mul_backward(&s.gu, &d_act)?;
             let [gate, up]: [Tensor; 2] =
                 ops::split_rows(&ops::linear_grad_weight(&d_gu, &s.n2)?, &[i_dim, i_dim])?.try_into().expect("two");
-            grads.add(&p(ParamKind::GateProj), gate)?;
-            grads.add(&p(ParamKind::UpProj), up)?;
+            grads.add(p(ParamKind::GateProj), gate)?;
+            grads.add(p(ParamKind::UpProj), up)?;
             let d_n2 = ops::linear_grad_input(&d_gu, &w.gate_up_proj)?;
             let (d_mid, dw_post) =
                 ops::rms_norm_backward(&s.x_mid, &w.post_attention_layernorm, &d_n2, c.rms_norm_eps)?;
-            grads.add(&p(ParamKind::PostNorm), dw_post)?;
+            grads.add(p(ParamKind::PostNorm), dw_post)?;
             ops::add_inplace(&mut dx, &d_mid)?;
             // Attention, per sequence; then RoPE's inverse rotation.
             let d_a = ops::linear_grad_input(&dx, &w.o_proj)?;
-            grads.add(&p(ParamKind::OProj), ops::linear_grad_weight(&dx, &s.a)?)?;
+            grads.add(p(ParamKind::OProj), ops::linear_grad_weight(&dx, &s.a)?)?;
             let (mut dq, mut dk, dv) = self.layout.attention_backward(&s.q, &s.k, &s.v, &d_a, heads(model))?;
             ops::rope_inplace(&mut dq, positions, cos, &neg_sin, c.head_dim)?;
             ops::rope_inplace(&mut dk, positions, cos, &neg_sin, c.head_dim)?;
@@ -269,25 +269,25 @@ impl SeqForward {
                 for (n, wn, pre, d) in [(ParamKind::QNorm, qn, q_pre, &mut dq), (ParamKind::KNorm, kn, k_pre, &mut dk)]
                 {
                     let (dx, dw) = ops::rms_norm_backward(&rows(pre)?, wn, &rows(d)?, c.rms_norm_eps)?;
-                    grads.add(&p(n), dw)?;
+                    grads.add(p(n), dw)?;
                     *d = dx.reshape(pre.shape())?;
                 }
             }
             let dqkv = ops::cat_cols(&[&dq, &dk, &dv])?;
             let dw_qkv = ops::split_rows(&ops::linear_grad_weight(&dqkv, &s.n1)?, &[q_dim, kv_dim, kv_dim])?;
             for (n, g) in [ParamKind::QProj, ParamKind::KProj, ParamKind::VProj].into_iter().zip(dw_qkv) {
-                grads.add(&p(n), g)?;
+                grads.add(p(n), g)?;
             }
             if c.qkv_bias {
                 let db = ops::split_cols(&ops::sum_rows(&dqkv)?, &[q_dim, kv_dim, kv_dim])?;
                 for (n, g) in [ParamKind::QBias, ParamKind::KBias, ParamKind::VBias].into_iter().zip(db) {
                     let len = g.len();
-                    grads.add(&p(n), g.reshape(&[len])?)?;
+                    grads.add(p(n), g.reshape(&[len])?)?;
                 }
             }
             let d_n1 = ops::linear_grad_input(&dqkv, &w.qkv_proj)?;
             let (d_in, dw_in) = ops::rms_norm_backward(&s.x_in, &w.input_layernorm, &d_n1, c.rms_norm_eps)?;
-            grads.add(&p(ParamKind::InputNorm), dw_in)?;
+            grads.add(p(ParamKind::InputNorm), dw_in)?;
             ops::add_inplace(&mut dx, &d_in)?;
         }
         // Embedding: scatter-add rows (into the tied LM head's gradient when there is one),
@@ -298,7 +298,7 @@ impl SeqForward {
                 ops::scatter_rows(&mut dx, &at, &Tensor::zeros(&[at.len(), h], model.device())?)?;
             }
         }
-        grads.scatter_add_rows(&param_name(None, ParamKind::Embed), &[c.vocab_size, h], &self.layout.inputs, &dx)?;
+        grads.scatter_add_rows(ParamId::model(ParamKind::Embed), &[c.vocab_size, h], &self.layout.inputs, &dx)?;
         Ok(())
     }
 }

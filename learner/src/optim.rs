@@ -1,13 +1,14 @@
 //! AdamW (Loshchilov & Hutter 2019, Alg. 2; PyTorch `torch.optim.AdamW` order: decoupled
 //! decay, then the bias-corrected Adam step), global-norm clipping and LR schedules.
 
-use super::Grads;
+use super::{Grads, ParamKey};
 use crate::Result;
 use crate::TrainConfig;
+use engine::model::{Param, ParamId};
 use kernels::ops::{self, AdamWPart, AdamWStep, PackedWeight};
 use kernels::{Device, Tensor};
 use serde::{Deserialize, Serialize};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 
 /// Learning-rate schedules, with Hugging Face `get_scheduler` semantics (`transformers`
 /// `optimization.py`): the optimizer's `t`-th step (1-based) uses the multiplier at
@@ -49,13 +50,13 @@ impl TrainConfig {
     }
 }
 
-/// AdamW state: first and second moments per parameter (f32, on the model's device), and
-/// the step count.
+/// AdamW state: first and second moments per parameter (f32, on the model's device, keyed
+/// like the gradients), and the step count.
 #[derive(Debug, Default, Clone)]
 pub struct AdamW {
     pub step: u64,
-    pub m: BTreeMap<String, Tensor>,
-    pub v: BTreeMap<String, Tensor>,
+    pub m: BTreeMap<ParamKey, Tensor>,
+    pub v: BTreeMap<ParamKey, Tensor>,
 }
 
 /// The step-wide factors of one AdamW step (from [`AdamW::begin_step`]).
@@ -69,17 +70,17 @@ pub struct StepScale {
 }
 
 impl AdamW {
-    /// Zero moments for every `(name, shape)` (the model's trained weights), made before the
+    /// Zero moments for every parameter of `params` (the model's table), made before the
     /// first step instead of at it. Their memory is then taken before the first batch's
     /// activations: made at the first step (as `torch.optim.AdamW` does), they would take the
     /// addresses that batch just freed, and the second batch's activations would land on
     /// fresh pages (first touches cost ~8 s per GiB on a VM that backs memory lazily; the
     /// second step of `bench train` at 8 × 256 tokens took 20 s instead of 12).
-    pub fn for_weights(shapes: &[(String, Vec<usize>)], device: &Device) -> kernels::Result<Self> {
+    pub fn for_weights(params: &[Param], device: &Device) -> kernels::Result<Self> {
         let mut opt = AdamW::default();
-        for (name, shape) in shapes {
-            opt.m.insert(name.clone(), Tensor::zeros(shape, device)?);
-            opt.v.insert(name.clone(), Tensor::zeros(shape, device)?);
+        for p in params {
+            opt.m.insert(p.id.into(), Tensor::zeros(&p.shape, device)?);
+            opt.v.insert(p.id.into(), Tensor::zeros(&p.shape, device)?);
         }
         Ok(opt)
     }
@@ -94,51 +95,52 @@ impl AdamW {
         Ok(StepScale { grad_norm: norm, clip, lr: cfg.lr_at(self.step) })
     }
 
-    /// Advances the moments of `name` with its gradient `g` and returns the Adam step
+    /// Advances the moments of `key` with its gradient `g` and returns the Adam step
     /// `Δ = −lr · m̂ / (√v̂ + ε)` ([`ops::adamw_delta`]); the parameter update is
     /// `p ← (1 − lr·weight_decay)·p + Δ` (decoupled decay first, as PyTorch). Needs no
     /// access to `p`: the learner computes it while the engine keeps serving and applies it
     /// under the write guard in one pass.
-    pub fn delta(&mut self, name: &str, g: &Tensor, s: &StepScale, cfg: &TrainConfig) -> kernels::Result<Tensor> {
+    pub fn delta(&mut self, key: ParamKey, g: &Tensor, s: &StepScale, cfg: &TrainConfig) -> kernels::Result<Tensor> {
         let step = self.adamw_step(s, cfg);
-        let (m, v) = self.moments(name, g)?;
+        let (m, v) = self.moments(key, g)?;
         ops::adamw_delta(g, m, v, &step)
     }
 
-    /// [`Self::delta`] for the HF weights `parts = (name, gradient)` that one served linear
+    /// [`Self::delta`] for the HF weights `parts = (id, gradient)` that one served linear
     /// weight stacks (fused q/k/v, gate/up), returned laid out like it in one pass
     /// ([`ops::adamw_delta_packed`]).
     pub fn delta_packed(
         &mut self,
-        parts: &[(&str, &Tensor)],
+        parts: &[(ParamId, &Tensor)],
         s: &StepScale,
         cfg: &TrainConfig,
     ) -> kernels::Result<PackedWeight> {
         let step = self.adamw_step(s, cfg);
         // The parts' moments, taken out of the maps for the call and put back after it.
         let mut mv = Vec::with_capacity(parts.len());
-        for (name, g) in parts {
-            self.moments(name, g)?;
-            mv.push((self.m.remove(*name).expect("made"), self.v.remove(*name).expect("made")));
+        for &(id, g) in parts {
+            let key = id.into();
+            self.moments(key, g)?;
+            mv.push((self.m.remove(&key).expect("made"), self.v.remove(&key).expect("made")));
         }
         let mut ps: Vec<AdamWPart> =
             parts.iter().zip(mv.iter_mut()).map(|((_, g), (m, v))| AdamWPart { g, m, v }).collect();
         let laid = ops::adamw_delta_packed(&mut ps, &step);
         drop(ps);
-        for ((name, _), (m, v)) in parts.iter().zip(mv) {
-            self.m.insert(name.to_string(), m);
-            self.v.insert(name.to_string(), v);
+        for (&(id, _), (m, v)) in parts.iter().zip(mv) {
+            self.m.insert(id.into(), m);
+            self.v.insert(id.into(), v);
         }
         laid
     }
 
-    /// The moments of `name` (zeros shaped like `g` at its first step).
-    fn moments(&mut self, name: &str, g: &Tensor) -> kernels::Result<(&mut Tensor, &mut Tensor)> {
-        if !self.m.contains_key(name) {
-            self.m.insert(name.to_string(), Tensor::zeros(g.shape(), &g.device())?);
-            self.v.insert(name.to_string(), Tensor::zeros(g.shape(), &g.device())?);
+    /// The moments of `key` (zeros shaped like `g` at its first step).
+    fn moments(&mut self, key: ParamKey, g: &Tensor) -> kernels::Result<(&mut Tensor, &mut Tensor)> {
+        if let std::collections::btree_map::Entry::Vacant(e) = self.m.entry(key) {
+            e.insert(Tensor::zeros(g.shape(), &g.device())?);
+            self.v.insert(key, Tensor::zeros(g.shape(), &g.device())?);
         }
-        Ok((self.m.get_mut(name).expect("inserted"), self.v.get_mut(name).expect("inserted")))
+        Ok((self.m.get_mut(&key).expect("inserted"), self.v.get_mut(&key).expect("inserted")))
     }
 
     fn adamw_step(&self, s: &StepScale, cfg: &TrainConfig) -> AdamWStep {
@@ -159,19 +161,20 @@ impl AdamW {
         (1.0 - s.lr * cfg.weight_decay) as f32
     }
 
-    /// One whole step over HF-named tensors ([`Self::begin_step`] + [`Self::delta`] +
-    /// the decayed update). Returns `(grad_norm before clipping, learning rate used)`.
+    /// One whole step over tensors keyed like the gradients ([`Self::begin_step`] +
+    /// [`Self::delta`] + the decayed update). Returns `(grad_norm before clipping, learning
+    /// rate used)`.
     pub fn step(
         &mut self,
-        params: &mut BTreeMap<String, Tensor>,
+        params: &mut BTreeMap<ParamKey, Tensor>,
         grads: &Grads,
         cfg: &TrainConfig,
     ) -> Result<(f64, f64)> {
         let s = self.begin_step(grads, cfg)?;
         let decay = Self::decay(&s, cfg);
-        for (name, g) in &grads.tensors {
-            if let Some(p) = params.get_mut(name) {
-                let d = self.delta(name, g, &s, cfg)?;
+        for (&key, g) in &grads.tensors {
+            if let Some(p) = params.get_mut(&key) {
+                let d = self.delta(key, g, &s, cfg)?;
                 ops::scale_add_inplace(p, decay, &d)?;
             }
         }
@@ -179,40 +182,35 @@ impl AdamW {
     }
 }
 
-/// One update's AdamW steps, handed to the served model by HF name
+/// One update's AdamW steps, handed to the served model by parameter id
 /// ([`engine::model::StepSource`] for `Model::lay_out`). A weight without a gradient gets a
-/// zero step and its moments stay as they are. `used` collects the names taken, so the
-/// caller can step the rest (the value head).
+/// zero step and its moments stay as they are (the gradients were checked against the
+/// table before: none is ignored).
 pub(crate) struct Steps<'a> {
     pub opt: &'a mut AdamW,
     pub grads: &'a Grads,
     pub scale: &'a StepScale,
     pub cfg: &'a TrainConfig,
     pub device: Device,
-    pub used: BTreeSet<String>,
 }
 
 impl engine::model::StepSource for Steps<'_> {
-    fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor> {
-        match self.grads.tensors.get(name).filter(|g| g.shape() == shape) {
-            Some(g) => {
-                self.used.insert(name.to_string());
-                self.opt.delta(name, g, self.scale, self.cfg)
-            }
+    fn dense(&mut self, id: ParamId, shape: &[usize]) -> kernels::Result<Tensor> {
+        match self.grads.tensors.get(&id.into()) {
+            Some(g) => self.opt.delta(id.into(), g, self.scale, self.cfg),
             None => Tensor::zeros(shape, &self.device),
         }
     }
 
-    fn packed(&mut self, parts: &[(&str, usize)], k: usize) -> kernels::Result<PackedWeight> {
+    fn packed(&mut self, parts: &[(ParamId, usize)], k: usize) -> kernels::Result<PackedWeight> {
         let grads = self.grads;
-        let gs: Option<Vec<(&str, &Tensor)>> =
-            parts.iter().map(|&(n, r)| grads.tensors.get(n).filter(|g| g.shape() == [r, k]).map(|g| (n, g))).collect();
+        let gs: Option<Vec<(ParamId, &Tensor)>> =
+            parts.iter().map(|&(id, _)| grads.tensors.get(&id.into()).map(|g| (id, g))).collect();
         if let Some(gs) = gs {
-            self.used.extend(parts.iter().map(|(n, _)| n.to_string()));
             return self.opt.delta_packed(&gs, self.scale, self.cfg);
         }
         // Some part has no gradient: step the others, zeros for it, then stack and pack.
-        let steps = parts.iter().map(|&(n, r)| self.dense(n, &[r, k])).collect::<kernels::Result<Vec<_>>>()?;
+        let steps = parts.iter().map(|&(id, r)| self.dense(id, &[r, k])).collect::<kernels::Result<Vec<_>>>()?;
         let stacked = match steps.len() {
             1 => steps.into_iter().next().expect("one"),
             _ => ops::cat_rows(&steps.iter().collect::<Vec<_>>())?,

@@ -11,7 +11,7 @@ use super::algos::grpo::{
 };
 use super::algos::value_head::ValueHead;
 use super::optim::{AdamW, Schedule, Steps};
-use super::{forward_batch, forward_batch_with, Grads, OutputGrads, SeqForward};
+use super::{forward_batch, forward_batch_with, Grads, OutputGrads, ParamKey, SeqForward};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
@@ -389,7 +389,7 @@ impl Trainer {
         };
         Ok(Self {
             config,
-            optimizer: AdamW::for_weights(&model.weight_shapes(), model.device())?,
+            optimizer: AdamW::for_weights(&model.config.params(), model.device())?,
             reference,
             value_head,
             ref_cache: Default::default(),
@@ -564,23 +564,16 @@ impl Trainer {
         let laid = {
             let m = model.read();
             check_gradients(&m, self.value_head.as_ref(), grads)?;
-            let mut steps = Steps {
-                opt: &mut self.optimizer,
-                grads,
-                scale: &scale,
-                cfg,
-                device: m.device().clone(),
-                used: Default::default(),
-            };
+            let mut steps = Steps { opt: &mut self.optimizer, grads, scale: &scale, cfg, device: m.device().clone() };
             let laid = m.lay_out(&mut steps)?;
-            let used = steps.used;
-            // The gradients the model did not take are the value head's.
             if let Some(head) = &mut self.value_head {
                 let mut deltas = BTreeMap::new();
-                for (n, g) in grads.tensors.iter().filter(|(n, _)| !used.contains(*n)) {
-                    deltas.insert(n.as_str(), self.optimizer.delta(n, g, &scale, cfg)?);
+                for (&key, g) in &grads.tensors {
+                    if let ParamKey::ValueHead(part) = key {
+                        deltas.insert(part, self.optimizer.delta(key, g, &scale, cfg)?);
+                    }
                 }
-                head.apply(decay, &mut |n| deltas.remove(n))?;
+                head.apply(decay, &mut |part| deltas.remove(&part))?;
             }
             laid
         };
@@ -664,27 +657,28 @@ pub(crate) fn mean_stats(all: &[LossStats]) -> LossStats {
     }
 }
 
-/// Every gradient is one of the model's weights ([`Model::weight_shapes`], the names and
-/// shapes the update lays out) or, with one, the value head's, with that weight's shape.
+/// Every gradient is one of the model's weights (its parameter table, what the update lays
+/// out) or, with one, the value head's, with that weight's shape.
 ///
 /// Errors: [`LearnerError::Gradient`] naming the gradient and what was expected.
 fn check_gradients(model: &Model, head: Option<&ValueHead>, grads: &Grads) -> Result<()> {
-    let mut known: BTreeMap<String, Vec<usize>> = model.weight_shapes().into_iter().collect();
+    let mut known: BTreeMap<ParamKey, Vec<usize>> =
+        model.config.params().into_iter().map(|p| (p.id.into(), p.shape)).collect();
     if let Some(h) = head {
-        known.extend(h.named().map(|(n, t)| (n, t.shape().to_vec())));
+        known.extend(h.params().map(|(p, t)| (p.into(), t.shape().to_vec())));
     }
-    for (name, g) in &grads.tensors {
-        match known.get(name) {
+    for (key, g) in &grads.tensors {
+        match known.get(key) {
             Some(shape) if shape.as_slice() == g.shape() => {}
             Some(shape) => {
                 return Err(LearnerError::Gradient(format!(
-                    "the gradient of `{name}` has shape {:?}, the weight {shape:?}",
+                    "the gradient of `{key}` has shape {:?}, the weight {shape:?}",
                     g.shape()
                 )))
             }
             None => {
                 return Err(LearnerError::Gradient(format!(
-                    "a gradient for `{name}`, which is not a weight of this {:?} model{}",
+                    "a gradient for `{key}`, which is not a weight of this {:?} model{}",
                     model.config.architecture,
                     if head.is_some() { " or of its value head" } else { "" }
                 )))
@@ -697,6 +691,8 @@ fn check_gradients(model: &Model, head: Option<&ValueHead>, grads: &Grads) -> Re
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::algos::value_head::HeadParam;
+    use engine::model::{ParamId, ParamKind};
     use kernels::{Device, Tensor};
 
     /// A gradient with a name the model does not have, or with another shape than its weight,
@@ -715,20 +711,28 @@ mod tests {
             Model::from_source(config, &|_, shape| Ok(Tensor::zeros(shape, &Device::Cpu)?), &Device::Cpu).unwrap();
         let mut trainer = Trainer::new(&model, TrainConfig::default()).unwrap();
         let shared = SharedModel::new(model);
-        let update = |trainer: &mut Trainer, name: &str, shape: &[usize]| {
+        let update = |trainer: &mut Trainer, key: ParamKey, shape: &[usize]| {
             let mut g = Grads::default();
-            g.add(name, Tensor::from_vec(vec![0.5; shape.iter().product()], shape).unwrap()).unwrap();
+            g.add(key, Tensor::from_vec(vec![0.5; shape.iter().product()], shape).unwrap()).unwrap();
             trainer.update(&shared, &g).map(|u| u.version).map_err(|e| e.to_string())
         };
-        let q_norm = "model.layers.0.self_attn.q_norm.weight";
+        let layer = |l, kind| ParamKey::Model(ParamId::layer(l, kind));
+        let q_norm = layer(0, ParamKind::QNorm);
         assert_eq!(update(&mut trainer, q_norm, &[4]), Ok(1));
         let e = update(&mut trainer, q_norm, &[8]).unwrap_err();
         assert_eq!(e, "the gradient of `model.layers.0.self_attn.q_norm.weight` has shape [8], the weight [4]");
-        let e = update(&mut trainer, "model.layers.0.self_attn.q_proj.bias", &[8]).unwrap_err();
+        let e = update(&mut trainer, layer(0, ParamKind::QBias), &[8]).unwrap_err();
         assert_eq!(
             e,
             "a gradient for `model.layers.0.self_attn.q_proj.bias`, which is not a weight of this Qwen3 model"
         );
+        let e = update(&mut trainer, layer(1, ParamKind::QNorm), &[4]).unwrap_err();
+        assert_eq!(
+            e,
+            "a gradient for `model.layers.1.self_attn.q_norm.weight`, which is not a weight of this Qwen3 model"
+        );
+        let e = update(&mut trainer, ParamKey::ValueHead(HeadParam::Bias), &[1]).unwrap_err();
+        assert_eq!(e, "a gradient for `v_head.bias`, which is not a weight of this Qwen3 model");
         assert_eq!(shared.version(), 1, "a refused update changes nothing");
     }
 }

@@ -91,7 +91,7 @@ pub fn run(a: TrainStepArgs) -> Result<()> {
     let mut trainer = Trainer::new(&model, cfg)?;
     if let Some(p) = &a.dump_grads {
         let (_, grads) = trainer.gradients(&model, &batch)?;
-        checkpoint::write_named(p, grads.tensors.iter().map(|(n, t)| (n.clone(), t)))?;
+        checkpoint::write_named(p, grads.tensors.iter().map(|(k, t)| (k.to_string(), t)))?;
     }
     let model = SharedModel::new(model);
     let (metrics, _) = trainer.step(&model, &batch)?;

@@ -7,7 +7,7 @@ use engine::{Model, SharedModel};
 use kernels::Device;
 use learner::algos::grpo::{policy_loss, LossType, OffPolicyCorrection, SampleLogprobs};
 use learner::algos::{dpo, gae, ppo, value_head};
-use learner::{checkpoint, Grads, TrainConfig, TrainSample, Trainer};
+use learner::{checkpoint, Grads, ParamKey, TrainConfig, TrainSample, Trainer};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use std::path::Path;
@@ -162,7 +162,8 @@ fn assert_grads_match(what: &str, grads: &Grads, path: &Path) {
     for (name, view) in want.tensors() {
         assert_eq!(view.dtype(), Dtype::F64);
         let w: Vec<f64> = view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
-        let g = grads.tensors.get(&name).unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
+        let key = ParamKey::parse(&name).unwrap_or_else(|| panic!("{what}: {name} is not a parameter name"));
+        let g = grads.tensors.get(&key).unwrap_or_else(|| panic!("{what}: no gradient for {name}"));
         assert_eq!(g.shape(), view.shape(), "{what}: {name}");
         let g = g.to_vec().unwrap();
         let err: f64 = g.iter().zip(&w).map(|(a, b)| (*a as f64 - b).powi(2)).sum::<f64>().sqrt();
@@ -211,7 +212,10 @@ fn ppo_gradients_through_a_tiny_model_and_value_head_match_jax() {
     let returns: Vec<f64> = f.returns.concat();
     close(ppo.returns_mean, returns.iter().sum::<f64>() / returns.len() as f64, 1e-5, "returns_mean");
     assert_eq!((ppo.value_clipfrac, ppo.non_score_reward), (0.0, 0.0), "π = π_old = π_ref, V = V_old");
-    assert!(grads.tensors.contains_key(value_head::WEIGHT) && grads.tensors.contains_key(value_head::BIAS));
+    assert!(
+        grads.tensors.contains_key(&value_head::HeadParam::Weight.into())
+            && grads.tensors.contains_key(&value_head::HeadParam::Bias.into())
+    );
     assert_grads_match("ppo", &grads, &dir.join("grads.safetensors"));
 }
 
@@ -364,7 +368,7 @@ fn a_ppo_step_takes_epochs_times_mini_batches_updates_and_checkpoints_its_value_
     assert!(head0.iter().all(|&w| w == 0.0), "the value head starts at zero");
     let (m, grads) = trainer.step(&model, &batch).unwrap();
     assert_eq!((m.num_updates, m.version, m.step, model.version()), (6, 6, 6, 6));
-    assert!(grads.tensors.contains_key(value_head::WEIGHT));
+    assert!(grads.tensors.contains_key(&value_head::HeadParam::Weight.into()));
     let ppo = m.ppo.as_ref().unwrap();
     assert!(ppo.value_loss > 0.0 && ppo.returns_mean.is_finite() && m.loss.loss.is_finite(), "{m:?}");
     let head = trainer.value_head.as_ref().unwrap();
@@ -388,7 +392,10 @@ fn a_ppo_step_takes_epochs_times_mini_batches_updates_and_checkpoints_its_value_
     let served = Model::load(&out, &Device::Cpu).unwrap().named_weights().unwrap();
     assert!(!served.contains_key(value_head::WEIGHT), "the value head is not part of the served model");
     let opt = checkpoint::load_optimizer(&out, &Device::Cpu).unwrap();
-    assert!(opt.m.contains_key(value_head::WEIGHT) && opt.v.contains_key(value_head::BIAS));
+    assert!(
+        opt.m.contains_key(&value_head::HeadParam::Weight.into())
+            && opt.v.contains_key(&value_head::HeadParam::Bias.into())
+    );
     // A trainer started from the checkpoint's head.
     let cfg = TrainConfig { loss_type: LossType::Ppo, value_head_path: Some(out.clone()), ..Default::default() };
     let again = Trainer::new(&model.read(), cfg).unwrap();

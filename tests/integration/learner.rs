@@ -5,7 +5,7 @@
 
 use engine::{EngineConfig, LLMEngine, Model, SamplingParams};
 use kernels::{Device, Tensor};
-use learner::{self, Grads};
+use learner::{self, Grads, ParamKey};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -72,7 +72,8 @@ fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
     for (tname, view) in want.tensors() {
         assert_eq!(view.dtype(), Dtype::F64);
         let w: Vec<f64> = view.data().chunks_exact(8).map(|c| f64::from_le_bytes(c.try_into().unwrap())).collect();
-        let g = grads.tensors.get(&tname).unwrap_or_else(|| panic!("{name}: no gradient for {tname}"));
+        let key = ParamKey::parse(&tname).unwrap_or_else(|| panic!("{name}: {tname} is not a parameter name"));
+        let g = grads.tensors.get(&key).unwrap_or_else(|| panic!("{name}: no gradient for {tname}"));
         assert_eq!(g.shape(), view.shape(), "{tname}");
         let g = g.to_vec().unwrap();
         assert_eq!(g.len(), w.len(), "{tname}");
@@ -95,7 +96,7 @@ fn gradients_match_jax_autodiff() {
         // Gradient checkpointing recomputes the same activations: bitwise equal gradients.
         let recomputed = check(name, true, true);
         let host = |g: &Grads| -> Vec<(String, Vec<f32>)> {
-            g.tensors.iter().map(|(n, t)| (n.clone(), t.to_vec().unwrap())).collect()
+            g.tensors.iter().map(|(n, t)| (n.to_string(), t.to_vec().unwrap())).collect()
         };
         assert_eq!(host(&packed), host(&recomputed), "{name}: checkpointing changed the gradients");
     }
@@ -126,7 +127,7 @@ fn the_pad_tokens_embedding_row_gets_no_lookup_gradient() {
         let f = learner::forward_batch(&model, &seqs, b.temperature).unwrap();
         let mut g = Grads::default();
         f.backward(&model, &learner::OutputGrads::logprobs(&w), &mut g).unwrap();
-        g.tensors.iter().map(|(n, t)| (n.clone(), t.to_vec().unwrap())).collect()
+        g.tensors.iter().map(|(n, t)| (n.to_string(), t.to_vec().unwrap())).collect()
     };
     let (with, without) = (grads(Some(pad)), grads(None));
     let row = |g: &[f32]| g[pad as usize * h..(pad as usize + 1) * h].to_vec();
@@ -158,7 +159,7 @@ fn an_all_zero_loss_gradient_gives_the_backwards_zeros_without_running_it() {
         let grads = |g: &learner::OutputGrads| -> Vec<(String, Vec<usize>, Vec<f32>)> {
             let mut out = Grads::default();
             f.backward(&model, g, &mut out).unwrap();
-            out.tensors.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), t.to_vec().unwrap())).collect()
+            out.tensors.iter().map(|(n, t)| (n.to_string(), t.shape().to_vec(), t.to_vec().unwrap())).collect()
         };
         let (dl, zeros) = (vec![0.5f32, -1.0, 0.25, 2.0, -0.5], vec![0.0f32, -0.0, 0.0, 0.0, -0.0]);
         let full = grads(&learner::OutputGrads::logprobs(&dl));
@@ -373,25 +374,26 @@ fn advantages_by_hand() {
 fn adamw_step_by_hand() {
     use learner::{optim::AdamW, TrainConfig};
     let t = |v: f32| kernels::Tensor::from_vec(vec![v], &[1]).unwrap();
-    let mut params = std::collections::BTreeMap::from([("w".to_string(), t(1.0))]);
+    let key = ParamKey::Model(engine::model::ParamId::model(engine::model::ParamKind::FinalNorm));
+    let mut params = std::collections::BTreeMap::from([(key, t(1.0))]);
     let mut g = Grads::default();
-    g.add("w", t(0.5)).unwrap();
+    g.add(key, t(0.5)).unwrap();
     let cfg = TrainConfig { learning_rate: 0.1, weight_decay: 0.1, max_grad_norm: 0.25, ..Default::default() };
     let mut opt = AdamW::default();
     let (norm, lr) = opt.step(&mut params, &g, &cfg).unwrap();
     // Clipped g = 0.25·0.5/(0.5 + 1e-6); m̂ = g, v̂ = g² → step 0.1·g/(g + 1e-8) ≈ 0.1; decay first: 1·(1 − 0.01).
     assert_eq!((norm, lr), (0.5, 0.1));
-    let w = params["w"].to_vec().unwrap()[0] as f64;
+    let w = params[&key].to_vec().unwrap()[0] as f64;
     let gc = 0.25 * 0.5 / (0.5 + 1e-6);
     assert!((w - (0.99 - 0.1 * gc / (gc + 1e-8))).abs() < 1e-6, "{w}");
     // Second step, no clipping (|g| = 0.1): m = 0.9·m₁ + 0.1·g, v = 0.999·v₁ + 0.001·g², bias-corrected.
     let mut g2 = Grads::default();
-    g2.add("w", t(0.1)).unwrap();
+    g2.add(key, t(0.1)).unwrap();
     opt.step(&mut params, &g2, &cfg).unwrap();
     let (m, v) = (0.9 * 0.1 * gc + 0.1 * 0.1, 0.999 * 0.001 * gc * gc + 0.001 * 0.01);
     let (mh, vh) = (m / (1.0 - 0.81), v / (1.0 - 0.999f64.powi(2)));
     let want = w * (1.0 - 0.1 * 0.1) - 0.1 * mh / (vh.sqrt() + 1e-8);
-    let got = params["w"].to_vec().unwrap()[0] as f64;
+    let got = params[&key].to_vec().unwrap()[0] as f64;
     assert!((got - want).abs() < 1e-6, "step 2: {got} vs {want}");
 }
 
@@ -509,7 +511,8 @@ fn the_served_update_is_adamw_on_the_hf_tensors() {
         let model = Model::load(&dir, &Device::Cpu).unwrap();
         let cfg = TrainConfig { learning_rate: 1e-2, weight_decay: 0.1, max_grad_norm: 0.5, ..Default::default() };
         let mut trainer = Trainer::new(&model, cfg.clone()).unwrap();
-        let mut params = model.named_weights().unwrap();
+        let mut params: std::collections::BTreeMap<ParamKey, Tensor> =
+            model.named_weights().unwrap().into_iter().map(|(n, t)| (ParamKey::parse(&n).unwrap(), t)).collect();
         let model = engine::SharedModel::new(model);
         let mut reference = AdamW::default();
         for (step, advantage) in [(1, 1.0), (2, -0.5)] {
@@ -526,9 +529,10 @@ fn the_served_update_is_adamw_on_the_hf_tensors() {
             let (_, grads) = trainer.step(&model, &[sample(vec![3, 4]), sample(vec![5, 6])]).unwrap();
             reference.step(&mut params, &grads, &cfg).unwrap();
             let served = model.read().named_weights().unwrap();
-            assert_eq!(served.keys().collect::<Vec<_>>(), params.keys().collect::<Vec<_>>(), "{what}");
+            assert_eq!(served.len(), params.len(), "{what}");
             for (name, v) in &served {
-                assert_eq!(v.to_vec().unwrap(), params[name].to_vec().unwrap(), "{what}, step {step}: {name}");
+                let p = &params[&ParamKey::parse(name).unwrap()];
+                assert_eq!(v.to_vec().unwrap(), p.to_vec().unwrap(), "{what}, step {step}: {name}");
             }
         }
     }
@@ -575,8 +579,8 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     );
     let opt = checkpoint::load_optimizer(&out, &Device::Cpu).unwrap();
     assert_eq!(opt.step, 1);
-    let moments = |m: &std::collections::BTreeMap<String, kernels::Tensor>| -> Vec<(String, Vec<usize>, Vec<f32>)> {
-        m.iter().map(|(n, t)| (n.clone(), t.shape().to_vec(), host(t))).collect()
+    let moments = |m: &std::collections::BTreeMap<ParamKey, kernels::Tensor>| -> Vec<(ParamKey, Vec<usize>, Vec<f32>)> {
+        m.iter().map(|(n, t)| (*n, t.shape().to_vec(), host(t))).collect()
     };
     assert_eq!(moments(&opt.m), moments(&trainer.optimizer.m));
     assert_eq!(moments(&opt.v), moments(&trainer.optimizer.v));

@@ -14,7 +14,7 @@ mod weights;
 
 pub use config::{Architecture, ModelConfig};
 pub use kv_cache::KvCache;
-pub use params::{param_name, Fused, Param, ParamKind};
+pub use params::{Fused, Param, ParamId, ParamKind};
 pub use shared::SharedModel;
 pub use update::{StepSource, WeightDelta};
 
@@ -131,7 +131,7 @@ impl Model {
         let dev = |t: Tensor| -> Result<Tensor> { Ok(t.to_device(device)?) };
         let mut layers = Vec::with_capacity(c.num_hidden_layers);
         for l in 0..c.num_hidden_layers {
-            let get = |kind: ParamKind| host(&param_name(Some(l), kind), shape(kind));
+            let get = |kind: ParamKind| host(&ParamId::layer(l, kind).name(), shape(kind));
             let gets = |kinds: &[ParamKind]| kinds.iter().map(|&k| get(k)).collect::<Result<Vec<_>>>();
             let qkv_w = gets(&[QProj, KProj, VProj])?;
             let qkv_bias = if c.qkv_bias {
@@ -238,7 +238,7 @@ impl Model {
     /// The HF name and shape of every weight [`Self::named_weights`] returns, without
     /// touching the weights (what a gradient of the whole model is keyed by).
     pub fn weight_shapes(&self) -> Vec<(String, Vec<usize>)> {
-        self.config.params().into_iter().map(|p| (p.name(), p.shape)).collect()
+        self.config.params().into_iter().map(|p| (p.id.name(), p.shape)).collect()
     }
 
     /// Every weight under its HF name and shape (the fused and packed projections split
@@ -255,10 +255,10 @@ impl Model {
             Some(e) => e.clone(),
             None => ops::unpack_weight(&self.lm_head)?,
         };
-        out.insert(param_name(None, Embed), embed);
-        out.insert(param_name(None, FinalNorm), self.norm.clone());
+        out.insert(ParamId::model(Embed).name(), embed);
+        out.insert(ParamId::model(FinalNorm).name(), self.norm.clone());
         if !c.tie_word_embeddings {
-            out.insert(param_name(None, LmHead), ops::unpack_weight(&self.lm_head)?);
+            out.insert(ParamId::model(LmHead).name(), ops::unpack_weight(&self.lm_head)?);
         }
         for (l, w) in self.layers.iter().enumerate() {
             // The fused buffers split back into their row blocks (the table's `Fused`).
@@ -287,7 +287,7 @@ impl Model {
                     (Fused::Own, DownProj) => ops::unpack_weight(&w.down_proj)?,
                     (Fused::Own, other) => unreachable!("{other:?} is not a layer weight"),
                 };
-                out.insert(param_name(Some(l), *kind), t.reshape(shape)?);
+                out.insert(ParamId::layer(l, *kind).name(), t.reshape(shape)?);
             }
         }
         Ok(out)

@@ -1,12 +1,13 @@
 //! The parameter table: every architecture's weights declared once — HF name, shape, the
 //! served (fused) buffer and row block each lands in. Loading, [`super::Model::weight_shapes`],
 //! [`super::Model::named_weights`], the update's layout ([`super::Model::lay_out`]) and the
-//! learner's gradients name weights through it. Adding an architecture is adding its rows
-//! here ([`ModelConfig::params`]) and its layer differences in the one layer forward.
+//! learner's gradients and AdamW moments (keyed by [`ParamId`]) all go through it. Adding an
+//! architecture is adding its rows here ([`ModelConfig::params`]) and its layer differences
+//! in the one layer forward.
 
 use super::config::ModelConfig;
 
-/// What a parameter is (with its layer, the typed id of an HF weight).
+/// What a parameter is (with its layer, the typed id of an HF weight: [`ParamId`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum ParamKind {
     Embed,
@@ -45,6 +46,20 @@ pub enum Fused {
 }
 
 impl ParamKind {
+    /// Every kind, in declaration order.
+    pub const ALL: [ParamKind; 17] = {
+        use ParamKind::*;
+        [
+            Embed, FinalNorm, LmHead, InputNorm, PostNorm, QProj, KProj, VProj, QBias, KBias, VBias, QNorm, KNorm,
+            OProj, GateProj, UpProj, DownProj,
+        ]
+    };
+
+    /// A model-level weight (embedding, final norm, LM head), not one of a layer's.
+    pub fn is_model_level(self) -> bool {
+        matches!(self, ParamKind::Embed | ParamKind::FinalNorm | ParamKind::LmHead)
+    }
+
     /// The HF name's suffix (after `model.layers.{l}.` for a layer's parameter).
     pub fn suffix(self) -> &'static str {
         use ParamKind::*;
@@ -86,28 +101,59 @@ impl ParamKind {
     }
 }
 
-/// One HF weight: `(layer, kind)` and its shape.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Param {
-    /// `None` for the model-level weights (embedding, final norm, LM head).
+/// The typed id of one HF weight: its layer (`None` for the model-level weights) and kind.
+/// Gradients and AdamW moments are keyed by it; its [`std::fmt::Display`] is the HF tensor
+/// name and [`ParamId::parse`] the inverse.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct ParamId {
     pub layer: Option<usize>,
     pub kind: ParamKind,
-    pub shape: Vec<usize>,
 }
 
-impl Param {
+impl ParamId {
+    /// A model-level weight (embedding, final norm, LM head).
+    pub const fn model(kind: ParamKind) -> Self {
+        Self { layer: None, kind }
+    }
+
+    /// A weight of layer `l`.
+    pub const fn layer(l: usize, kind: ParamKind) -> Self {
+        Self { layer: Some(l), kind }
+    }
+
     /// The HF tensor name.
-    pub fn name(&self) -> String {
-        param_name(self.layer, self.kind)
+    pub fn name(self) -> String {
+        self.to_string()
+    }
+
+    /// The id of an HF tensor name (`model.layers.{l}.{suffix}` or a model-level name);
+    /// `None` for a name no architecture has. Whether this model has it is the table's
+    /// question ([`ModelConfig::params`]).
+    pub fn parse(name: &str) -> Option<Self> {
+        if let Some(rest) = name.strip_prefix("model.layers.") {
+            let (l, suffix) = rest.split_once('.')?;
+            let l = l.parse().ok().filter(|_| !l.starts_with('+') && (l == "0" || !l.starts_with('0')))?;
+            let kind = ParamKind::ALL.into_iter().find(|k| !k.is_model_level() && k.suffix() == suffix)?;
+            return Some(Self::layer(l, kind));
+        }
+        ParamKind::ALL.into_iter().find(|k| k.is_model_level() && k.suffix() == name).map(Self::model)
     }
 }
 
-/// The HF tensor name of `kind` (in `layer`).
-pub fn param_name(layer: Option<usize>, kind: ParamKind) -> String {
-    match layer {
-        Some(l) => format!("model.layers.{l}.{}", kind.suffix()),
-        None => kind.suffix().to_string(),
+impl std::fmt::Display for ParamId {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.layer {
+            Some(l) => write!(f, "model.layers.{l}.{}", self.kind.suffix()),
+            None => f.write_str(self.kind.suffix()),
+        }
     }
+}
+
+/// One HF weight: its id and shape.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Param {
+    pub id: ParamId,
+    pub shape: Vec<usize>,
 }
 
 impl ModelConfig {
@@ -134,16 +180,44 @@ impl ModelConfig {
     pub fn params(&self) -> Vec<Param> {
         let (h, v) = (self.hidden_size, self.vocab_size);
         let mut out = vec![
-            Param { layer: None, kind: ParamKind::Embed, shape: vec![v, h] },
-            Param { layer: None, kind: ParamKind::FinalNorm, shape: vec![h] },
+            Param { id: ParamId::model(ParamKind::Embed), shape: vec![v, h] },
+            Param { id: ParamId::model(ParamKind::FinalNorm), shape: vec![h] },
         ];
         if !self.tie_word_embeddings {
-            out.push(Param { layer: None, kind: ParamKind::LmHead, shape: vec![v, h] });
+            out.push(Param { id: ParamId::model(ParamKind::LmHead), shape: vec![v, h] });
         }
         let layer = self.layer_params();
         for l in 0..self.num_hidden_layers {
-            out.extend(layer.iter().map(|(kind, shape)| Param { layer: Some(l), kind: *kind, shape: shape.clone() }));
+            out.extend(layer.iter().map(|(kind, shape)| Param { id: ParamId::layer(l, *kind), shape: shape.clone() }));
         }
         out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every id's name parses back to it; names of no architecture do not parse.
+    #[test]
+    fn names_parse_back() {
+        for kind in ParamKind::ALL {
+            let id = if kind.is_model_level() { ParamId::model(kind) } else { ParamId::layer(12, kind) };
+            assert_eq!(ParamId::parse(&id.name()), Some(id), "{id}");
+        }
+        assert_eq!(ParamId::parse("model.layers.3.self_attn.q_norm.weight"), Some(ParamId::layer(3, ParamKind::QNorm)));
+        assert_eq!(ParamId::parse("lm_head.weight"), Some(ParamId::model(ParamKind::LmHead)));
+        for bad in [
+            "model.layers.03.mlp.up_proj.weight",
+            "model.layers.+3.mlp.up_proj.weight",
+            "model.layers.x.mlp.up_proj.weight",
+            "model.layers.0.lm_head.weight",
+            "model.layers.0.mlp.up_proj.bias",
+            "model.norm.bias",
+            "value_head.weight",
+            "",
+        ] {
+            assert_eq!(ParamId::parse(bad), None, "{bad}");
+        }
     }
 }

@@ -2,7 +2,7 @@
 //! learner lays its step out with [`Model::lay_out`] while the engine keeps serving, then
 //! [`Model::apply_deltas`] applies it under the write guard in one elementwise pass.
 
-use super::{param_name, Fused, Model, ParamKind};
+use super::{Fused, Model, ParamId, ParamKind};
 use crate::error::Result;
 use kernels::ops::{self, PackedWeight};
 use kernels::Tensor;
@@ -10,12 +10,12 @@ use kernels::Tensor;
 /// Where [`Model::lay_out`] gets each weight's step (the learner's optimizer), by HF name.
 pub trait StepSource {
     /// The step of a dense weight (a norm, a bias, an untied embedding), `shape` as in HF.
-    fn dense(&mut self, name: &str, shape: &[usize]) -> kernels::Result<Tensor>;
+    fn dense(&mut self, id: ParamId, shape: &[usize]) -> kernels::Result<Tensor>;
     /// The step of a linear weight stacking the rows of the HF weights `parts`
-    /// (`(name, rows)` in order, `k` columns each), laid out like the served weight:
+    /// (`(id, rows)` in order, `k` columns each), laid out like the served weight:
     /// [`ops::pack_weight`] of the stacked steps (or [`ops::adamw_delta_packed`], which is
     /// that in one pass).
-    fn packed(&mut self, parts: &[(&str, usize)], k: usize) -> kernels::Result<PackedWeight>;
+    fn packed(&mut self, parts: &[(ParamId, usize)], k: usize) -> kernels::Result<PackedWeight>;
 }
 
 /// A weight's update in the model's own layout, from [`Model::lay_out`].
@@ -84,38 +84,36 @@ impl Model {
     pub fn lay_out(&self, src: &mut dyn StepSource) -> Result<Vec<WeightDelta>> {
         let c = &self.config;
         let h = c.hidden_size;
-        let (embed_name, head_name) = (param_name(None, ParamKind::Embed), param_name(None, ParamKind::LmHead));
-        // A tied embedding's step is the LM head's (its gradient under the embedding's name).
+        let (embed, head) = (ParamId::model(ParamKind::Embed), ParamId::model(ParamKind::LmHead));
+        // A tied embedding's step is the LM head's (its gradient under the embedding's id).
         let mut out = Vec::new();
         if !c.tie_word_embeddings {
-            out.push(WeightDelta::Dense(src.dense(&embed_name, &[c.vocab_size, h])?));
+            out.push(WeightDelta::Dense(src.dense(embed, &[c.vocab_size, h])?));
         }
-        out.push(WeightDelta::Dense(src.dense(&param_name(None, ParamKind::FinalNorm), &[h])?));
-        let head = if c.tie_word_embeddings { &embed_name } else { &head_name };
+        out.push(WeightDelta::Dense(src.dense(ParamId::model(ParamKind::FinalNorm), &[h])?));
+        let head = if c.tie_word_embeddings { embed } else { head };
         out.push(WeightDelta::Packed(src.packed(&[(head, c.vocab_size)], h)?));
         let table = c.layer_params();
         for l in 0..self.layers.len() {
             for r in buffers(&table) {
                 let rows = &table[r];
-                let names: Vec<String> = rows.iter().map(|(k, _)| param_name(Some(l), *k)).collect();
                 let (kind, shape) = &rows[0];
                 out.push(match (kind.fused(), kind) {
                     (Fused::QkvBias(_), _) => {
                         let b = rows
                             .iter()
-                            .zip(&names)
-                            .map(|((_, s), n)| src.dense(n, s))
+                            .map(|(k, s)| src.dense(ParamId::layer(l, *k), s))
                             .collect::<kernels::Result<Vec<_>>>()?;
                         let len = b.iter().map(|t| t.len()).sum::<usize>();
                         WeightDelta::Dense(ops::cat_cols(&b.iter().collect::<Vec<_>>())?.reshape(&[len])?)
                     }
                     (Fused::Own, ParamKind::InputNorm | ParamKind::PostNorm | ParamKind::QNorm | ParamKind::KNorm) => {
-                        WeightDelta::Dense(src.dense(&names[0], shape)?)
+                        WeightDelta::Dense(src.dense(ParamId::layer(l, *kind), shape)?)
                     }
                     // Linear weights: one packed step over the row blocks.
                     _ => {
-                        let parts: Vec<(&str, usize)> =
-                            names.iter().zip(rows).map(|(n, (_, s))| (n.as_str(), s[0])).collect();
+                        let parts: Vec<(ParamId, usize)> =
+                            rows.iter().map(|(k, s)| (ParamId::layer(l, *k), s[0])).collect();
                         WeightDelta::Packed(src.packed(&parts, shape[1])?)
                     }
                 });

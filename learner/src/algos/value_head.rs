@@ -5,8 +5,8 @@
 //! ([`crate::OutputGrads::dl_dhidden`]).
 //!
 //! The head belongs to the learner, not to the served model: it is trained by the same
-//! AdamW step (its own tensor names, [`WEIGHT`] and [`BIAS`], in the optimizer state and in
-//! the gradient norm) and saved beside the model in a checkpoint as [`FILE`].
+//! AdamW step (its own keys, [`HeadParam`], in the optimizer state and in the gradient
+//! norm; named [`WEIGHT`] and [`BIAS`] in files) and saved beside the model in a checkpoint as [`FILE`].
 
 use crate::error::{LearnerError, Result};
 use crate::Grads;
@@ -19,6 +19,25 @@ pub const WEIGHT: &str = "v_head.weight";
 pub const BIAS: &str = "v_head.bias";
 /// The head's file in a checkpoint folder.
 pub const FILE: &str = "value_head.safetensors";
+
+/// One of the head's tensors (its part of [`crate::ParamKey`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum HeadParam {
+    /// `[1, hidden]`.
+    Weight,
+    /// `[1]`.
+    Bias,
+}
+
+impl HeadParam {
+    /// The tensor's name in files ([`WEIGHT`], [`BIAS`]).
+    pub fn name(self) -> &'static str {
+        match self {
+            HeadParam::Weight => WEIGHT,
+            HeadParam::Bias => BIAS,
+        }
+    }
+}
 
 /// The value head's parameters, on the model's device.
 #[derive(Debug, Clone)]
@@ -54,9 +73,9 @@ impl ValueHead {
         Ok(Self { weight: get(WEIGHT, &[1, hidden])?, bias: get(BIAS, &[1])? })
     }
 
-    /// The head's tensors by name.
-    pub fn named(&self) -> [(String, &Tensor); 2] {
-        [(WEIGHT.to_string(), &self.weight), (BIAS.to_string(), &self.bias)]
+    /// The head's tensors.
+    pub fn params(&self) -> [(HeadParam, &Tensor); 2] {
+        [(HeadParam::Weight, &self.weight), (HeadParam::Bias, &self.bias)]
     }
 
     /// `V_i = h_i · wᵀ + b` for every row of `hidden [N, hidden]`.
@@ -70,16 +89,16 @@ impl ValueHead {
     pub fn backward(&self, hidden: &Tensor, dl_dv: &[f32], grads: &mut Grads) -> Result<Tensor> {
         let n = dl_dv.len();
         let dv = Tensor::from_vec(dl_dv.to_vec(), &[n, 1])?.to_device(&hidden.device())?;
-        grads.add(WEIGHT, ops::linear_grad_weight(&dv, hidden)?)?;
-        grads.add(BIAS, ops::sum_rows(&dv)?)?;
+        grads.add(HeadParam::Weight, ops::linear_grad_weight(&dv, hidden)?)?;
+        grads.add(HeadParam::Bias, ops::sum_rows(&dv)?)?;
         let w_t = self.weight.clone().reshape(&[self.weight.len(), 1])?;
         Ok(ops::matmul_t(&dv, &w_t, None)?)
     }
 
-    /// `p ← decay·p + Δ` for the head's tensors with AdamW's deltas (taken by name from `take`).
-    pub fn apply(&mut self, decay: f32, take: &mut dyn FnMut(&str) -> Option<Tensor>) -> Result<()> {
-        for (name, p) in [(WEIGHT, &mut self.weight), (BIAS, &mut self.bias)] {
-            if let Some(d) = take(name) {
+    /// `p ← decay·p + Δ` for the head's tensors with AdamW's deltas (taken from `take`).
+    pub fn apply(&mut self, decay: f32, take: &mut dyn FnMut(HeadParam) -> Option<Tensor>) -> Result<()> {
+        for (part, p) in [(HeadParam::Weight, &mut self.weight), (HeadParam::Bias, &mut self.bias)] {
+            if let Some(d) = take(part) {
                 ops::scale_add_inplace(p, decay, &d)?;
             }
         }

@@ -548,7 +548,7 @@ fn learner_gradients_match_the_cpu(t: Target) {
             let g = OutputGrads { dl_dentropy: Some(&u), ..OutputGrads::logprobs(&w) };
             f.backward(&m, &g, &mut grads).unwrap();
             let host: Vec<(String, Vec<f32>)> =
-                grads.tensors.iter().map(|(n, t)| (n.clone(), t.to_vec().unwrap())).collect();
+                grads.tensors.iter().map(|(n, t)| (n.to_string(), t.to_vec().unwrap())).collect();
             (f.logprobs, host)
         };
         let ((lc, gc), (lg, gg)) = (run(&Device::Cpu), run(&dev));
