@@ -22,7 +22,7 @@ mod trainer;
 
 pub use error::{LearnerError, Result};
 pub use grads::{Grads, ParamKey};
-pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer};
+pub use trainer::{StepMetrics, TrainConfig, TrainSample, Trainer, Update};
 
 use engine::model::{LayerActs, ParamId, ParamKind};
 use engine::Model;

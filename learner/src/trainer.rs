@@ -332,7 +332,8 @@ pub(crate) struct Selection<'b> {
 }
 
 /// The outcome of one optimizer update.
-pub(crate) struct Update {
+#[derive(Debug, Clone, Copy)]
+pub struct Update {
     pub grad_norm: f64,
     pub lr: f64,
     pub version: u64,
@@ -556,7 +557,10 @@ impl Trainer {
     /// One AdamW update of the served weights (and the value head) with `grads`: the step is
     /// computed and laid out like the served weights while the engine keeps serving; the
     /// write guard covers one elementwise pass `w ← decay·w + Δ` and the version bump.
-    pub(crate) fn update(&mut self, model: &SharedModel, grads: &Grads) -> Result<Update> {
+    ///
+    /// Errors: a gradient that is not one of the model's (or the value head's) parameters, or
+    /// has another shape ([`LearnerError::Gradient`]); nothing is changed then.
+    pub fn update(&mut self, model: &SharedModel, grads: &Grads) -> Result<Update> {
         let t0 = Instant::now();
         let cfg = &self.config;
         let scale = self.optimizer.begin_step(grads, cfg)?;

@@ -27,6 +27,9 @@ pub struct Rollout {
     pub versions: Vec<u64>,
     /// Why the sample ended (`None` while running).
     pub finish_reason: Option<FinishReason>,
+    /// The prompt's raw logprobs (`None` for the first token), on sample 0 when requested.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub prompt_logprobs: Option<Vec<Option<f32>>>,
 }
 
 impl Rollout {
@@ -38,6 +41,9 @@ impl Rollout {
             self.versions.push(t.version);
         }
         self.text.push_str(&o.text);
+        if let Some(p) = o.prompt_logprobs {
+            self.prompt_logprobs = Some(p.iter().map(|x| x.logprob).collect());
+        }
         if o.finish_reason.is_some() {
             self.finish_reason = o.finish_reason;
         }
@@ -102,6 +108,7 @@ impl RolloutSet {
                     raw_logprobs: vec![],
                     versions: vec![],
                     finish_reason: None,
+                    prompt_logprobs: None,
                 })
             })
             .collect();

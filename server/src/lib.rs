@@ -6,4 +6,5 @@ pub mod api;
 pub mod device;
 pub mod metrics;
 pub mod serve;
+pub mod tinker;
 pub mod ui;

@@ -303,6 +303,7 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         jobs_dir: args.jobs_dir.clone(),
         reasoning_parser: args.reasoning_parser,
         ui: !args.no_ui,
+        tinker: Default::default(),
         cross_site: crate::api::cross_site::CrossSite {
             listen_host: args.host.clone(),
             allowed_hosts: args.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
@@ -319,6 +320,17 @@ impl Server {
         let (tx, rx) = oneshot::channel();
         let app = router(state.clone());
         let task = tokio::spawn(accept_loop(listener, app, rx));
+        // Tinker sessions that stopped sending heartbeats release the learner.
+        let weak = Arc::downgrade(&state);
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(10)).await;
+                match weak.upgrade() {
+                    Some(s) => s.tinker.expire_sessions(),
+                    None => break,
+                }
+            }
+        });
         Ok(Server { addr, state, shutdown: Some(tx), task })
     }
 

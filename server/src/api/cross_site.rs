@@ -11,8 +11,10 @@
 //!   with every cross-origin request, and a form or a `text/plain` `fetch` needs no preflight.
 //!   Allowed: no `Origin` (curl, the OpenAI SDKs), the server's own origin (the `Origin`'s
 //!   host:port is the request's `Host`: its own pages), and `--allowed-origins`. Else 403.
-//! - **Content type** on POST with a body: `application/json` (any parameters), else 415: a
-//!   cross-site form can only send urlencoded, multipart or `text/plain` bodies.
+//! - **Content type** on POST with a body: `application/json` (any parameters), or
+//!   `application/x-protobuf` (the Tinker API's `forward_backward`), else 415: a cross-site
+//!   form can only send urlencoded, multipart or `text/plain` bodies, and any other type
+//!   needs a CORS preflight.
 //!
 //! CORS only as configured: for an origin in `--allowed-origins` the answers carry
 //! `Access-Control-Allow-Origin` and a preflight `OPTIONS` gets 204 with the methods and
@@ -110,12 +112,16 @@ pub async fn guard(State(state): State<Arc<AppState>>, req: Request, next: Next)
         }
         let has_body = header_str(h, header::CONTENT_LENGTH).is_none_or(|n| n.trim() != "0")
             && (h.contains_key(header::CONTENT_LENGTH) || h.contains_key(header::TRANSFER_ENCODING));
-        let json = header_str(h, header::CONTENT_TYPE)
-            .is_some_and(|t| t.split(';').next().is_some_and(|m| m.trim().eq_ignore_ascii_case("application/json")));
+        let json = header_str(h, header::CONTENT_TYPE).is_some_and(|t| {
+            t.split(';').next().is_some_and(|m| {
+                let m = m.trim();
+                m.eq_ignore_ascii_case("application/json") || m.eq_ignore_ascii_case("application/x-protobuf")
+            })
+        });
         if has_body && !json {
             let got = header_str(h, header::CONTENT_TYPE).unwrap_or("none");
             return ApiError::UnsupportedMediaType(format!(
-                "request bodies must be `Content-Type: application/json`, got `{got}`"
+                "request bodies must be `Content-Type: application/json` (or application/x-protobuf), got `{got}`"
             ))
             .into_response();
         }

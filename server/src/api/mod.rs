@@ -63,6 +63,8 @@ pub struct AppState {
     pub cross_site: cross_site::CrossSite,
     /// Whether the web pages are served (`crate::ui`; `--no-ui` turns them off).
     pub ui: bool,
+    /// The Tinker API's sessions, futures and training client (`crate::tinker`).
+    pub tinker: crate::tinker::Tinker,
 }
 
 /// Counts one request in flight until dropped.
@@ -148,6 +150,7 @@ pub fn router(state: Arc<AppState>) -> Router {
     Router::new()
         .merge(v1)
         .merge(admin)
+        .merge(crate::tinker::router(state.clone()))
         .merge(pages)
         .route("/health", get(misc::health))
         .route("/metrics", get(misc::metrics))
@@ -189,7 +192,7 @@ fn bearer(req: &Request) -> Option<&str> {
 
 /// Whether `got` is `key`, compared in constant time (`subtle`): the time taken does not
 /// tell how many leading bytes of a guess were right (only whether the lengths differ).
-fn key_matches(got: Option<&str>, key: Option<&str>) -> bool {
+pub(crate) fn key_matches(got: Option<&str>, key: Option<&str>) -> bool {
     use subtle::ConstantTimeEq;
     matches!((got, key), (Some(g), Some(k)) if bool::from(g.as_bytes().ct_eq(k.as_bytes())))
 }
