@@ -23,4 +23,5 @@ mod rl;
 mod rl_algos;
 mod sampling;
 mod server;
+mod tinker;
 mod ui;

@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Off-policy learning on a task, per max_staleness and seed (the staleness issue's table):
+# for each seed, one run per staleness value back to back (alternating, so machine drift
+# spreads over all of them), then benches/trl_compare/staleness.py prints, per staleness and
+# seed, the first step whose rolling 10-step mean reward is >= 0.9, the last-20 and run mean
+# rewards, seconds per step, and per staleness the median first step against the on-policy
+# one. Not run by CI (80 steps × 5 seeds × 4 values is about an hour on 2 cores; check
+# `uptime` first: timings need an idle machine).
+#   CONFIG=examples/trl_parity.toml SEEDS="0 1 2 3 4" STALENESS="0 1 2 4" benches/trl_compare/staleness.sh
+# EXTRA adds lines to every job's [learner] table (e.g. EXTRA='off_policy_correction = "ppo_clip"').
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+CONFIG="${CONFIG:-examples/trl_parity.toml}"
+SEEDS="${SEEDS:-0 1 2 3 4}"
+STALENESS="${STALENESS:-0 1 2 4}"
+OUT="${OUT:-runs/staleness}"
+cargo build -q -p server
+target/debug/rlserve fetch-model >/dev/null
+mkdir -p "$OUT"
+uptime
+for s in $SEEDS; do
+  for k in $STALENESS; do
+    d="$OUT/k$k-s$s"
+    rm -rf "$d"
+    sed -e "s/^seed = .*/seed = $s/" -e "s|^output_dir = .*|output_dir = \"$d\"|" \
+      -e "s/^max_staleness = .*/max_staleness = $k/" "$CONFIG" >"$OUT/job-k$k-s$s.toml"
+    grep -q '^max_staleness' "$OUT/job-k$k-s$s.toml" || echo "max_staleness = $k" >>"$OUT/job-k$k-s$s.toml"
+    [ -n "${EXTRA:-}" ] && printf '%b\n' "$EXTRA" >>"$OUT/job-k$k-s$s.toml"
+    target/debug/rlserve --threads 2 train --config "$OUT/job-k$k-s$s.toml" --no-serve >"$OUT/log-k$k-s$s.txt" 2>&1
+    echo "staleness $k seed $s done"
+  done
+done
+python3 benches/trl_compare/staleness.py "$OUT"
