@@ -62,6 +62,13 @@ pub struct TrainConfig {
     pub temperature: f32,
     /// Drop samples whose oldest token is more than this many versions behind (None = keep all).
     pub max_staleness: Option<u64>,
+    /// Jobs: the first steps generated on-policy (as `max_staleness = 0`) before generation
+    /// overlaps training; `None` = `round(1 / (1 − adam_beta1))` (10 at the default β₁) when
+    /// `max_staleness ≥ 1`. Adam's first updates are its largest relative moves (its
+    /// bias-corrected `m̂/√v̂` is ±1 at the first step), and a batch one version behind those
+    /// is where one-step-stale learning went wrong (docs/ARCHITECTURE.md, "Off-policy
+    /// learning").
+    pub on_policy_warmup_steps: Option<u64>,
     /// Exclude samples that ended by length (`finish_reason == "length"`) from the loss.
     pub mask_truncated_completions: bool,
     /// DAPO soft overlong punishment (Yu et al. 2025, eq. 13): with `L = max_completion_length`
@@ -127,6 +134,7 @@ impl Default for TrainConfig {
             filter_zero_std_groups: false,
             temperature: 1.0,
             max_staleness: None,
+            on_policy_warmup_steps: None,
             mask_truncated_completions: false,
             overlong_buffer_len: None,
             overlong_penalty_factor: 1.0,
@@ -296,6 +304,9 @@ pub struct StepMetrics {
     /// Staleness = learner version − oldest token version, over samples with versions.
     pub staleness_mean: f64,
     pub staleness_max: u64,
+    /// Fraction of the samples with versions whose tokens span more than one policy version
+    /// (an update landed while they were generated: their KV was kept or recomputed).
+    pub version_mixed_fraction: f64,
     /// Samples dropped for exceeding `max_staleness`, and masked as truncated.
     pub num_stale_dropped: usize,
     pub num_truncated_masked: usize,
@@ -456,6 +467,14 @@ impl Trainer {
             step_seconds: secs,
             staleness_mean: st.iter().flatten().sum::<u64>() as f64 / st.iter().flatten().count().max(1) as f64,
             staleness_max: st.iter().flatten().cloned().max().unwrap_or(0),
+            version_mixed_fraction: {
+                let spans: Vec<bool> = batch
+                    .iter()
+                    .filter_map(|s| s.versions.as_ref())
+                    .map(|v| v.iter().min() != v.iter().max())
+                    .collect();
+                spans.iter().filter(|&&m| m).count() as f64 / spans.len().max(1) as f64
+            },
             num_stale_dropped: sel.stale_dropped,
             num_truncated_masked: sel.truncated_masked,
             ..Default::default()
@@ -651,6 +670,7 @@ pub(crate) fn mean_stats(all: &[LossStats]) -> LossStats {
         clip_ratio_low: avg(|s| s.clip_ratio_low),
         clip_ratio_high: avg(|s| s.clip_ratio_high),
         clip_ratio: avg(|s| s.clip_ratio),
+        masked_ratio: avg(|s| s.masked_ratio),
         kl: avg(|s| s.kl),
         mismatch_mean: avg(|s| s.mismatch_mean),
         mismatch_max: all.iter().map(|s| s.mismatch_max).fold(0.0, f64::max),

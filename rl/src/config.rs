@@ -236,6 +236,18 @@ impl JobConfig {
         self.learner.max_staleness.unwrap_or(0)
     }
 
+    /// The staleness bound of step `s` (0-based): 0 during `on_policy_warmup_steps`, then
+    /// `max_staleness` (see `TrainConfig::on_policy_warmup_steps`).
+    pub fn staleness_at(&self, s: u64) -> u64 {
+        let l = &self.learner;
+        let warmup = l.on_policy_warmup_steps.unwrap_or_else(|| (1.0 / (1.0 - l.adam_beta1).max(1e-6)).round() as u64);
+        if s < warmup {
+            0
+        } else {
+            self.max_staleness()
+        }
+    }
+
     /// The learner's settings for this job: `[learner]` with `total_steps` defaulting to the
     /// run's optimizer steps, `max_steps × updates per batch` (PPO: `num_ppo_epochs ×
     /// num_mini_batches`), so the schedule ends with the run.

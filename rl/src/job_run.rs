@@ -2,7 +2,8 @@
 //! prompts to the engine (which keeps serving other requests in the same batches), scores
 //! the completions and queues the batch; the **learner** ([`LearnerLoop`]) trains on queued
 //! batches in order, evaluates and checkpoints. Admission control: the generator starts
-//! step `s` (0-based) only once `done ≥ s − max_staleness`, where `done` counts finished
+//! step `s` (0-based) only once `done ≥ s − max_staleness` (`done ≥ s` during the
+//! `on_policy_warmup_steps`, [`JobConfig::staleness_at`]), where `done` counts finished
 //! learner steps. Every token of batch `s` is then computed by a version
 //! ≥ `v0 + s − max_staleness`, and batch `s` is trained at version `v0 + s`: staleness ≤
 //! `max_staleness`, and nothing is generated only to be thrown away. With
@@ -96,9 +97,10 @@ impl JobRun<'_> {
 
     /// The generator thread: steps `start..max_steps`, each admitted by the staleness bound.
     fn generate_all(&self, start: u64, prog: &Progress, tx: flume::Sender<Result<Batch>>) {
-        let (job, k) = (self.job, self.job.config.max_staleness());
+        let job = self.job;
         for s in start..job.config.max_steps {
             let t_wait = Instant::now();
+            let k = job.config.staleness_at(s);
             {
                 let mut done = prog.done.lock().unwrap_or_else(|e| e.into_inner());
                 while *done + k < s && !job.stopping() && !prog.ended.load(Ordering::SeqCst) {

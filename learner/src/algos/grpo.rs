@@ -117,6 +117,9 @@ pub struct LossStats {
     /// |ℓ − μ|: mean and max.
     pub mismatch_mean: f64,
     pub mismatch_max: f64,
+    /// Fraction of tokens given no loss by an off-policy correction: `decoupled`'s
+    /// behaviour weight above `tis_cap`, `mis`'s outside `[mis_low, mis_high]`.
+    pub masked_ratio: f64,
     /// Importance ratio exp(ℓ − μ) per token: min, mean, max.
     pub ratio_min: f64,
     pub ratio_mean: f64,
@@ -147,6 +150,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats,
     let (lo, hi) = (1.0 - cfg.epsilon as f64, 1.0 + cfg.epsilon_high as f64);
     let mut grads = Vec::with_capacity(samples.len());
     let (mut clipped_lo, mut clipped_hi, mut kl_sum, mut mm_sum, mut ratio_sum) = (0usize, 0usize, 0.0, 0.0, 0.0);
+    let mut masked_tokens = 0usize;
     for s in samples {
         let len = s.logp.len();
         // Per-token weight of the aggregation.
@@ -191,7 +195,10 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats,
                     let cap = cfg.tis_cap as f64;
                     let w = match cfg.off_policy_correction {
                         OffPolicyCorrection::Tis => w.min(cap),
-                        _ if w > cap => 0.0,
+                        _ if w > cap => {
+                            masked_tokens += 1;
+                            0.0
+                        }
                         _ => w,
                     };
                     (r, dr, w)
@@ -227,6 +234,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats,
                 dlt_dl += cfg.beta as f64 * dkl;
             }
             if masked {
+                masked_tokens += 1;
                 continue;
             }
             st.loss += lt * norm;
@@ -246,6 +254,7 @@ pub fn policy_loss(samples: &[SampleLogprobs], cfg: &TrainConfig) -> (LossStats,
     st.clip_ratio_low = clipped_lo as f64 / tt;
     st.clip_ratio_high = clipped_hi as f64 / tt;
     st.clip_ratio = (clipped_lo + clipped_hi) as f64 / tt;
+    st.masked_ratio = masked_tokens as f64 / tt;
     st.kl = kl_sum / tt;
     st.mismatch_mean = mm_sum / tt;
     st.ratio_mean = ratio_sum / tt;
