@@ -50,6 +50,8 @@ pub const LONG_POLL: Duration = Duration::from_secs(20);
 pub const SESSION_TIMEOUT: Duration = Duration::from_secs(120);
 /// Finished results kept for re-polls this long after they were first delivered.
 const RESULT_TTL: Duration = Duration::from_secs(600);
+/// Futures nobody polled are dropped this long after they were made.
+const UNCLAIMED_TTL: Duration = Duration::from_secs(3600);
 
 /// The outcome of a future.
 #[derive(Debug, Clone)]
@@ -75,6 +77,7 @@ impl Outcome {
 /// A future's result slot.
 struct Future {
     tx: watch::Sender<Option<Arc<Outcome>>>,
+    created: Instant,
     /// When it was first delivered (pruned [`RESULT_TTL`] later).
     delivered: Mutex<Option<Instant>>,
 }
@@ -163,9 +166,9 @@ impl Tinker {
     /// A new pending future: its id and slot.
     fn future(&self) -> (String, Arc<Future>) {
         let id = self.new_id("req");
-        let f = Arc::new(Future { tx: watch::channel(None).0, delivered: Mutex::new(None) });
+        let f = Arc::new(Future { tx: watch::channel(None).0, created: Instant::now(), delivered: Mutex::new(None) });
         let mut all = lock(&self.futures);
-        all.retain(|_, f| lock(&f.delivered).is_none_or(|t| t.elapsed() < RESULT_TTL));
+        all.retain(|_, f| lock(&f.delivered).map_or(f.created.elapsed() < UNCLAIMED_TTL, |t| t.elapsed() < RESULT_TTL));
         all.insert(id.clone(), f.clone());
         (id, f)
     }
@@ -188,9 +191,9 @@ impl Tinker {
     }
 
     /// Ends sessions silent for [`SESSION_TIMEOUT`]; their training client goes with them.
+    /// (Locks: `trainer` before `sessions`, as [`submit`].)
     pub fn expire_sessions(&self) {
-        let mut sessions = lock(&self.sessions);
-        sessions.retain(|id, s| {
+        lock(&self.sessions).retain(|id, s| {
             let live = s.last_seen.elapsed() < SESSION_TIMEOUT;
             if !live {
                 tracing::info!(session = %id, "tinker session expired (no heartbeat)");
@@ -198,7 +201,7 @@ impl Tinker {
             live
         });
         let mut trainer = lock(&self.trainer);
-        if trainer.as_ref().is_some_and(|t| !sessions.contains_key(&t.session_id)) {
+        if trainer.as_ref().is_some_and(|t| !lock(&self.sessions).contains_key(&t.session_id)) {
             *trainer = None; // the worker ends and releases the learner slot
         }
     }
