@@ -27,6 +27,7 @@ for s in $SEEDS; do
     grep -q '^max_staleness' "$OUT/job-k$k-s$s.toml" || echo "max_staleness = $k" >>"$OUT/job-k$k-s$s.toml"
     [ -n "${EXTRA:-}" ] && printf '%b\n' "$EXTRA" >>"$OUT/job-k$k-s$s.toml"
     target/debug/rlserve --threads 2 train --config "$OUT/job-k$k-s$s.toml" --no-serve >"$OUT/log-k$k-s$s.txt" 2>&1
+    rm -rf "$d"/checkpoint-*   # the run's final checkpoint: 1.6 GB each, not needed for the table
     echo "staleness $k seed $s done"
   done
 done
