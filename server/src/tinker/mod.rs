@@ -34,6 +34,7 @@ use axum::routing::{get, post};
 use axum::Router;
 use learner::algos::tinker::{self as losses, TinkerLoss};
 use learner::{Grads, TrainConfig, Trainer};
+use prost::Message;
 use rl::context::LearnerGuard;
 use serde::Deserialize;
 use serde_json::{json, Value};
@@ -515,7 +516,7 @@ impl Worker {
         match losses::forward_backward(&model, &data, &loss, grads) {
             Ok(out) => {
                 let metrics = HashMap::from([("loss:sum".to_string(), out.loss)]);
-                Outcome::Proto(proto::encode(&proto::forward_backward_output(&out.logprobs, metrics)))
+                Outcome::Proto(proto::forward_backward_output(&out.logprobs, metrics).encode_to_vec())
             }
             Err(e @ learner::LearnerError::Batch(_)) => Outcome::user(e),
             Err(e) => Outcome::server(e),
@@ -744,16 +745,20 @@ fn tensor_values(t: &proto::Tensor) -> Result<Vec<f64>, String> {
 }
 
 async fn forward_backward(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
-    let req: proto::ForwardBackwardRequest = proto::decode(&body)
+    let req = proto::ForwardBackwardRequest::decode(body.as_ref())
         .map_err(|e| ApiError::bad(format!("the body is not a protobuf ForwardBackwardRequest: {e}"), None))?;
     let (model_id, seq_id) = (req.model_id.clone(), req.seq_id as i64);
     let id = submit(&state, &model_id, Some(seq_id), Op::ForwardBackward(Box::new(req)))?;
     Ok(future_reply(&id))
 }
 
+/// The JSON body of a training client's calls (`optim_step`, `save_weights`,
+/// `load_weights`, `save_weights_for_sampler`); each reads its own fields.
 #[derive(Deserialize)]
 struct ModelRequest {
-    model_id: String,
+    /// Absent only for `load_weights` from `create_training_client_from_state`.
+    #[serde(default)]
+    model_id: Option<String>,
     #[serde(default)]
     seq_id: Option<i64>,
     #[serde(default)]
@@ -762,6 +767,24 @@ struct ModelRequest {
     optimizer_params: Option<Value>,
     #[serde(default)]
     path: Option<String>,
+    /// `load_weights`: also the AdamW moments.
+    #[serde(default)]
+    optimizer: bool,
+    /// `create_training_client_from_state`: the session and its model counter.
+    #[serde(default)]
+    session_id: Option<String>,
+    #[serde(default)]
+    model_seq_id: Option<i64>,
+}
+
+impl ModelRequest {
+    fn model_id(&self) -> Result<&str, ApiError> {
+        self.model_id.as_deref().ok_or_else(|| ApiError::bad("`model_id` is required", Some("model_id")))
+    }
+
+    fn path(&self, call: &str) -> Result<String, ApiError> {
+        self.path.clone().ok_or_else(|| ApiError::bad(format!("{call} needs `path`"), Some("path")))
+    }
 }
 
 async fn optim_step(State(state): State<Arc<AppState>>, ApiJson(v): ApiJson<Value>) -> Result<Response, ApiError> {
@@ -772,46 +795,30 @@ async fn optim_step(State(state): State<Arc<AppState>>, ApiJson(v): ApiJson<Valu
             Some("optimizer_params"),
         ));
     }
-    let id = submit(&state, &r.model_id, r.seq_id, Op::OptimStep(r.adam_params.unwrap_or_default()))?;
-    Ok(future_reply(&id))
+    let op = Op::OptimStep(r.adam_params.clone().unwrap_or_default());
+    Ok(future_reply(&submit(&state, r.model_id()?, r.seq_id, op)?))
 }
 
 async fn save_weights(State(state): State<Arc<AppState>>, ApiJson(v): ApiJson<Value>) -> Result<Response, ApiError> {
     let r: ModelRequest = parse(v)?;
-    let name = r.path.ok_or_else(|| ApiError::bad("save_weights needs `path` (the checkpoint name)", Some("path")))?;
-    Ok(future_reply(&submit(&state, &r.model_id, r.seq_id, Op::SaveWeights { name })?))
-}
-
-#[derive(Deserialize)]
-struct LoadWeights {
-    #[serde(default)]
-    model_id: Option<String>,
-    #[serde(default)]
-    seq_id: Option<i64>,
-    path: String,
-    #[serde(default)]
-    optimizer: bool,
-    /// `create_training_client_from_state`: no model yet.
-    #[serde(default)]
-    session_id: Option<String>,
-    #[serde(default)]
-    model_seq_id: Option<i64>,
+    let op = Op::SaveWeights { name: r.path("save_weights")? };
+    Ok(future_reply(&submit(&state, r.model_id()?, r.seq_id, op)?))
 }
 
 async fn load_weights(State(state): State<Arc<AppState>>, ApiJson(v): ApiJson<Value>) -> Result<Response, ApiError> {
-    let r: LoadWeights = parse(v)?;
-    let model_id = match (r.model_id, r.session_id) {
-        (Some(m), _) => m,
+    let r: ModelRequest = parse(v)?;
+    let op = Op::LoadWeights { path: r.path("load_weights")?, optimizer: r.optimizer };
+    let model_id = match (&r.model_id, &r.session_id) {
+        (Some(m), _) => m.clone(),
         (None, Some(session)) => {
             let base = state.model_name.clone();
-            match open_training_client(&state, &session, r.model_seq_id.unwrap_or(0), &base, &None) {
+            match open_training_client(&state, session, r.model_seq_id.unwrap_or(0), &base, &None) {
                 Ok(m) => m,
                 Err(e) => return Ok(future_reply(&state.tinker.done(e))),
             }
         }
         (None, None) => return Err(ApiError::bad("load_weights needs `model_id` (or `session_id`)", Some("model_id"))),
     };
-    let op = Op::LoadWeights { path: r.path, optimizer: r.optimizer };
     Ok(future_reply(&submit(&state, &model_id, r.seq_id, op)?))
 }
 
@@ -820,8 +827,8 @@ async fn save_weights_for_sampler(
     ApiJson(v): ApiJson<Value>,
 ) -> Result<Response, ApiError> {
     let r: ModelRequest = parse(v)?;
-    let op = Op::SaveForSampler { name: r.path, sampler_id: state.tinker.new_id("sampler") };
-    Ok(future_reply(&submit(&state, &r.model_id, r.seq_id, op)?))
+    let op = Op::SaveForSampler { name: r.path.clone(), sampler_id: state.tinker.new_id("sampler") };
+    Ok(future_reply(&submit(&state, r.model_id()?, r.seq_id, op)?))
 }
 
 #[derive(Deserialize)]
@@ -1019,7 +1026,7 @@ async fn asample(State(state): State<Arc<AppState>>, ApiJson(v): ApiJson<Value>)
     tokio::spawn(async move {
         let _admit = admit;
         let outcome = match rl::rollout::RolloutSet::new(&[prompt], n).collect(vec![stream]).await {
-            Ok(rollouts) => Outcome::Proto(proto::encode(&sample_response(&rollouts))),
+            Ok(rollouts) => Outcome::Proto(sample_response(&rollouts).encode_to_vec()),
             Err(e) => Outcome::server(e),
         };
         future.tx.send_replace(Some(Arc::new(outcome)));

@@ -215,13 +215,3 @@ pub fn forward_backward_output(logprobs: &[Vec<f32>], metrics: HashMap<String, f
         metrics,
     }
 }
-
-/// Decodes `T` from `bytes`.
-pub fn decode<T: Message + Default>(bytes: &[u8]) -> Result<T, prost::DecodeError> {
-    T::decode(bytes)
-}
-
-/// Re-exported so callers encode without importing prost.
-pub fn encode<T: Message>(m: &T) -> Vec<u8> {
-    m.encode_to_vec()
-}
