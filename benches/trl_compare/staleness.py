@@ -5,12 +5,22 @@ rolling 10-step mean reward (over a full window) is >= 0.9, the mean reward of t
 steps and of the run, the median seconds per step (steps 5 on: the first steps pay warm-up),
 whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5), and per
 staleness the median first step (a run that never gets there counts as its length + 1), how
-many seeds got there, whether that median is within 1.2x the on-policy one, and the s/step
-ratio to staleness 0."""
-import glob, json, os, re, statistics as st, sys
+many seeds got there, the mean reward over all its runs, whether that median is within 1.2x
+the on-policy one (with a seed-bootstrap interval of the ratio: what the seed-to-seed spread
+alone allows), and the s/step ratio to staleness 0. Runs of several DIRs pool by staleness
+(a seed in two DIRs counts once, the last DIR's). `--threshold X` replaces 0.9 (a task whose prompts differ in difficulty
+may hold its rolling mean below 0.9 for most of a run)."""
+import glob, json, os, random, re, statistics as st, sys
+
+args = sys.argv[1:]
+THRESHOLD = 0.9
+if "--threshold" in args:
+    i = args.index("--threshold")
+    THRESHOLD = float(args[i + 1])
+    del args[i:i + 2]
 
 runs = {}
-for d in sys.argv[1:]:
+for d in args:
     for r in glob.glob(os.path.join(d, "k*-s*")):
         m = re.search(r"k(\d+)-s(\d+)$", r)
         path = os.path.join(r, "metrics.jsonl")
@@ -23,7 +33,7 @@ for d in sys.argv[1:]:
 
 
 def first(rw):
-    return next((i + 1 for i in range(9, len(rw)) if st.mean(rw[i - 9:i + 1]) >= 0.9), None)
+    return next((i + 1 for i in range(9, len(rw)) if st.mean(rw[i - 9:i + 1]) >= THRESHOLD), None)
 
 
 def step_seconds(rows):
@@ -32,7 +42,7 @@ def step_seconds(rows):
     return st.median(gaps) if gaps else float("nan")
 
 
-summary = {}
+summary, firsts = {}, {}
 for k in sorted(runs):
     print(f"max_staleness {k}")
     fs, sps = [], []
@@ -42,12 +52,28 @@ for k in sorted(runs):
         collapsed = f is not None and st.mean(rw[-20:]) < 0.5
         fs.append(f if f is not None else len(rw) + 1)
         sps.append(step_seconds(rows))
-        print(f"  seed {s}: first >= 0.9 at {str(f) if f else 'never':>5}  last20 {st.mean(rw[-20:]):.2f}  "
+        print(f"  seed {s}: first >= {THRESHOLD} at {str(f) if f else 'never':>5}  last20 {st.mean(rw[-20:]):.2f}  "
               f"mean {st.mean(rw):.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}"
               f"{'  COLLAPSED' if collapsed else ''}")
-    summary[k] = (st.median(fs), sum(1 for f in fs if f <= len(rw)), len(fs), st.median(sps))
+    firsts[k] = fs
+    means = [st.mean(x["reward"] for x in rows) for rows in runs[k].values()]
+    summary[k] = (st.median(fs), sum(1 for f in fs if f <= len(rw)), len(fs), st.median(sps), st.mean(means))
+
+
+def median_ratio_interval(a, b, n=10000):
+    """A 95% percentile-bootstrap interval of median(a) / median(b), seeds resampled
+    (Efron & Tibshirani 1993, ch. 13): how far the seed-to-seed spread alone moves the ratio."""
+    rng = random.Random(0)
+    rs = sorted(st.median(rng.choices(a, k=len(a))) / st.median(rng.choices(b, k=len(b))) for _ in range(n))
+    return rs[int(0.025 * n)], rs[int(0.975 * n)]
+
+
 base = summary.get(0)
-for k, (med, ok, n, sp) in sorted(summary.items()):
-    within = "" if base is None or k == 0 else f"  within 1.2x on-policy: {'yes' if med <= 1.2 * base[0] else 'no'}" \
-        f" ({med / base[0]:.2f}x)  s/step {sp / base[3]:.2f}x on-policy"
-    print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, median s/step {sp:.2f}{within}")
+for k, (med, ok, n, sp, mean) in sorted(summary.items()):
+    within = ""
+    if base is not None and k != 0:
+        lo, hi = median_ratio_interval(firsts[k], firsts[0])
+        within = f"  within 1.2x on-policy: {'yes' if med <= 1.2 * base[0] else 'no'} ({med / base[0]:.2f}x, " \
+            f"seed-bootstrap 95% {lo:.2f}-{hi:.2f}x)  s/step {sp / base[3]:.2f}x on-policy"
+    print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, mean reward {mean:.2f}, "
+          f"median s/step {sp:.2f}{within}")

@@ -7,6 +7,7 @@
 # one. Not run by CI (80 steps × 5 seeds × 4 values is about an hour on 2 cores; check
 # `uptime` first: timings need an idle machine).
 #   CONFIG=examples/trl_parity.toml SEEDS="0 1 2 3 4" STALENESS="0 1 2 4" benches/trl_compare/staleness.sh
+# THRESHOLD replaces the 0.9 of the summary's first step (staleness.py --threshold).
 # EXTRA adds lines to every job's [learner] table (e.g. EXTRA='off_policy_correction = "ppo_clip"').
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -31,4 +32,4 @@ for s in $SEEDS; do
     echo "staleness $k seed $s done"
   done
 done
-python3 benches/trl_compare/staleness.py "$OUT"
+python3 benches/trl_compare/staleness.py "$OUT" ${THRESHOLD:+--threshold "$THRESHOLD"}
