@@ -5,11 +5,12 @@ rolling 10-step mean reward (over a full window) is >= 0.9, the mean reward of t
 steps and of the run, the median seconds per step (steps 5 on: the first steps pay warm-up),
 whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5), and per
 staleness the median first step (a run that never gets there counts as its length + 1), how
-many seeds got there, the mean reward over all its runs, whether that median is within 1.2x
-the on-policy one (with a seed-bootstrap interval of the ratio: what the seed-to-seed spread
-alone allows), and the s/step ratio to staleness 0. Runs of several DIRs pool by staleness
-(a seed in two DIRs counts once, the last DIR's). `--threshold X` replaces 0.9 (a task whose prompts differ in difficulty
-may hold its rolling mean below 0.9 for most of a run)."""
+many seeds got there, the mean reward over all its runs (and over their last 20 steps),
+whether that median is within 1.2x the on-policy one (with a seed-bootstrap interval of the
+ratio: what the seed-to-seed spread alone allows), and the s/step ratio to staleness 0.
+Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's).
+`--threshold X` replaces 0.9 (a task whose prompts differ in difficulty may hold its rolling
+mean below 0.9 for most of a run)."""
 import glob, json, os, random, re, statistics as st, sys
 
 args = sys.argv[1:]
@@ -56,8 +57,9 @@ for k in sorted(runs):
               f"mean {st.mean(rw):.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}"
               f"{'  COLLAPSED' if collapsed else ''}")
     firsts[k] = fs
-    means = [st.mean(x["reward"] for x in rows) for rows in runs[k].values()]
-    summary[k] = (st.median(fs), sum(1 for f in fs if f <= len(rw)), len(fs), st.median(sps), st.mean(means))
+    rewards = [[x["reward"] for x in rows] for rows in runs[k].values()]
+    summary[k] = (st.median(fs), sum(1 for f in fs if f <= len(rw)), len(fs), st.median(sps),
+                  st.mean(st.mean(r) for r in rewards), st.mean(st.mean(r[-20:]) for r in rewards))
 
 
 def median_ratio_interval(a, b, n=10000):
@@ -69,11 +71,11 @@ def median_ratio_interval(a, b, n=10000):
 
 
 base = summary.get(0)
-for k, (med, ok, n, sp, mean) in sorted(summary.items()):
+for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
     within = ""
     if base is not None and k != 0:
         lo, hi = median_ratio_interval(firsts[k], firsts[0])
         within = f"  within 1.2x on-policy: {'yes' if med <= 1.2 * base[0] else 'no'} ({med / base[0]:.2f}x, " \
             f"seed-bootstrap 95% {lo:.2f}-{hi:.2f}x)  s/step {sp / base[3]:.2f}x on-policy"
-    print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, mean reward {mean:.2f}, "
+    print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
           f"median s/step {sp:.2f}{within}")
