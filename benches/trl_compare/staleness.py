@@ -7,7 +7,8 @@ whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5),
 staleness the median first step (a run that never gets there counts as its length + 1), how
 many seeds got there, the mean reward over all its runs (and over their last 20 steps),
 whether that median is within 1.2x the on-policy one (with a seed-bootstrap interval of the
-ratio: what the seed-to-seed spread alone allows), and the s/step ratio to staleness 0.
+ratio: what the seed-to-seed spread alone allows), the s/step ratio to staleness 0, and the
+run mean reward's difference from on-policy paired by seed, with its bootstrap interval.
 Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's).
 `--threshold X` replaces 0.9 (a task whose prompts differ in difficulty may hold its rolling
 mean below 0.9 for most of a run)."""
@@ -70,6 +71,19 @@ def median_ratio_interval(a, b, n=10000):
     return rs[int(0.025 * n)], rs[int(0.975 * n)]
 
 
+def paired_difference(k, n=10000):
+    """Mean over the seeds run at both staleness k and 0 of (run mean reward at k − at 0), with
+    its 95% percentile-bootstrap interval over seeds. A seed fixes the prompt order, which
+    decides most of a run's outcome at every staleness, so the paired difference is far
+    tighter than a comparison of medians."""
+    seeds = sorted(set(runs[k]) & set(runs[0]))
+    mean = lambda s, x: st.mean(r["reward"] for r in runs[x][s])
+    d = [mean(s, k) - mean(s, 0) for s in seeds]
+    rng = random.Random(0)
+    bs = sorted(st.mean(rng.choices(d, k=len(d))) for _ in range(n))
+    return st.mean(d), bs[int(0.025 * n)], bs[int(0.975 * n)], len(d)
+
+
 base = summary.get(0)
 for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
     within = ""
@@ -77,5 +91,7 @@ for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
         lo, hi = median_ratio_interval(firsts[k], firsts[0])
         within = f"  within 1.2x on-policy: {'yes' if med <= 1.2 * base[0] else 'no'} ({med / base[0]:.2f}x, " \
             f"seed-bootstrap 95% {lo:.2f}-{hi:.2f}x)  s/step {sp / base[3]:.2f}x on-policy"
+        d, dlo, dhi, nd = paired_difference(k)
+        within += f"  run mean reward minus on-policy's, paired by seed: {d:+.3f} (95% {dlo:+.3f} to {dhi:+.3f}, {nd} seeds)"
     print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
           f"median s/step {sp:.2f}{within}")
