@@ -3,7 +3,8 @@
 DIR/k<staleness>-s<seed>/metrics.jsonl and prints per staleness and seed the first step whose
 rolling 10-step mean reward (over a full window) is >= 0.9, the mean reward of the last 20
 steps and of the run, the median seconds per step (steps 5 on: the first steps pay warm-up),
-whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5), and per
+the trained batches' staleness (mean over the steps after the on-policy warm start, and
+max), whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5), and per
 staleness the median first step (a run that never gets there counts as its length + 1), how
 many seeds got there, the mean reward over all its runs (and over their last 20 steps),
 whether that median is within 1.2x the on-policy one (with a seed-bootstrap interval of the
@@ -54,21 +55,27 @@ def bootstrap_interval(draw, n=10000):
 summary, firsts, run_means = {}, {}, {}
 for k in sorted(runs):
     print(f"max_staleness {k}")
-    fs, sps, last20s = [], [], []
+    fs, sps, last20s, reached = [], [], [], 0
     run_means[k] = {}
     for s, rows in sorted(runs[k].items()):
         rw = [x["reward"] for x in rows]
         f = first(rw)
         collapsed = f is not None and st.mean(rw[-20:]) < 0.5
         fs.append(f if f is not None else len(rw) + 1)
+        reached += f is not None
         sps.append(step_seconds(rows))
         run_means[k][s] = st.mean(rw)
         last20s.append(st.mean(rw[-20:]))
+        # The staleness of the trained tokens (generate_ahead = "as_needed" runs ahead of the
+        # learner only where generation is the slower side, so it may stay below the bound).
+        stale = [x.get("staleness_mean", 0) for x in rows]
+        after = [v for v in stale[next((i for i, v in enumerate(stale) if v > 0), len(stale)):]] or [0]
         print(f"  seed {s}: first >= {THRESHOLD} at {str(f) if f else 'never':>5}  last20 {last20s[-1]:.2f}  "
-              f"mean {run_means[k][s]:.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}"
+              f"mean {run_means[k][s]:.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}  "
+              f"staleness {st.mean(after):.2f} (max {max(x.get('staleness_max', 0) for x in rows)})"
               f"{'  COLLAPSED' if collapsed else ''}")
     firsts[k] = fs
-    summary[k] = (st.median(fs), sum(1 for f in fs if f <= len(rw)), len(fs), st.median(sps),
+    summary[k] = (st.median(fs), reached, len(fs), st.median(sps),
                   st.mean(run_means[k].values()), st.mean(last20s))
 
 base = summary.get(0)

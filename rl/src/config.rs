@@ -74,9 +74,29 @@ pub struct JobConfig {
     /// Append every rollout (step, prompt, completion, reward, finish_reason, tokens) to
     /// `output_dir/completions.jsonl` (TRL's `log_completions`).
     pub log_completions: bool,
+    /// How far ahead of the learner the generator starts batches within `max_staleness`
+    /// (see [`GenerateAhead`]).
+    pub generate_ahead: GenerateAhead,
     /// The learner's settings (the `[learner]` table), over [`job_learner_defaults`].
     #[serde(deserialize_with = "over_job_learner_defaults")]
     pub learner: TrainConfig,
+}
+
+/// How far ahead of the learner a job's generator runs, within the `max_staleness` bound.
+/// The generator produces one batch at a time, so running more than one batch ahead never
+/// makes it faster: it only makes batches staler, and on a device the generator and the
+/// learner share it takes compute the learner could use now.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum GenerateAhead {
+    /// One batch ahead (the next batch is generated while the learner trains the current
+    /// one: staleness 1), and further up to `max_staleness` only while generating a batch is
+    /// measured to take at least as long as a learner step (the learner would otherwise wait).
+    AsNeeded,
+    /// Every batch the bound admits, as soon as the generator is free: where generation is
+    /// faster than learning every batch is exactly `max_staleness` versions old (to study
+    /// staleness, as AReaL's and PipelineRL's eager rollout workers do on their own devices).
+    ToMaxStaleness,
 }
 
 /// The learner settings every job starts from (see the module docs).
@@ -141,6 +161,7 @@ impl Default for JobConfig {
             resume_from_checkpoint: None,
             entropy_collapse_fraction: 0.3,
             log_completions: false,
+            generate_ahead: GenerateAhead::AsNeeded,
             learner: job_learner_defaults(),
         }
     }

@@ -1,20 +1,22 @@
 //! A training job's two threads (DESIGN-NOTES §5). The **generator** submits step `s`'s
 //! prompts to the engine (which keeps serving other requests in the same batches), scores
 //! the completions and queues the batch; the **learner** ([`LearnerLoop`]) trains on queued
-//! batches in order, evaluates and checkpoints. Admission control: the generator starts
-//! step `s` (0-based) only once `done ≥ s − max_staleness` (`done ≥ s` during the
-//! `on_policy_warmup_steps`, [`JobConfig::staleness_at`]), where `done` counts finished
-//! learner steps. Every token of batch `s` is then computed by a version
+//! batches in order, evaluates and checkpoints. Admission control ([`admits`]): the
+//! generator starts step `s` (0-based) only once `done ≥ s − max_staleness` (`done ≥ s`
+//! during the `on_policy_warmup_steps`, [`JobConfig::staleness_at`]), where `done` counts
+//! finished learner steps. Every token of batch `s` is then computed by a version
 //! ≥ `v0 + s − max_staleness`, and batch `s` is trained at version `v0 + s`: staleness ≤
 //! `max_staleness`, and nothing is generated only to be thrown away. With
 //! `max_staleness = 0` generation and training alternate (synchronous); with k ≥ 1 the
-//! generation of step s + 1 overlaps the training of step s.
+//! generation of step s + 1 overlaps the training of step s, and with
+//! `generate_ahead = "as_needed"` (the default) the generator goes further ahead only while
+//! it is measured to be slower than the learner ([`Pace`]).
 //!
 //! DPO/IPO jobs (`learner.loss_type`) generate nothing: step `s`'s batch is the next
 //! `prompts_per_step` preference pairs of the dataset (two samples per pair, one group,
 //! rewards 1 and 0), and the evaluation scores the held-out pairs' implicit rewards.
 
-use super::config::JobConfig;
+use super::config::{GenerateAhead, JobConfig};
 use super::context::RlContext;
 use super::dataset::{self, Example};
 use super::error::{Result, RlError};
@@ -40,12 +42,46 @@ pub(crate) struct JobRun<'a> {
 }
 
 /// Learner progress the generator's admission control waits on.
-#[derive(Default)]
 struct Progress {
-    done: Mutex<u64>,
+    pace: Mutex<Pace>,
     cv: Condvar,
     /// The learner has ended (error or stop): the generator must not start another batch.
     ended: AtomicBool,
+}
+
+/// What admission knows of the learner's progress and of both threads' speeds.
+#[derive(Debug)]
+struct Pace {
+    /// Finished learner steps: the 0-based index of the batch the learner trains (or waits for).
+    done: u64,
+    /// When `done` last changed (or the run started).
+    at: Instant,
+    /// Seconds per learner step without its wait for the batch (evaluations and checkpoints
+    /// included), smoothed by [`smooth`]; `None` before the first step.
+    learner_seconds: Option<f64>,
+    /// Seconds the generator takes per batch (rollouts and rewards), smoothed likewise.
+    generation_seconds: Option<f64>,
+}
+
+/// An exponential moving average with weight 0.3 on the newest value `x` (seconds): a few
+/// steps' memory, so the pace follows completion lengths as they drift during a run.
+fn smooth(avg: Option<f64>, x: f64) -> Option<f64> {
+    Some(avg.map_or(x, |a| 0.7 * a + 0.3 * x))
+}
+
+/// Whether the generator may start batch `s` (0-based) with `pace.done` learner steps
+/// finished, under the staleness bound `k` (this step's, [`JobConfig::staleness_at`]):
+/// never beyond `done + k`; with [`GenerateAhead::AsNeeded`] more than one batch ahead
+/// only while a batch is measured to take at least as long to generate as a learner step
+/// (then the learner would wait for it: the run-ahead buys throughput, not only staleness).
+fn admits(s: u64, pace: &Pace, k: u64, ahead: GenerateAhead) -> bool {
+    let lead = s.saturating_sub(pace.done);
+    let slower = match (pace.generation_seconds, pace.learner_seconds) {
+        (Some(g), Some(l)) => g >= l,
+        // Not measured yet: no reason to run ahead.
+        _ => false,
+    };
+    lead <= k.min(1) || (lead <= k && (ahead == GenerateAhead::ToMaxStaleness || slower))
 }
 
 /// The job's side of the learner loop: batches from the generator's queue.
@@ -80,7 +116,8 @@ impl JobRun<'_> {
         let mut learner = LearnerLoop::new(ctx.clone(), trainer, log, cfg.entropy_collapse_fraction)
             .record_versions_in(&cfg.output_dir);
         let k = cfg.max_staleness();
-        let prog = Progress { done: Mutex::new(start), ..Default::default() };
+        let pace = Pace { done: start, at: Instant::now(), learner_seconds: None, generation_seconds: None };
+        let prog = Progress { pace: Mutex::new(pace), cv: Condvar::new(), ended: AtomicBool::new(false) };
         let (tx, rx) = flume::bounded::<Result<Batch>>(k as usize + 1);
         std::thread::scope(|scope| {
             scope.spawn(|| self.generate_all(start, &prog, tx));
@@ -100,21 +137,26 @@ impl JobRun<'_> {
         let job = self.job;
         for s in start..job.config.max_steps {
             let t_wait = Instant::now();
-            let k = job.config.staleness_at(s);
+            let (k, ahead) = (job.config.staleness_at(s), job.config.generate_ahead);
             {
-                let mut done = prog.done.lock().unwrap_or_else(|e| e.into_inner());
-                while *done + k < s && !job.stopping() && !prog.ended.load(Ordering::SeqCst) {
-                    done = prog.cv.wait(done).unwrap_or_else(|e| e.into_inner());
+                let mut pace = prog.pace.lock().unwrap_or_else(|e| e.into_inner());
+                while !admits(s, &pace, k, ahead) && !job.stopping() && !prog.ended.load(Ordering::SeqCst) {
+                    pace = prog.cv.wait(pace).unwrap_or_else(|e| e.into_inner());
                 }
             }
             if job.stopping() || prog.ended.load(Ordering::SeqCst) {
                 return;
             }
             let wait = t_wait.elapsed().as_secs_f64();
+            let t_gen = Instant::now();
             let r = self.generate(s).map(|mut b| {
                 b.timing.admission_wait_seconds = wait;
                 b
             });
+            {
+                let mut pace = prog.pace.lock().unwrap_or_else(|e| e.into_inner());
+                pace.generation_seconds = smooth(pace.generation_seconds, t_gen.elapsed().as_secs_f64());
+            }
             let failed = r.is_err();
             if tx.send(r).is_err() || failed {
                 return;
@@ -297,7 +339,7 @@ impl LearnerTask for JobTask<'_, '_> {
     fn after_step(
         &mut self,
         record: &StepRecord,
-        _batch: &Batch,
+        batch: &Batch,
         log: &mut JobLog,
         trainer: &mut Trainer,
     ) -> Result<bool> {
@@ -309,7 +351,13 @@ impl LearnerTask for JobTask<'_, '_> {
             st.latest = Some(record.clone());
             st.history.push(record.clone());
         });
-        *self.progress.done.lock().unwrap_or_else(|e| e.into_inner()) = record.step;
+        {
+            let mut pace = self.progress.pace.lock().unwrap_or_else(|e| e.into_inner());
+            // The time since the previous step ended, less this step's wait for its batch.
+            let busy = pace.at.elapsed().as_secs_f64() - batch.timing.learner_wait_seconds;
+            pace.learner_seconds = smooth(pace.learner_seconds, busy.max(0.0));
+            (pace.done, pace.at) = (record.step, Instant::now());
+        }
         self.progress.cv.notify_all();
         let last = record.step == cfg.max_steps || job.stopping();
         let eval_due =
@@ -384,4 +432,49 @@ fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
         .collect();
     v.sort();
     v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use GenerateAhead::{AsNeeded, ToMaxStaleness};
+
+    /// `admits(s, pace, k, ahead)` for batch `s` with 5 learner steps done, the generator's and
+    /// the learner's measured seconds per batch / step (`None`: not measured yet).
+    fn check(s: u64, k: u64, ahead: GenerateAhead, g: Option<f64>, l: Option<f64>, expected: bool) {
+        let pace = Pace { done: 5, at: Instant::now(), learner_seconds: l, generation_seconds: g };
+        assert_eq!(admits(s, &pace, k, ahead), expected, "s {s}, k {k}, {ahead:?}, generation {g:?}, learner {l:?}");
+    }
+
+    #[test]
+    fn admission_runs_ahead_only_as_far_as_the_learner_needs() {
+        let (fast, slow) = (Some(0.4), Some(0.6));
+        // On-policy (and the warm start): only the batch the learner waits for.
+        check(5, 0, AsNeeded, fast, slow, true);
+        check(6, 0, AsNeeded, slow, fast, false);
+        check(6, 0, ToMaxStaleness, slow, fast, false);
+        // One batch ahead overlaps the learner's step: always, at any bound ≥ 1.
+        for k in [1, 2, 4] {
+            check(6, k, AsNeeded, fast, slow, true);
+            check(6, k, AsNeeded, None, None, true);
+        }
+        // Generation faster than learning: one ahead is enough, further only makes batches staler.
+        check(7, 4, AsNeeded, fast, slow, false);
+        check(7, 4, AsNeeded, None, slow, false);
+        check(7, 4, AsNeeded, fast, None, false);
+        // Generation as slow as learning or slower: up to the bound, never past it.
+        check(7, 4, AsNeeded, Some(0.6), slow, true);
+        check(9, 4, AsNeeded, Some(0.9), slow, true);
+        check(10, 4, AsNeeded, Some(0.9), slow, false);
+        check(7, 1, AsNeeded, Some(0.9), slow, false);
+        // Eager: whatever the bound admits.
+        check(9, 4, ToMaxStaleness, fast, slow, true);
+        check(10, 4, ToMaxStaleness, fast, slow, false);
+    }
+
+    #[test]
+    fn smoothing_starts_at_the_first_value_and_weighs_the_newest_by_0_3() {
+        assert_eq!(smooth(None, 2.0), Some(2.0));
+        assert!((smooth(Some(1.0), 2.0).unwrap() - 1.3).abs() < 1e-12);
+    }
 }

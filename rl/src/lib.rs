@@ -21,7 +21,7 @@ pub mod report;
 pub mod rewards;
 pub mod rollout;
 
-pub use config::{job_learner_defaults, JobConfig};
+pub use config::{job_learner_defaults, GenerateAhead, JobConfig};
 pub use context::{LearnerSlot, RlContext};
 pub use error::{Result, RlError};
 pub use feedback::{FeedbackConfig, FeedbackRecorder, FeedbackRequest, FeedbackStore, FEEDBACK_JOB_ID};

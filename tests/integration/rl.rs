@@ -37,8 +37,9 @@ fn p_ascii(model: &Model, tok: &Tokenizer) -> f32 {
 /// [`job_steps`] steps.
 fn run_job(name: &str, max_staleness: u64) -> (Arc<Job>, f32, f32) {
     let dir = tiny(name, 71);
-    let steps = format!("max_steps = {}", job_steps(max_staleness));
-    // Overlapping from the first step (no on-policy warm start): the async path under test.
+    // Overlapping from the first step (no on-policy warm start), every batch as stale as the
+    // bound allows: the async path under test.
+    let steps = format!("max_steps = {}\ngenerate_ahead = \"to_max_staleness\"", job_steps(max_staleness));
     let learner = format!("max_staleness = {max_staleness}\non_policy_warmup_steps = 0");
     let (job, start, end, _) = run_job_in(&dir, &steps, &learner);
     (job, start, end)
