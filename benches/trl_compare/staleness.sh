@@ -9,6 +9,8 @@
 #   CONFIG=examples/trl_parity.toml SEEDS="0 1 2 3 4" STALENESS="0 1 2 4" benches/trl_compare/staleness.sh
 # THRESHOLD replaces the 0.9 of the summary's first step (staleness.py --threshold).
 # EXTRA adds lines to every job's [learner] table (e.g. EXTRA='off_policy_correction = "ppo_clip"').
+# AHEAD sets the job's generate_ahead (default "as_needed"; "to_max_staleness": every batch as
+# stale as the bound allows).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG="${CONFIG:-examples/trl_parity.toml}"
@@ -26,6 +28,7 @@ for s in $SEEDS; do
     sed -e "s/^seed = .*/seed = $s/" -e "s|^output_dir = .*|output_dir = \"$d\"|" \
       -e "s/^max_staleness = .*/max_staleness = $k/" "$CONFIG" >"$OUT/job-k$k-s$s.toml"
     grep -q '^max_staleness' "$OUT/job-k$k-s$s.toml" || echo "max_staleness = $k" >>"$OUT/job-k$k-s$s.toml"
+    [ -n "${AHEAD:-}" ] && sed -i "1i generate_ahead = \"$AHEAD\"" "$OUT/job-k$k-s$s.toml"
     [ -n "${EXTRA:-}" ] && printf '%b\n' "$EXTRA" >>"$OUT/job-k$k-s$s.toml"
     target/debug/rlserve --threads 2 train --config "$OUT/job-k$k-s$s.toml" --no-serve >"$OUT/log-k$k-s$s.txt" 2>&1
     rm -rf "$d"/checkpoint-*   # the run's final checkpoint: 1.6 GB each, not needed for the table
