@@ -57,7 +57,8 @@ struct Pace {
     /// When `done` last changed (or the run started).
     at: Instant,
     /// Seconds per learner step without its wait for the batch (evaluations and checkpoints
-    /// included), smoothed by [`smooth`]; `None` before the first step.
+    /// included), smoothed by [`smooth`]; `None` before the first step, and again when the
+    /// on-policy warm start ends (so both speeds are measured overlapped).
     learner_seconds: Option<f64>,
     /// Seconds the generator takes per batch (rollouts and rewards), smoothed likewise.
     generation_seconds: Option<f64>,
@@ -140,6 +141,11 @@ impl JobRun<'_> {
             let (k, ahead) = (job.config.staleness_at(s), job.config.generate_ahead);
             {
                 let mut pace = prog.pace.lock().unwrap_or_else(|e| e.into_inner());
+                if s > start && k != job.config.staleness_at(s - 1) {
+                    // The warm start's speeds are each side alone; overlapped, both slow down
+                    // by different factors (docs/ARCHITECTURE.md, "Off-policy learning").
+                    (pace.generation_seconds, pace.learner_seconds) = (None, None);
+                }
                 while !admits(s, &pace, k, ahead) && !job.stopping() && !prog.ended.load(Ordering::SeqCst) {
                     pace = prog.cv.wait(pace).unwrap_or_else(|e| e.into_inner());
                 }
