@@ -69,7 +69,7 @@ for k in sorted(runs):
         # The staleness of the trained tokens (generate_ahead = "as_needed" runs ahead of the
         # learner only where generation is the slower side, so it may stay below the bound).
         stale = [x.get("staleness_mean", 0) for x in rows]
-        after = [v for v in stale[next((i for i, v in enumerate(stale) if v > 0), len(stale)):]] or [0]
+        after = stale[next((i for i, v in enumerate(stale) if v > 0), len(stale)):] or [0]
         print(f"  seed {s}: first >= {THRESHOLD} at {str(f) if f else 'never':>5}  last20 {last20s[-1]:.2f}  "
               f"mean {run_means[k][s]:.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}  "
               f"staleness {st.mean(after):.2f} (max {max(x.get('staleness_max', 0) for x in rows)})"

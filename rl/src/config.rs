@@ -84,8 +84,8 @@ pub struct JobConfig {
 
 /// How far ahead of the learner a job's generator runs, within the `max_staleness` bound.
 /// The generator produces one batch at a time, so running more than one batch ahead never
-/// makes it faster: it only makes batches staler, and on a device the generator and the
-/// learner share it takes compute the learner could use now.
+/// makes it faster: it only makes batches staler, and on a device shared with the learner
+/// it takes compute the learner could use now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 pub enum GenerateAhead {
