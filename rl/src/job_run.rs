@@ -64,6 +64,21 @@ struct Pace {
     generation_seconds: Option<f64>,
 }
 
+impl Pace {
+    /// The staleness bound of batch `s` ([`JobConfig::staleness_at`]; the generator's first
+    /// batch is `start`). Where the bound changes from the previous batch's (the on-policy
+    /// warm start ends), both speeds are forgotten first: the warm start measured each side
+    /// alone, and overlapped both slow down by different factors (docs/ARCHITECTURE.md,
+    /// "Off-policy learning"), so the solo figures could rank them wrongly.
+    fn bound_for(&mut self, s: u64, start: u64, cfg: &JobConfig) -> u64 {
+        let k = cfg.staleness_at(s);
+        if s > start && k != cfg.staleness_at(s - 1) {
+            (self.generation_seconds, self.learner_seconds) = (None, None);
+        }
+        k
+    }
+}
+
 /// An exponential moving average with weight 0.3 on the newest value `x` (seconds): a few
 /// steps' memory, so the pace follows completion lengths as they drift during a run.
 fn smooth(avg: Option<f64>, x: f64) -> Option<f64> {
@@ -138,14 +153,10 @@ impl JobRun<'_> {
         let job = self.job;
         for s in start..job.config.max_steps {
             let t_wait = Instant::now();
-            let (k, ahead) = (job.config.staleness_at(s), job.config.generate_ahead);
+            let ahead = job.config.generate_ahead;
             {
                 let mut pace = prog.pace.lock().unwrap_or_else(|e| e.into_inner());
-                if s > start && k != job.config.staleness_at(s - 1) {
-                    // The warm start's speeds are each side alone; overlapped, both slow down
-                    // by different factors (docs/ARCHITECTURE.md, "Off-policy learning").
-                    (pace.generation_seconds, pace.learner_seconds) = (None, None);
-                }
+                let k = pace.bound_for(s, start, &job.config);
                 while !admits(s, &pace, k, ahead) && !job.stopping() && !prog.ended.load(Ordering::SeqCst) {
                     pace = prog.cv.wait(pace).unwrap_or_else(|e| e.into_inner());
                 }
@@ -476,6 +487,29 @@ mod tests {
         // Eager: whatever the bound admits.
         check(9, 4, ToMaxStaleness, fast, slow, true);
         check(10, 4, ToMaxStaleness, fast, slow, false);
+    }
+
+    #[test]
+    fn the_end_of_the_warm_start_forgets_the_solo_speeds() {
+        let mut cfg = JobConfig::default();
+        (cfg.learner.max_staleness, cfg.learner.on_policy_warmup_steps) = (Some(4), Some(10));
+        // Measured during the warm start, each side alone: generation the slower (seed 8's
+        // figures in the parity runs), which would admit a run-ahead to the bound at once.
+        let solo =
+            |done| Pace { done, at: Instant::now(), learner_seconds: Some(0.36), generation_seconds: Some(0.40) };
+        let mut pace = solo(9);
+        assert_eq!(pace.bound_for(9, 0, &cfg), 0);
+        assert_eq!(pace.generation_seconds, Some(0.40), "within the warm start the speeds are kept");
+        let mut pace = solo(10);
+        assert!(admits(12, &pace, 4, GenerateAhead::AsNeeded), "the solo speeds admit two ahead");
+        assert_eq!(pace.bound_for(10, 0, &cfg), 4);
+        assert!(!admits(12, &pace, 4, GenerateAhead::AsNeeded), "forgotten: only one ahead until remeasured");
+        assert!(admits(11, &pace, 4, GenerateAhead::AsNeeded));
+        // Past the change, and for a run resumed there, the measured speeds stay.
+        let mut pace = solo(10);
+        assert_eq!(pace.bound_for(11, 0, &cfg), 4);
+        assert_eq!(pace.bound_for(10, 10, &cfg), 4);
+        assert!(admits(12, &pace, 4, GenerateAhead::AsNeeded));
     }
 
     #[test]
