@@ -8,8 +8,10 @@ max), whether the run collapsed (went past 0.9, then its last-20 mean fell below
 staleness the median first step (a run that never gets there counts as its length + 1), how
 many seeds got there, the mean reward over all its runs (and over their last 20 steps),
 whether that median is within 1.2x the on-policy one (with a seed-bootstrap interval of the
-ratio: what the seed-to-seed spread alone allows), the s/step ratio to staleness 0, and the
-run mean reward's difference from on-policy paired by seed, with its bootstrap interval.
+ratio: what the seed-to-seed spread alone allows), the s/step ratio to staleness 0, the
+run mean reward's difference from on-policy paired by seed, with its bootstrap interval, and
+with 10 or more seeds the issue's 5-seed criterion applied to each block of 5 seeds, and
+per phase of the run the entropy and the fraction of all-equal-reward groups against on-policy.
 Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's).
 `--threshold X` replaces 0.9 (a task whose prompts differ in difficulty may hold its rolling
 mean below 0.9 for most of a run)."""
@@ -74,7 +76,7 @@ for k in sorted(runs):
               f"mean {run_means[k][s]:.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}  "
               f"staleness {st.mean(after):.2f} (max {max(x.get('staleness_max', 0) for x in rows)})"
               f"{'  COLLAPSED' if collapsed else ''}")
-    firsts[k] = fs
+    firsts[k] = dict(zip(sorted(runs[k]), fs))
     summary[k] = (st.median(fs), reached, len(fs), st.median(sps),
                   st.mean(run_means[k].values()), st.mean(last20s))
 
@@ -82,10 +84,20 @@ base = summary.get(0)
 for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
     within = ""
     if base is not None and k != 0:
-        # How far the seed-to-seed spread alone moves the ratio of medians.
-        lo, hi = bootstrap_interval(lambda re: st.median(re(firsts[k])) / st.median(re(firsts[0])))
+        # How far the seed-to-seed spread alone moves the ratio of medians: seeds resampled
+        # together for both staleness values (a seed's prompt order decides much of both runs).
+        both = sorted(set(firsts[k]) & set(firsts[0]))
+        ratio = lambda ss: st.median(firsts[k][s] for s in ss) / st.median(firsts[0][s] for s in ss)
+        lo, hi = bootstrap_interval(lambda re: ratio(re(both)))
         within = f"  within 1.2x on-policy: {'yes' if med <= 1.2 * base[0] else 'no'} ({med / base[0]:.2f}x, " \
             f"seed-bootstrap 95% {lo:.2f}-{hi:.2f}x)  s/step {sp / base[3]:.2f}x on-policy"
+        if len(both) >= 10:
+            # The issue's criterion on each block of 5 seeds (in seed order): the ratio of the
+            # block's medians within 1.2x and at least 4 of its 5 seeds reaching the threshold.
+            blocks = [both[i:i + 5] for i in range(0, len(both) - 4, 5)]
+            held = [ratio(b) <= 1.2 and sum(firsts[k][s] <= len(runs[k][s]) for s in b) >= 4 for b in blocks]
+            within += f"  5-seed blocks: {' '.join(f'{ratio(b):.2f}x' for b in blocks)} " \
+                f"(criterion held on {sum(held)}/{len(blocks)})"
         # Paired by seed: a seed fixes the prompt order, which decides most of a run at every
         # staleness, so the difference of a seed's two runs is far tighter than medians.
         d = [run_means[k][s] - run_means[0][s] for s in sorted(set(run_means[k]) & set(run_means[0]))]
@@ -94,3 +106,22 @@ for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
             f"(95% {dlo:+.3f} to {dhi:+.3f}, {len(d)} seeds)"
     print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
           f"median s/step {sp:.2f}{within}")
+
+# Whether staleness changes how the policy sharpens, not only when it reaches the threshold:
+# per phase of the run (after the warm start), the mean entropy of the sampled tokens and the
+# fraction of groups whose rewards are all equal (no GRPO signal), minus the on-policy run's
+# of the same seed; mean over seeds (a systematic shift would show across phases and k).
+if base is not None:
+    phases = [(10, 30), (30, 55), (55, None)]
+    for key in ["entropy", "frac_reward_zero_std"]:
+        for k in sorted(runs):
+            if k == 0:
+                continue
+            both = sorted(set(runs[k]) & set(runs[0]))
+            cells = []
+            for lo, hi in phases:
+                d = [st.mean(x.get(key, 0) for x in runs[k][s][lo:hi]) - st.mean(x.get(key, 0) for x in runs[0][s][lo:hi])
+                     for s in both if len(runs[k][s]) > lo and len(runs[0][s]) > lo]
+                if d:
+                    cells.append(f"steps {lo + 1}-{hi or 'end'} {st.mean(d):+.3f} (sd {st.pstdev(d):.3f})")
+            print(f"{key} at staleness {k} minus on-policy, paired by seed ({len(both)} seeds): {'  '.join(cells)}")
