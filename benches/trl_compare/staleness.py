@@ -12,7 +12,8 @@ ratio: what the seed-to-seed spread alone allows), the s/step ratio to staleness
 run mean reward's difference from on-policy paired by seed, with its bootstrap interval, and
 with 10 or more seeds the issue's 5-seed criterion applied to each block of 5 seeds, and
 per phase of the run the entropy and the fraction of all-equal-reward groups against on-policy.
-Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's).
+Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's; with
+`--repeats` every run counts, a seed by the mean over its runs).
 `--threshold X` replaces 0.9 (a task whose prompts differ in difficulty may hold its rolling
 mean below 0.9 for most of a run)."""
 import argparse, glob, json, os, random, re, statistics as st
@@ -20,6 +21,8 @@ import argparse, glob, json, os, random, re, statistics as st
 parser = argparse.ArgumentParser(description="Summary of benches/trl_compare/staleness.sh runs.")
 parser.add_argument("dirs", nargs="+", metavar="DIR")
 parser.add_argument("--threshold", type=float, default=0.9)
+parser.add_argument("--repeats", action="store_true",
+                    help="a seed run in several DIRs counts with the mean over its runs (first step, rewards)")
 args = parser.parse_args()
 THRESHOLD = args.threshold
 
@@ -33,7 +36,8 @@ for d in args.dirs:
         rows = [json.loads(l) for l in open(path)]
         rows = [x for x in rows if "reward" in x and x.get("kind", "train") == "train"]
         if rows:
-            runs.setdefault(int(m[1]), {})[int(m[2])] = rows
+            reps = runs.setdefault(int(m[1]), {}).setdefault(int(m[2]), [])
+            reps[:] = reps + [(d, rows)] if args.repeats else [(d, rows)]
 
 
 def first(rw):
@@ -54,30 +58,38 @@ def bootstrap_interval(draw, n=10000):
     return vals[int(0.025 * n)], vals[int(0.975 * n)]
 
 
-summary, firsts, run_means = {}, {}, {}
+summary, firsts, run_means, reached_by = {}, {}, {}, {}
 for k in sorted(runs):
     print(f"max_staleness {k}")
-    fs, sps, last20s, reached = [], [], [], 0
-    run_means[k] = {}
-    for s, rows in sorted(runs[k].items()):
-        rw = [x["reward"] for x in rows]
-        f = first(rw)
-        collapsed = f is not None and st.mean(rw[-20:]) < 0.5
-        fs.append(f if f is not None else len(rw) + 1)
-        reached += f is not None
-        sps.append(step_seconds(rows))
-        run_means[k][s] = st.mean(rw)
-        last20s.append(st.mean(rw[-20:]))
-        # The staleness of the trained tokens (generate_ahead = "as_needed" runs ahead of the
-        # learner only where generation is the slower side, so it may stay below the bound).
-        stale = [x.get("staleness_mean", 0) for x in rows]
-        after = stale[next((i for i, v in enumerate(stale) if v > 0), len(stale)):] or [0]
-        print(f"  seed {s}: first >= {THRESHOLD} at {str(f) if f else 'never':>5}  last20 {last20s[-1]:.2f}  "
-              f"mean {run_means[k][s]:.2f}  s/step {sps[-1]:.2f}  clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}  "
-              f"staleness {st.mean(after):.2f} (max {max(x.get('staleness_max', 0) for x in rows)})"
-              f"{'  COLLAPSED' if collapsed else ''}")
+    fs, sps, last20s = [], [], []
+    run_means[k], reached_by[k] = {}, {}
+    for s, reps in sorted(runs[k].items()):
+        sf, sm, sl = [], [], []
+        for d, rows in reps:
+            rw = [x["reward"] for x in rows]
+            f = first(rw)
+            collapsed = f is not None and st.mean(rw[-20:]) < 0.5
+            sf.append(f if f is not None else len(rw) + 1)
+            reached_by[k][s] = reached_by[k].get(s, 0) + (f is not None) / len(reps)
+            sps.append(step_seconds(rows))
+            sm.append(st.mean(rw))
+            sl.append(st.mean(rw[-20:]))
+            # The staleness of the trained tokens (generate_ahead = "as_needed" runs ahead of the
+            # learner only where generation is the slower side, so it may stay below the bound).
+            stale = [x.get("staleness_mean", 0) for x in rows]
+            after = stale[next((i for i, v in enumerate(stale) if v > 0), len(stale)):] or [0]
+            print(f"  seed {s}{f' ({d})' if args.repeats else ''}: first >= {THRESHOLD} at {str(f) if f else 'never':>5}  "
+                  f"last20 {sl[-1]:.2f}  mean {sm[-1]:.2f}  s/step {sps[-1]:.2f}  "
+                  f"clip {st.mean([x.get('clip_ratio', 0) for x in rows]):.4f}  "
+                  f"staleness {st.mean(after):.2f} (max {max(x.get('staleness_max', 0) for x in rows)})"
+                  f"{'  COLLAPSED' if collapsed else ''}")
+        # Async runs are not repeatable (where an update lands depends on timing): the mean of
+        # a seed's runs averages that noise out.
+        fs.append(st.mean(sf))
+        run_means[k][s] = st.mean(sm)
+        last20s.append(st.mean(sl))
     firsts[k] = dict(zip(sorted(runs[k]), fs))
-    summary[k] = (st.median(fs), reached, len(fs), st.median(sps),
+    summary[k] = (st.median(fs), round(sum(reached_by[k].values()), 1), len(fs), st.median(sps),
                   st.mean(run_means[k].values()), st.mean(last20s))
 
 base = summary.get(0)
@@ -95,7 +107,7 @@ for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
             # The issue's criterion on each block of 5 seeds (in seed order): the ratio of the
             # block's medians within 1.2x and at least 4 of its 5 seeds reaching the threshold.
             blocks = [both[i:i + 5] for i in range(0, len(both) - 4, 5)]
-            held = [ratio(b) <= 1.2 and sum(firsts[k][s] <= len(runs[k][s]) for s in b) >= 4 for b in blocks]
+            held = [ratio(b) <= 1.2 and sum(reached_by[k][s] for s in b) >= 4 for b in blocks]
             within += f"  5-seed blocks: {' '.join(f'{ratio(b):.2f}x' for b in blocks)} " \
                 f"(criterion held on {sum(held)}/{len(blocks)})"
         # Paired by seed: a seed fixes the prompt order, which decides most of a run at every
@@ -104,7 +116,7 @@ for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
         dlo, dhi = bootstrap_interval(lambda re: st.mean(re(d)))
         within += f"  run mean reward minus on-policy's, paired by seed: {st.mean(d):+.3f} " \
             f"(95% {dlo:+.3f} to {dhi:+.3f}, {len(d)} seeds)"
-    print(f"staleness {k}: median first {med}, reached on {ok}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
+    print(f"staleness {k}: median first {med}, reached on {ok:g}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
           f"median s/step {sp:.2f}{within}")
 
 # Whether staleness changes how the policy sharpens, not only when it reaches the threshold:
@@ -120,8 +132,8 @@ if base is not None:
             both = sorted(set(runs[k]) & set(runs[0]))
             cells = []
             for lo, hi in phases:
-                d = [st.mean(x.get(key, 0) for x in runs[k][s][lo:hi]) - st.mean(x.get(key, 0) for x in runs[0][s][lo:hi])
-                     for s in both if len(runs[k][s]) > lo and len(runs[0][s]) > lo]
+                at = lambda k, s: st.mean(st.mean(x.get(key, 0) for x in rows[lo:hi]) for _, rows in runs[k][s])
+                d = [at(k, s) - at(0, s) for s in both if all(len(r) > lo for _, r in runs[k][s] + runs[0][s])]
                 if d:
                     cells.append(f"steps {lo + 1}-{hi or 'end'} {st.mean(d):+.3f} (sd {st.pstdev(d):.3f})")
             print(f"{key} at staleness {k} minus on-policy, paired by seed ({len(both)} seeds): {'  '.join(cells)}")
