@@ -37,7 +37,9 @@ for d in args.dirs:
         rows = [x for x in rows if "reward" in x and x.get("kind", "train") == "train"]
         if rows:
             reps = runs.setdefault(int(m[1]), {}).setdefault(int(m[2]), [])
-            reps[:] = reps + [(d, rows)] if args.repeats else [(d, rows)]
+            if not args.repeats:
+                reps.clear()
+            reps.append((d, rows))
 
 
 def first(rw):
