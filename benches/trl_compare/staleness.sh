@@ -11,6 +11,9 @@
 # EXTRA adds lines to every job's [learner] table (e.g. EXTRA='off_policy_correction = "ppo_clip"').
 # AHEAD sets the job's generate_ahead (default "as_needed"; "to_max_staleness": every batch as
 # stale as the bound allows).
+# SAMPLE_SEED_OFFSET repeats the runs on the same prompts with other samples: a run's
+# data_seed is its seed from SEEDS and its seed (the sampling) that plus the offset. Runs of
+# one seed in several OUT folders average with `staleness.py --repeats`.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 CONFIG="${CONFIG:-examples/trl_parity.toml}"
@@ -27,6 +30,7 @@ for s in $SEEDS; do
     rm -rf "$d"
     sed -e "s/^seed = .*/seed = $s/" -e "s|^output_dir = .*|output_dir = \"$d\"|" \
       -e "s/^max_staleness = .*/max_staleness = $k/" "$CONFIG" >"$OUT/job-k$k-s$s.toml"
+    [ -n "${SAMPLE_SEED_OFFSET:-}" ] && sed -i "s/^seed = .*/seed = $((s + SAMPLE_SEED_OFFSET))\ndata_seed = $s/" "$OUT/job-k$k-s$s.toml"
     grep -q '^max_staleness' "$OUT/job-k$k-s$s.toml" || echo "max_staleness = $k" >>"$OUT/job-k$k-s$s.toml"
     [ -n "${AHEAD:-}" ] && sed -i "1i generate_ahead = \"$AHEAD\"" "$OUT/job-k$k-s$s.toml"
     [ -n "${EXTRA:-}" ] && printf '%b\n' "$EXTRA" >>"$OUT/job-k$k-s$s.toml"

@@ -57,8 +57,11 @@ pub struct JobConfig {
     /// `{ enable_thinking = false }` for Qwen3); a dataset line's own object is laid over
     /// them.
     pub chat_template_kwargs: serde_json::Map<String, serde_json::Value>,
-    /// Seeds the dataset order and the rollouts' sampling.
+    /// Seeds the rollouts' sampling, and the dataset order unless `data_seed` is set.
     pub seed: u64,
+    /// Seeds the dataset order (transformers' `TrainingArguments.data_seed`); unset = `seed`.
+    /// Fixing it while varying `seed` repeats a run on the same prompts with other samples.
+    pub data_seed: Option<u64>,
     /// Reward functions, summed with their weights.
     pub rewards: Vec<RewardSpec>,
     /// Save a checkpoint every this many steps (0 = only at the end).
@@ -154,6 +157,7 @@ impl Default for JobConfig {
             system_prompt: None,
             chat_template_kwargs: Default::default(),
             seed: 0,
+            data_seed: None,
             rewards: vec![RewardSpec::ExactAnswer { weight: 1.0, first_number: false }],
             save_steps: 0,
             save_total_limit: 2,
@@ -275,6 +279,11 @@ impl JobConfig {
     pub fn train_config(&self) -> TrainConfig {
         let total = self.max_steps * self.learner.updates_per_batch();
         TrainConfig { total_steps: Some(self.learner.total_steps.unwrap_or(total)), ..self.learner.clone() }
+    }
+
+    /// The seed of the dataset order: `data_seed`, else `seed`.
+    pub fn dataset_seed(&self) -> u64 {
+        self.data_seed.unwrap_or(self.seed)
     }
 
     /// Sampling parameters of the rollouts of step `step` (seeded per step).

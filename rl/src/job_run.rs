@@ -186,10 +186,12 @@ impl JobRun<'_> {
         let cfg = &self.job.config;
         let t0 = Instant::now();
         let pps = cfg.prompts_per_step as u64;
-        let examples: Vec<&Example> = (0..pps).map(|j| dataset::at(self.train, cfg.seed, s * pps + j)).collect();
+        let examples: Vec<&Example> =
+            (0..pps).map(|j| dataset::at(self.train, cfg.dataset_seed(), s * pps + j)).collect();
         let checkpoint_state = serde_json::json!({
             "job_step": s + 1,
             "seed": cfg.seed,
+            "data_seed": cfg.dataset_seed(),
             "dataset_position": (s + 1) * pps,
         });
         if cfg.learner.loss_type.is_preference() {

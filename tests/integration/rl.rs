@@ -664,6 +664,55 @@ fn dataset_order_is_a_seeded_permutation_per_epoch() {
     assert!(err.contains("builtin:arithmetic"), "{err}");
 }
 
+/// `data_seed` fixes the prompt order and `seed` the samples: a job with another `seed` and
+/// the first one's `data_seed` sees the same prompts step by step and samples other
+/// completions; without `data_seed`, `seed` also reorders the prompts.
+#[test]
+fn data_seed_fixes_the_prompt_order_and_seed_the_samples() {
+    let dir = tiny("rl-data-seed", 82);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, (0..7).map(|i| format!("{{\"prompt\": \"p{i}\"}}\n")).collect::<String>()).unwrap();
+    // (step, prompt) and completion of every rollout, in the log's order.
+    let run = |name: &str, seeds: &str| -> (Vec<(u64, String)>, Vec<String>) {
+        let (ctx, _rt) = context(&dir);
+        let out = dir.join(name);
+        let cfg = JobConfig::from_toml(&format!(
+            r#"
+            dataset = "{}"
+            apply_chat_template = false
+            num_generations = 2
+            prompts_per_step = 2
+            max_steps = 3
+            {seeds}
+            output_dir = "{}"
+            log_completions = true
+            rewards = [{{ type = "regex", pattern = '^[\x00-\x7F]' }}]
+            [learner]
+            max_completion_length = 4
+            "#,
+            data.display(),
+            out.display()
+        ))
+        .unwrap();
+        let job = Job::start(name.into(), cfg, ctx, false).unwrap();
+        job.wait();
+        assert_eq!(job.status().status, JobState::Completed, "{name}");
+        let log = std::fs::read_to_string(out.join("completions.jsonl")).unwrap();
+        let lines: Vec<Value> = log.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+        assert_eq!(lines.len(), 3 * 2 * 2, "{name}");
+        let prompts =
+            lines.iter().map(|l| (l["step"].as_u64().unwrap(), l["prompt"].as_str().unwrap().into())).collect();
+        (prompts, lines.iter().map(|l| l["completion"].as_str().unwrap().into()).collect())
+    };
+    let (prompts_a, samples_a) = run("a", "seed = 1");
+    let (prompts_b, samples_b) = run("b", "seed = 2\ndata_seed = 1");
+    let (prompts_c, _) = run("c", "seed = 2");
+    assert_eq!(prompts_a, prompts_b, "one data_seed, one prompt order");
+    assert_ne!(samples_a, samples_b, "another seed, other samples");
+    assert_ne!(prompts_c, prompts_b, "without data_seed, seed orders the prompts");
+    assert_eq!(run("a2", "seed = 1\ndata_seed = 1"), (prompts_a, samples_a), "data_seed = seed is the default");
+}
+
 /// A job's `chat_template_kwargs` (TOML table) reach the template of every prompt (Qwen3's
 /// `enable_thinking = false` closes an empty think block after the generation prompt), a
 /// line's own object is laid over them key by key, and a bad one is an error naming the
