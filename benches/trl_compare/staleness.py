@@ -13,7 +13,10 @@ run mean reward's difference from on-policy paired by seed, with its bootstrap i
 with 10 or more seeds the issue's 5-seed criterion applied to each block of 5 seeds, and
 per phase of the run the entropy and the fraction of all-equal-reward groups against on-policy.
 Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's; with
-`--repeats` every run counts, a seed by the mean over its runs).
+`--repeats` every run counts, a seed by the mean over its runs; then it also prints how often
+the 5-seed criterion holds with one run per seed drawn at random from each side, for each
+staleness against on-policy and for on-policy against its own repeats: the criterion's noise
+floor).
 `--threshold X` replaces 0.9 (a task whose prompts differ in difficulty may hold its rolling
 mean below 0.9 for most of a run)."""
 import argparse, glob, json, os, random, re, statistics as st
@@ -60,11 +63,11 @@ def bootstrap_interval(draw, n=10000):
     return vals[int(0.025 * n)], vals[int(0.975 * n)]
 
 
-summary, firsts, run_means, reached_by = {}, {}, {}, {}
+summary, firsts, run_means, reached_by, run_firsts = {}, {}, {}, {}, {}
 for k in sorted(runs):
     print(f"max_staleness {k}")
     fs, sps, last20s = [], [], []
-    run_means[k], reached_by[k] = {}, {}
+    run_means[k], reached_by[k], run_firsts[k] = {}, {}, {}
     for s, reps in sorted(runs[k].items()):
         sf, sm, sl = [], [], []
         for d, rows in reps:
@@ -88,6 +91,7 @@ for k in sorted(runs):
         # Async runs are not repeatable (where an update lands depends on timing): the mean of
         # a seed's runs averages that noise out.
         fs.append(st.mean(sf))
+        run_firsts[k][s] = [(f, f <= len(rows)) for f, (_, rows) in zip(sf, reps)]
         run_means[k][s] = st.mean(sm)
         last20s.append(st.mean(sl))
     firsts[k] = dict(zip(sorted(runs[k]), fs))
@@ -139,3 +143,29 @@ if base is not None:
                 if d:
                     cells.append(f"steps {lo + 1}-{hi or 'end'} {st.mean(d):+.3f} (sd {st.pstdev(d):.3f})")
             print(f"{key} at staleness {k} minus on-policy, paired by seed ({len(both)} seeds): {'  '.join(cells)}")
+
+# The criterion's own noise floor: with several runs per seed (--repeats; on-policy runs
+# differ only with other sampling seeds, staleness.sh SAMPLE_SEED_OFFSET), how often the
+# issue's 5-seed criterion holds when each seed contributes one run drawn at random from each
+# side, for staleness k against on-policy and for on-policy against another of its own runs.
+if base is not None and args.repeats:
+    rng = random.Random(0)
+    for k in sorted(runs):
+        both = sorted(set(run_firsts[k]) & set(run_firsts[0]))
+        if k == 0:
+            both = [s for s in both if len(run_firsts[0][s]) >= 2]
+        blocks = [both[i:i + 5] for i in range(0, len(both) - 4, 5)]
+        if not blocks:
+            continue
+        cells = []
+        for b in blocks:
+            held, n = 0, 4000
+            for _ in range(n):
+                pairs = [rng.sample(run_firsts[0][s], 2) if k == 0 else
+                         (rng.choice(run_firsts[k][s]), rng.choice(run_firsts[0][s])) for s in b]
+                ratio = st.median(p[0][0] for p in pairs) / st.median(p[1][0] for p in pairs)
+                held += ratio <= 1.2 and sum(p[0][1] for p in pairs) >= 4
+            runs_per_seed = "/".join(str(len(run_firsts[k][s])) for s in b)
+            cells.append(f"seeds {b[0]}-{b[-1]} ({runs_per_seed} runs): {held / n:.2f}")
+        what = "on-policy against another on-policy run" if k == 0 else f"staleness {k} against on-policy"
+        print(f"5-seed criterion held, one random run per seed, {what}: {'  '.join(cells)}")
