@@ -28,9 +28,10 @@ for s in $SEEDS; do
   for k in $STALENESS; do
     d="$OUT/k$k-s$s"
     rm -rf "$d"
-    sed -e "s/^seed = .*/seed = $s/" -e "s|^output_dir = .*|output_dir = \"$d\"|" \
+    seed="$s"
+    [ -n "${SAMPLE_SEED_OFFSET:-}" ] && seed="$((s + SAMPLE_SEED_OFFSET))\ndata_seed = $s"
+    sed -e "s/^seed = .*/seed = $seed/" -e "s|^output_dir = .*|output_dir = \"$d\"|" \
       -e "s/^max_staleness = .*/max_staleness = $k/" "$CONFIG" >"$OUT/job-k$k-s$s.toml"
-    [ -n "${SAMPLE_SEED_OFFSET:-}" ] && sed -i "s/^seed = .*/seed = $((s + SAMPLE_SEED_OFFSET))\ndata_seed = $s/" "$OUT/job-k$k-s$s.toml"
     grep -q '^max_staleness' "$OUT/job-k$k-s$s.toml" || echo "max_staleness = $k" >>"$OUT/job-k$k-s$s.toml"
     [ -n "${AHEAD:-}" ] && sed -i "1i generate_ahead = \"$AHEAD\"" "$OUT/job-k$k-s$s.toml"
     [ -n "${EXTRA:-}" ] && printf '%b\n' "$EXTRA" >>"$OUT/job-k$k-s$s.toml"
