@@ -3,27 +3,29 @@
 DIR/k<staleness>-s<seed>/metrics.jsonl and prints per staleness and seed the first step whose
 rolling 10-step mean reward (over a full window) is >= 0.9, the mean reward of the last 20
 steps and of the run, the median seconds per step (steps 5 on: the first steps pay warm-up),
-the trained batches' staleness (mean over the steps after the on-policy warm start, and
-max), whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5), and per
+the trained batches' staleness (mean over the steps after the on-policy warm start, and max),
+whether the run collapsed (went past 0.9, then its last-20 mean fell below 0.5), and per
 staleness the median first step (a run that never gets there counts as its length + 1), how
-many seeds got there, the mean reward over all its runs (and over their last 20 steps),
-whether that median is within 1.2x the on-policy one (with a seed-bootstrap interval of the
-ratio: what the seed-to-seed spread alone allows), the s/step ratio to staleness 0, the
-run mean reward's difference from on-policy paired by seed, with its bootstrap interval, and
-with 10 or more seeds the issue's 5-seed criterion applied to each block of 5 seeds, and
-per phase of the run the entropy and the fraction of all-equal-reward groups against on-policy.
-Runs of several DIRs pool by staleness (a seed in two DIRs counts once, the last DIR's; with
-`--repeats` every run counts, a seed by the mean over its runs; then it also prints how often
-the 5-seed criterion holds with one run per seed drawn at random from each side, for each
-staleness against on-policy and for on-policy against its own repeats: the criterion's noise
-floor).
-`--threshold X` replaces 0.9 (a task whose prompts differ in difficulty may hold its rolling
-mean below 0.9 for most of a run)."""
+many seeds got there, the mean reward over all its runs (and over their last 20 steps), how
+many runs collapsed, whether that median is within 1.2x the on-policy one (with a
+seed-bootstrap interval of the ratio: what the seed-to-seed spread alone allows), the s/step
+ratio to staleness 0, the run mean reward's difference from on-policy paired by seed, with its
+bootstrap interval, and with 10 or more seeds the issue's 5-seed criterion applied to each
+block of 5 seeds, and per phase of the run the entropy and the fraction of all-equal-reward
+groups against on-policy. Runs of several DIRs pool by staleness (a seed in two DIRs counts
+once, the last DIR's; with `--repeats` every run counts, a seed by the mean over its runs;
+then it also prints how often the 5-seed criterion holds with one run per seed drawn at random
+from each side, for each staleness against on-policy and for on-policy against its own
+repeats: the criterion's noise floor).
+`--seeds 0,1,2,3,4` keeps only those seeds. `--threshold X` replaces 0.9 (a task whose prompts
+differ in difficulty may hold its rolling mean below 0.9 for most of a run)."""
 import argparse, glob, json, os, random, re, statistics as st
 
 parser = argparse.ArgumentParser(description="Summary of benches/trl_compare/staleness.sh runs.")
 parser.add_argument("dirs", nargs="+", metavar="DIR")
 parser.add_argument("--threshold", type=float, default=0.9)
+parser.add_argument("--seeds", type=lambda v: {int(x) for x in v.split(",")},
+                    help="only these seeds (comma-separated), e.g. 0,1,2,3,4")
 parser.add_argument("--repeats", action="store_true",
                     help="a seed run in several DIRs counts with the mean over its runs (first step, rewards)")
 args = parser.parse_args()
@@ -34,7 +36,7 @@ for d in args.dirs:
     for r in glob.glob(os.path.join(d, "k*-s*")):
         m = re.search(r"k(\d+)-s(\d+)$", r)
         path = os.path.join(r, "metrics.jsonl")
-        if not m or not os.path.exists(path):
+        if not m or not os.path.exists(path) or (args.seeds and int(m[2]) not in args.seeds):
             continue
         rows = [json.loads(l) for l in open(path)]
         rows = [x for x in rows if "reward" in x and x.get("kind", "train") == "train"]
@@ -66,7 +68,7 @@ def bootstrap_interval(draw, n=10000):
 summary, firsts, run_means, reached_by, run_firsts = {}, {}, {}, {}, {}
 for k in sorted(runs):
     print(f"max_staleness {k}")
-    fs, sps, last20s = [], [], []
+    fs, sps, last20s, collapses = [], [], [], 0
     run_means[k], reached_by[k], run_firsts[k] = {}, {}, {}
     for s, reps in sorted(runs[k].items()):
         sf, sm, sl = [], [], []
@@ -74,6 +76,7 @@ for k in sorted(runs):
             rw = [x["reward"] for x in rows]
             f = first(rw)
             collapsed = f is not None and st.mean(rw[-20:]) < 0.5
+            collapses += collapsed
             sf.append(f if f is not None else len(rw) + 1)
             reached_by[k][s] = reached_by[k].get(s, 0) + (f is not None) / len(reps)
             sps.append(step_seconds(rows))
@@ -96,10 +99,10 @@ for k in sorted(runs):
         last20s.append(st.mean(sl))
     firsts[k] = dict(zip(sorted(runs[k]), fs))
     summary[k] = (st.median(fs), round(sum(reached_by[k].values()), 1), len(fs), st.median(sps),
-                  st.mean(run_means[k].values()), st.mean(last20s))
+                  st.mean(run_means[k].values()), st.mean(last20s), (collapses, len(sps)))
 
 base = summary.get(0)
-for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
+for k, (med, ok, n, sp, mean, last20, (collapsed, n_runs)) in sorted(summary.items()):
     within = ""
     if base is not None and k != 0:
         # How far the seed-to-seed spread alone moves the ratio of medians: seeds resampled
@@ -122,8 +125,8 @@ for k, (med, ok, n, sp, mean, last20) in sorted(summary.items()):
         dlo, dhi = bootstrap_interval(lambda re: st.mean(re(d)))
         within += f"  run mean reward minus on-policy's, paired by seed: {st.mean(d):+.3f} " \
             f"(95% {dlo:+.3f} to {dhi:+.3f}, {len(d)} seeds)"
-    print(f"staleness {k}: median first {med}, reached on {ok:g}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
-          f"median s/step {sp:.2f}{within}")
+    print(f"staleness {k}: median first {med:g}, reached on {ok:g}/{n} seeds, mean reward {mean:.2f} (last 20: {last20:.2f}), "
+          f"median s/step {sp:.2f}, collapsed {collapsed} of {n_runs} runs{within}")
 
 # Whether staleness changes how the policy sharpens, not only when it reaches the threshold:
 # per phase of the run (after the warm start), the mean entropy of the sampled tokens and the
