@@ -68,8 +68,8 @@ impl Pace {
     /// The staleness bound of batch `s` ([`JobConfig::staleness_at`]; the generator's first
     /// batch is `start`). Where the bound changes from the previous batch's (the on-policy
     /// warm start ends), both speeds are forgotten first: the warm start measured each side
-    /// alone, and overlapped both slow down by different factors (docs/ARCHITECTURE.md,
-    /// "Off-policy learning"), so the solo figures could rank them wrongly.
+    /// alone, and overlapped both slow down by different factors (docs/OFF-POLICY.md,
+    /// section 5), so the solo figures could rank them wrongly.
     fn bound_for(&mut self, s: u64, start: u64, cfg: &JobConfig) -> u64 {
         let k = cfg.staleness_at(s);
         if s > start && k != cfg.staleness_at(s - 1) {
