@@ -16,7 +16,8 @@ groups against on-policy. Runs of several DIRs pool by staleness (a seed in two 
 once, the last DIR's; with `--repeats` every run counts, a seed by the mean over its runs;
 then it also prints how often the 5-seed criterion holds with one run per seed drawn at random
 from each side, for each staleness against on-policy and for on-policy against its own
-repeats: the criterion's noise floor).
+repeats: the criterion's noise floor, and per seed whether its first step at each staleness is
+within 1.2x of its on-policy one).
 `--seeds 0,1,2,3,4` keeps only those seeds. `--threshold X` replaces 0.9 (a task whose prompts
 differ in difficulty may hold its rolling mean below 0.9 for most of a run)."""
 import argparse, glob, json, os, random, re, statistics as st
@@ -172,3 +173,18 @@ if base is not None and args.repeats:
             cells.append(f"seeds {b[0]}-{b[-1]} ({runs_per_seed} runs): {held / n:.2f}")
         what = "on-policy against another on-policy run" if k == 0 else f"staleness {k} against on-policy"
         print(f"5-seed criterion held, one random run per seed, {what}: {'  '.join(cells)}")
+
+# The criterion read per seed: a seed's first step at staleness k within 1.2x of its own
+# on-policy first step, a seed's runs summed up by their mean and by their median (a run that
+# never gets there counts as its length + 1, so with few runs a median is often that).
+if base is not None and args.repeats:
+    for k in sorted(runs):
+        both = sorted(set(run_firsts[k]) & set(run_firsts[0]))
+        if k == 0 or not both:
+            continue
+        cells = []
+        for name, agg in [("mean", st.mean), ("median", st.median)]:
+            r = [agg(f for f, _ in run_firsts[k][s]) / agg(f for f, _ in run_firsts[0][s]) for s in both]
+            cells.append(f"{name} of runs {sum(x <= 1.2 for x in r)}/{len(r)} "
+                         f"({' '.join(f'{x:.2f}' for x in r)})")
+        print(f"per seed, first step at staleness {k} within 1.2x of on-policy's: {'  '.join(cells)}")
