@@ -16,11 +16,12 @@ groups against on-policy. Runs of several DIRs pool by staleness (a seed in two 
 once, the last DIR's; with `--repeats` every run counts, a seed by the mean over its runs;
 then it also prints how often the 5-seed criterion holds with one run per seed drawn at random
 from each side, for each staleness against on-policy and for on-policy against its own
-repeats: the criterion's noise floor, and per seed whether its first step at each staleness is
-within 1.2x of its on-policy one).
+repeats: the criterion's noise floor, per seed whether its first step at each staleness is
+within 1.2x of its on-policy one, and runs paired run by run: the run mean reward's
+difference, and the runs that never learned, with McNemar's exact test).
 `--seeds 0,1,2,3,4` keeps only those seeds. `--threshold X` replaces 0.9 (a task whose prompts
 differ in difficulty may hold its rolling mean below 0.9 for most of a run)."""
-import argparse, glob, json, os, random, re, statistics as st
+import argparse, glob, json, math, os, random, re, statistics as st
 
 parser = argparse.ArgumentParser(description="Summary of benches/trl_compare/staleness.sh runs.")
 parser.add_argument("dirs", nargs="+", metavar="DIR")
@@ -148,21 +149,25 @@ if base is not None:
                     cells.append(f"steps {lo + 1}-{hi or 'end'} {st.mean(d):+.3f} (sd {st.pstdev(d):.3f})")
             print(f"{key} at staleness {k} minus on-policy, paired by seed ({len(both)} seeds): {'  '.join(cells)}")
 
-# The criterion's own noise floor: with several runs per seed (--repeats; on-policy runs
-# differ only with other sampling seeds, staleness.sh SAMPLE_SEED_OFFSET), how often the
-# issue's 5-seed criterion holds when each seed contributes one run drawn at random from each
-# side, for staleness k against on-policy and for on-policy against another of its own runs.
+# With several runs per seed (--repeats; on-policy runs differ only with other sampling seeds,
+# staleness.sh SAMPLE_SEED_OFFSET), per staleness:
+# - the criterion's own noise floor: how often the issue's 5-seed criterion holds when each
+#   seed contributes one run drawn at random from each side, for staleness k against
+#   on-policy and for on-policy against another of its own runs;
+# - the criterion read per seed: a seed's first step at k within 1.2x of its own on-policy
+#   first step, a seed's runs summed up by their mean and by their median (a run that never
+#   gets there counts as its length + 1, so with few runs a median is often that);
+# - runs paired run by run (same DIR and seed: the same prompts and sampling seeds, and the
+#   same warm start): the run mean reward's difference, and how many runs never learned
+#   (run mean reward < 0.3), with the pairs where only one side did (McNemar's exact test).
 if base is not None and args.repeats:
     rng = random.Random(0)
     for k in sorted(runs):
+        what = "on-policy against another on-policy run" if k == 0 else f"staleness {k} against on-policy"
         both = sorted(set(run_firsts[k]) & set(run_firsts[0]))
-        if k == 0:
-            both = [s for s in both if len(run_firsts[0][s]) >= 2]
-        blocks = [both[i:i + 5] for i in range(0, len(both) - 4, 5)]
-        if not blocks:
-            continue
+        floor = [s for s in both if len(run_firsts[0][s]) >= 2] if k == 0 else both
         cells = []
-        for b in blocks:
+        for b in [floor[i:i + 5] for i in range(0, len(floor) - 4, 5)]:
             held, n = 0, 4000
             for _ in range(n):
                 pairs = [rng.sample(run_firsts[0][s], 2) if k == 0 else
@@ -171,15 +176,8 @@ if base is not None and args.repeats:
                 held += ratio <= 1.2 and sum(p[0][1] for p in pairs) >= 4
             runs_per_seed = "/".join(str(len(run_firsts[k][s])) for s in b)
             cells.append(f"seeds {b[0]}-{b[-1]} ({runs_per_seed} runs): {held / n:.2f}")
-        what = "on-policy against another on-policy run" if k == 0 else f"staleness {k} against on-policy"
-        print(f"5-seed criterion held, one random run per seed, {what}: {'  '.join(cells)}")
-
-# The criterion read per seed: a seed's first step at staleness k within 1.2x of its own
-# on-policy first step, a seed's runs summed up by their mean and by their median (a run that
-# never gets there counts as its length + 1, so with few runs a median is often that).
-if base is not None and args.repeats:
-    for k in sorted(runs):
-        both = sorted(set(run_firsts[k]) & set(run_firsts[0]))
+        if cells:
+            print(f"5-seed criterion held, one random run per seed, {what}: {'  '.join(cells)}")
         if k == 0 or not both:
             continue
         cells = []
@@ -188,3 +186,16 @@ if base is not None and args.repeats:
             cells.append(f"{name} of runs {sum(x <= 1.2 for x in r)}/{len(r)} "
                          f"({' '.join(f'{x:.2f}' for x in r)})")
         print(f"per seed, first step at staleness {k} within 1.2x of on-policy's: {'  '.join(cells)}")
+        mean_of = lambda rows: st.mean(x["reward"] for x in rows)
+        on = {(d, s): mean_of(rows) for s in both for d, rows in runs[0][s]}
+        pairs = [(mean_of(rows), on[d, s]) for s in both for d, rows in runs[k][s] if (d, s) in on]
+        d = [x - y for x, y in pairs]
+        dlo, dhi = bootstrap_interval(lambda re: st.mean(re(d)))
+        only_on = sum(y >= 0.3 > x for x, y in pairs)
+        only_k = sum(x >= 0.3 > y for x, y in pairs)
+        m = only_on + only_k
+        p_value = min(1.0, 2 * sum(math.comb(m, i) for i in range(min(only_on, only_k) + 1)) / 2 ** m) if m else 1.0
+        print(f"paired run by run, staleness {k} against on-policy ({len(pairs)} pairs): run mean reward "
+              f"{st.mean(d):+.3f} (95% {dlo:+.3f} to {dhi:+.3f}); never learned (run mean < 0.3) "
+              f"{sum(x < 0.3 for x, _ in pairs)} against {sum(y < 0.3 for _, y in pairs)}; only on-policy "
+              f"learned {only_on}, only staleness {k} {only_k} (McNemar exact p = {p_value:.2f})")
