@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The one prepared check for a lent GPU machine (H200: NVIDIA driver, nvcc, PyTorch and
+# The one prepared check for a lent GPU machine (H100 or H200: NVIDIA driver, nvcc, PyTorch and
 # transformers; no Rust toolchain, no network). Run from the repository root:
 #     bash scripts/gpu-check.sh
 # with gpu-bin/ carried from the build machine (bash scripts/gpu-build.sh builds it there).
@@ -32,10 +32,15 @@
 #  6. Online RL: a three-step `rlserve train --device cuda` job (GRPO on SmolLM2-135M's
 #     shapes): its steps, policy versions and the engine's pause per update.
 #
-# Peaks assumed (NVIDIA H200 Tensor Core GPU datasheet, H200 SXM): HBM3e 4.8 TB/s; FP32
-# 67 TFLOPS (rlserve's cuBLAS SGEMMs run in the default math mode: FP32, no TF32; TF32
-# tensor cores would be 494.7 TFLOPS dense); BF16 tensor cores 989.5 TFLOPS dense. Override
-# with GPU_HBM_TBPS, GPU_FP32_TFLOPS and GPU_BF16_TFLOPS.
+# Peaks assumed, by the name nvidia-smi gives (NVIDIA datasheets; dense tensor-core figures;
+# rlserve's cuBLAS SGEMMs run in the default math mode: FP32, no TF32):
+#   H200 (SXM)               HBM3e 4.8 TB/s,  FP32 67 TFLOPS, BF16 989.5 TFLOPS
+#   H200 NVL                 HBM3e 4.8 TB/s,  FP32 60 TFLOPS, BF16 835 TFLOPS
+#   H100 80GB HBM3 (SXM)     HBM3 3.35 TB/s,  FP32 67 TFLOPS, BF16 989.5 TFLOPS
+#   H100 NVL                 HBM3 3.9 TB/s,   FP32 60 TFLOPS, BF16 835 TFLOPS
+#   H100 PCIe                HBM2e 2.0 TB/s,  FP32 51 TFLOPS, BF16 756 TFLOPS
+# Another GPU gets the H200's figures and a note row saying so. Override any of them with
+# GPU_HBM_TBPS, GPU_FP32_TFLOPS and GPU_BF16_TFLOPS.
 #
 # Environment: GPU_BIN (default gpu-bin), GPU_WORK (default /tmp/gpu-check: models, PTX
 # cache, library links; logs too unless $OUT is set: then $OUT/gpu-check-logs), PYTHON
@@ -48,9 +53,6 @@ WORK=${GPU_WORK:-/tmp/gpu-check}
 # Logs go to $OUT (what a device run brings back) when it is set; the models stay out of it.
 if [[ -n "${OUT:-}" ]]; then LOGS=$OUT/gpu-check-logs; else LOGS=$WORK/logs; fi
 PYTHON=${PYTHON:-python3}
-HBM_TBPS=${GPU_HBM_TBPS:-4.8}
-FP32_TFLOPS=${GPU_FP32_TFLOPS:-67}
-BF16_TFLOPS=${GPU_BF16_TFLOPS:-989.5}
 START=$SECONDS
 
 if ! command -v nvidia-smi >/dev/null 2>&1; then
@@ -69,10 +71,10 @@ export RLSERVE_CUDA_CACHE="$WORK/ptx"
 
 ROWS=()
 FAILED=0
-# record NAME ok|FAIL DETAIL
+# record NAME ok|note|FAIL DETAIL (a note is a caveat, not a failure)
 record() {
     ROWS+=("| $1 | $2 | ${3//|/\\|} |")
-    [[ "$2" == ok ]] || FAILED=1
+    [[ "$2" == ok || "$2" == note ]] || FAILED=1
     echo "== $1: $2 $3"
 }
 elapsed() { echo "$((SECONDS - START)) s"; }
@@ -90,6 +92,24 @@ else
     record "nvidia-smi" FAIL "$smi"
 fi
 smi=$(head -n 1 <<<"$smi")
+# peaks NAME: "HBM_TB/s FP32_TFLOPS BF16_TFLOPS LABEL" for a GPU name (the table above).
+peaks() {
+    case "$1" in
+        *H200*NVL*) echo "4.8 60 835 H200-NVL" ;;
+        *H200*) echo "4.8 67 989.5 H200-SXM" ;;
+        *H100*NVL*) echo "3.9 60 835 H100-NVL" ;;
+        *H100*PCIe*) echo "2.0 51 756 H100-PCIe" ;;
+        *H100*) echo "3.35 67 989.5 H100-SXM" ;;
+        *) echo "4.8 67 989.5 unknown" ;;
+    esac
+}
+read -r hbm fp32 bf16 PEAKS_OF <<<"$(peaks "${smi%%,*}")"
+HBM_TBPS=${GPU_HBM_TBPS:-$hbm}
+FP32_TFLOPS=${GPU_FP32_TFLOPS:-$fp32}
+BF16_TFLOPS=${GPU_BF16_TFLOPS:-$bf16}
+if [[ "$PEAKS_OF" == unknown && -z "${GPU_HBM_TBPS:-}${GPU_FP32_TFLOPS:-}${GPU_BF16_TFLOPS:-}" ]]; then
+    record "peaks" note "no datasheet figures for '${smi%%,*}': % of peak uses the H200's; set GPU_HBM_TBPS, GPU_FP32_TFLOPS, GPU_BF16_TFLOPS"
+fi
 
 site=$("$PYTHON" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' 2>/dev/null)
 dirs=(/usr/lib/x86_64-linux-gnu /usr/lib64 /usr/local/nvidia/lib64 /usr/local/cuda/lib64
@@ -315,7 +335,7 @@ fi
 # ---- summary ----
 echo
 echo "gpu-check on: $smi ($(elapsed)); logs in $LOGS"
-echo "peaks assumed: HBM ${HBM_TBPS} TB/s, FP32 ${FP32_TFLOPS} TFLOPS, BF16 ${BF16_TFLOPS} TFLOPS (H200 SXM datasheet)"
+echo "peaks assumed: HBM ${HBM_TBPS} TB/s, FP32 ${FP32_TFLOPS} TFLOPS, BF16 ${BF16_TFLOPS} TFLOPS (datasheet: $PEAKS_OF, unless GPU_HBM_TBPS, GPU_FP32_TFLOPS or GPU_BF16_TFLOPS set)"
 echo "| check | result | detail |"
 echo "| --- | --- | --- |"
 printf '%s\n' "${ROWS[@]}"

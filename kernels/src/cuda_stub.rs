@@ -44,6 +44,19 @@ impl CudaDevice {
     pub fn step_plan(&self, _: usize, _: usize) -> Result<StepPlan> {
         match *self {}
     }
+
+    pub fn mark(&self) -> Result<CudaMark> {
+        match *self {}
+    }
+}
+
+/// A point in a device's queue (uninhabited in this build).
+pub enum CudaMark {}
+
+impl CudaMark {
+    pub fn seconds_until(&self, _: &CudaMark) -> Result<f64> {
+        match *self {}
+    }
 }
 
 /// A captured graph (uninhabited in this build).

@@ -26,7 +26,7 @@ mod tensor;
 
 pub use error::KernelError;
 pub use indices::{Idx, Indices};
-pub use tensor::{CudaOptions, DType, Device, DeviceCounters, Storage, Tensor};
+pub use tensor::{CudaOptions, DType, Device, DeviceCounters, DeviceMark, Storage, Tensor};
 
 /// Result type of every op.
 pub type Result<T> = std::result::Result<T, KernelError>;

@@ -1,6 +1,6 @@
 use crate::backend::{BackendDevice, BackendStorage};
 use crate::cpu::{CpuDevice, CpuStorage};
-use crate::cuda::{CudaDevice, CudaStorage};
+use crate::cuda::{CudaDevice, CudaMark, CudaStorage};
 use crate::error::shape_err;
 use crate::{KernelError, Result};
 
@@ -57,11 +57,45 @@ impl Device {
         }
     }
 
+    /// A mark after the work queued on this device so far; two marks time the work queued
+    /// between them on the device ([`DeviceMark::seconds_until`]), which on a GPU is not
+    /// the host's time to queue it. CPU: the host clock (ops run when called); CUDA: an
+    /// event with timing recorded on the stream. Errors: inside a graph capture, a CUDA
+    /// error.
+    pub fn mark(&self) -> Result<DeviceMark> {
+        match self {
+            Device::Cpu => Ok(DeviceMark::Host(std::time::Instant::now())),
+            #[allow(unreachable_patterns)]
+            Device::Cuda(d) => d.mark().map(DeviceMark::Cuda),
+        }
+    }
+
     /// A copy of host data on this device.
     pub(crate) fn upload(&self, data: &[f32]) -> Result<Storage> {
         match self {
             Device::Cpu => CpuDevice.upload(data).map(Storage::Cpu),
             Device::Cuda(d) => d.upload(data).map(Storage::Cuda),
+        }
+    }
+}
+
+/// A point in a device's queue of work ([`Device::mark`]).
+pub enum DeviceMark {
+    /// The host clock (the CPU).
+    Host(std::time::Instant),
+    /// A CUDA event on the device's stream.
+    Cuda(CudaMark),
+}
+
+impl DeviceMark {
+    /// Seconds of device time from this mark to `end`, after waiting for the work queued
+    /// before `end` (on a GPU a sync). Errors: marks of two devices, a CUDA error (also one
+    /// left by earlier asynchronous work).
+    pub fn seconds_until(&self, end: &DeviceMark) -> Result<f64> {
+        match (self, end) {
+            (DeviceMark::Host(a), DeviceMark::Host(b)) => Ok(b.saturating_duration_since(*a).as_secs_f64()),
+            (DeviceMark::Cuda(a), DeviceMark::Cuda(b)) => a.seconds_until(b),
+            _ => Err(KernelError::Cuda("timing marks of two devices (the CPU and a GPU)".into())),
         }
     }
 }

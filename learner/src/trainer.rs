@@ -315,8 +315,9 @@ pub struct StepMetrics {
     /// Optimizer steps (versions) this batch took: `num_ppo_epochs × num_mini_batches` for
     /// PPO, else 1.
     pub num_updates: u64,
-    /// How long the optimizer held the write guard (the engine's pause), seconds; summed
-    /// over the batch's updates.
+    /// The engine's pause per update, seconds, summed over the batch's updates: how long
+    /// the optimizer held the write guard or, where longer, how long the device ran the
+    /// guarded pass (on a GPU the engine's work queues behind it; CUDA events time it).
     pub pause_seconds: f64,
     /// Where the step's time went (seconds, summed over the batch's updates): the training
     /// forward passes (the reference's too), the backward passes, and the optimizer outside
@@ -602,13 +603,18 @@ impl Trainer {
         };
         let optimizer_seconds = t0.elapsed().as_secs_f64();
         let t_write = Instant::now();
-        let version = {
+        let (version, start, end) = {
             let mut w = model.write();
+            let start = w.device().mark()?;
             w.apply_deltas(&laid, decay)?;
+            let end = w.device().mark()?;
             w.version += 1;
-            w.version
+            (w.version, start, end)
         };
-        let pause_seconds = t_write.elapsed().as_secs_f64();
+        // The engine waits for the guard on the host and, on a GPU, for the pass on the
+        // device (its work queues behind it on the one stream): the pause is the longer.
+        let hold = t_write.elapsed().as_secs_f64();
+        let pause_seconds = hold.max(start.seconds_until(&end)?);
         Ok(Update { grad_norm: scale.grad_norm, lr: scale.lr, version, pause_seconds, optimizer_seconds })
     }
 

@@ -75,6 +75,11 @@ impl CudaDevice {
         self.inner.rt.counters()
     }
 
+    /// A mark after the work queued on this device so far: [`crate::DeviceMark`].
+    pub fn mark(&self) -> Result<CudaMark> {
+        Ok(CudaMark { dev: self.clone(), mark: self.inner.rt.mark()? })
+    }
+
     /// `idx` on this device: its resident copy (uploaded by the first call for these
     /// indices), or a fresh upload when another device holds the resident copy.
     pub(super) fn indices<'a>(&self, idx: &'a Indices) -> Result<Resident<'a, DevBuf<u32>>> {
@@ -158,6 +163,23 @@ impl CudaDevice {
 
     pub(super) fn storage(&self, buf: DevBuf<f32>) -> CudaStorage {
         CudaStorage::new(self.clone(), buf)
+    }
+}
+
+/// A point in a CUDA device's queue of work ([`CudaDevice::mark`]).
+pub struct CudaMark {
+    dev: CudaDevice,
+    mark: super::runtime::Mark,
+}
+
+impl CudaMark {
+    /// Seconds of device time from this mark to `end` (CUDA events); waits for `end`'s work.
+    /// Errors: a mark of another device, a CUDA error.
+    pub fn seconds_until(&self, end: &CudaMark) -> Result<f64> {
+        if !Arc::ptr_eq(&self.dev.inner, &end.dev.inner) {
+            return Err(crate::KernelError::Cuda("timing marks of two devices".into()));
+        }
+        self.dev.inner.rt.seconds_between(&self.mark, &end.mark)
     }
 }
 

@@ -21,6 +21,6 @@ mod runtime;
 mod sample;
 mod storage;
 
-pub use device::{CudaDevice, ResidentAttn, ResidentIndices};
+pub use device::{CudaDevice, CudaMark, ResidentAttn, ResidentIndices};
 pub use plan::{CudaGraph, CudaGraphPool, SampleOut, StagedSample, StepPlan};
 pub use storage::CudaStorage;

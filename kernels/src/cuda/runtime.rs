@@ -364,6 +364,15 @@ impl HostStaging {
     }
 }
 
+/// A point in a device's queue of work ([`Runtime::mark`]), for device-side timing.
+pub enum Mark {
+    /// A CUDA event recorded on the stream (with timing).
+    Driver(cudarc::driver::CudaEvent),
+    /// The host clock when the emulated device reached the point.
+    #[cfg(feature = "cuda-emu")]
+    Host(std::time::Instant),
+}
+
 /// A captured graph: replayed by [`Runtime::replay`].
 pub(super) enum GraphExec {
     Driver(cudarc::driver::CudaGraph),
@@ -893,6 +902,39 @@ impl Runtime {
         // `f`'s own error first: a failed request also invalidates a driver capture.
         let out = out?;
         Ok((exec.map_err(E::from)?, out))
+    }
+
+    /// A [`Mark`] after the work queued on the stream so far (a CUDA event with timing; on
+    /// the emulated device, whose requests run when queued, the host clock). Errors inside a
+    /// graph capture (the event would be the graph's) or from the driver.
+    pub(super) fn mark(&self) -> Result<Mark> {
+        #[cfg_attr(not(feature = "cuda-emu"), allow(unused_mut))]
+        let mut pass = self.gate.enter();
+        if pass.capture().is_some() {
+            return Err(Self::not_in_capture("a timing mark"));
+        }
+        match &self.backend {
+            Backend::Driver(d) => {
+                use cudarc::driver::sys::CUevent_flags::CU_EVENT_DEFAULT;
+                d.stream.record_event(Some(CU_EVENT_DEFAULT)).map(Mark::Driver).map_err(cuda_err)
+            }
+            #[cfg(feature = "cuda-emu")]
+            Backend::Emu(_) => Ok(Mark::Host(std::time::Instant::now())),
+        }
+    }
+
+    /// Seconds of device time from `start` to `end` (`cuEventElapsedTime`, resolution about
+    /// 0.5 µs); waits for the work before `end` (a sync, counted). Errors: marks of two
+    /// runtimes, a driver error (also one left by earlier asynchronous work).
+    pub(super) fn seconds_between(&self, start: &Mark, end: &Mark) -> Result<f64> {
+        bump(&self.counters.syncs, 1);
+        match (start, end) {
+            (Mark::Driver(a), Mark::Driver(b)) => a.elapsed_ms(b).map(|ms| f64::from(ms) / 1e3).map_err(cuda_err),
+            #[cfg(feature = "cuda-emu")]
+            (Mark::Host(a), Mark::Host(b)) => Ok(b.saturating_duration_since(*a).as_secs_f64()),
+            #[cfg(feature = "cuda-emu")]
+            _ => Err(KernelError::Cuda("timing marks of two devices".into())),
+        }
     }
 
     /// Runs a captured graph on the stream (one graph launch).

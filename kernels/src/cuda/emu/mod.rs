@@ -736,6 +736,36 @@ mod tests {
         assert_eq!(dev.rt().dtoh(&dev.upload_any(&[7u32]).unwrap()).unwrap(), [7]);
     }
 
+    /// Two marks time the work queued between them: on the emulated device (a request runs
+    /// when queued) the host time that work took, within the host time around it and longer
+    /// than two marks with nothing between; a mark inside a capture, and marks of two
+    /// devices, are errors.
+    #[test]
+    fn marks_time_the_work_queued_between_them() {
+        let dev = device();
+        let n = 1 << 15;
+        let x = dev.upload_any(&vec![1.0f32; n]).unwrap();
+        let mut y = dev.alloc_any::<f32>(n).unwrap();
+        let around = std::time::Instant::now();
+        let start = dev.mark().unwrap();
+        for _ in 0..4 {
+            let args = &mut [r(&x), w(&mut y), Arg::F32(2.0), Arg::I64(n as i64)];
+            dev.launch("elementwise.cu", "scale", stride_cfg(n), args).unwrap();
+        }
+        let end = dev.mark().unwrap();
+        let around = around.elapsed().as_secs_f64();
+        let work = start.seconds_until(&end).unwrap();
+        let (a, b) = (dev.mark().unwrap(), dev.mark().unwrap());
+        let nothing = a.seconds_until(&b).unwrap();
+        assert!(nothing < work && work <= around, "nothing {nothing} s, work {work} s, around {around} s");
+
+        let e = dev.capture(&dev.graph_pool(), || dev.mark()).err().unwrap().to_string();
+        assert!(e.contains("a timing mark during a graph capture"), "{e}");
+        let other = device().mark().unwrap();
+        let e = start.seconds_until(&other).unwrap_err().to_string();
+        assert!(e.contains("timing marks of two devices"), "{e}");
+    }
+
     #[test]
     fn allocations_end_at_a_guard_page_behind_a_canary() {
         let b = EmuBuf::from_host(&[1.0f32, 2.0, 3.0]);
