@@ -30,6 +30,23 @@ extern "C" __global__ void scale_add_inplace_bf16(float* a, float s, const float
     }
 }
 
+// scale_add_into(w [n], s, d [n], n): d = w·s + d (contract `scale_add_into`: the optimizer's
+// new weight prepared in its step's buffer; the arithmetic of scale_add_inplace).
+extern "C" __global__ void scale_add_into(const float* w, float s, float* d, long long n) {
+    RLS_GRID_STRIDE(i, n) d[i] = w[i] * s + d[i];
+}
+
+// copy_bf16(x [n], y [n], y16 [n] (bf16 bits), n): y = x and y16 = bf16(x) rounded to nearest
+// even (contract `commit_from` for a weight whose f32 address must stay: master and serving
+// copy in one pass).
+extern "C" __global__ void copy_bf16(const float* x, float* y, unsigned short* y16, long long n) {
+    RLS_GRID_STRIDE(i, n) {
+        float v = x[i];
+        y[i] = v;
+        y16[i] = rls_bf16_rne(v);
+    }
+}
+
 // scale(x [n], y [n], s, n): y = s·x (contract `scale`).
 extern "C" __global__ void scale(const float* x, float* y, float s, long long n) {
     RLS_GRID_STRIDE(i, n) y[i] = x[i] * s;

@@ -75,6 +75,17 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn add_inplace(&mut self, b: &Self) -> Result<()>;
     /// `self ← s · self + d` (equal lengths, same layout: packed weights too).
     fn scale_add_inplace(&mut self, s: f32, d: &Self) -> Result<()>;
+    /// `d ← s · self + d` (equal lengths, same layout), `self` only read: the optimizer's
+    /// new weight prepared in its step's buffer outside the write guard. The arithmetic of
+    /// [`Self::scale_add_inplace`] (`a·s + d`), so the same bits.
+    fn scale_add_into(&self, s: f32, d: &mut Self) -> Result<()>;
+    /// Makes `new`'s values this buffer's (equal lengths, same layout), leaving `new` with
+    /// values to drop: the optimizer's commit under the write guard. The buffers are
+    /// swapped where that is safe and as fast (CPU: both on pages of one kind; CUDA: the
+    /// weight has a bf16 serving copy and `keep_address` is false, i.e. no kernel or graph
+    /// reads its f32 values at a recorded address), else `new` is copied in; a bf16 serving
+    /// copy keeps its address and is rewritten from the new values.
+    fn commit_from(&mut self, new: &mut Self, keep_address: bool) -> Result<()>;
     /// `s · self`.
     fn scale(&self, s: f32) -> Result<Self>;
     /// `Σ x²` over every element of every part, in f64 (each part's sum, then the parts in

@@ -184,6 +184,12 @@ impl BackendStorage for CudaStorage {
     fn scale_add_inplace(&mut self, _: f32, _: &Self) -> Result<()> {
         match *self {}
     }
+    fn scale_add_into(&self, _: f32, _: &mut Self) -> Result<()> {
+        match *self {}
+    }
+    fn commit_from(&mut self, _: &mut Self, _: bool) -> Result<()> {
+        match *self {}
+    }
     fn gather_packed_rows(&self, _: &Indices, _: usize, _: usize) -> Result<Self> {
         match *self {}
     }

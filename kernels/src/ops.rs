@@ -63,7 +63,7 @@ fn out<S: Into<Storage>>(r: Result<S>, shape: &[usize]) -> Result<Tensor> {
 
 /// A linear layer's weight `[n, k]` in its backend's packed layout (see `cpu::matmul` for
 /// the CPU's 64-column panels), the only copy of the weight the engine and learner keep;
-/// only [`linear`], [`linear_grad_input`], [`unpack_weight`], [`scale_add_packed`] and
+/// only [`linear`], [`linear_grad_input`], [`unpack_weight`], [`scale_add_packed_into`] and
 /// [`embedding_packed`] read it.
 #[derive(Debug, Clone)]
 pub struct PackedWeight {
@@ -97,14 +97,46 @@ pub fn unpack_weight(w: &PackedWeight) -> Result<Tensor> {
     out(backend!("unpack_weight"; s => s.unpack_weight(n, k).map(Storage::from)), &[n, k])
 }
 
-/// `w ← s·w + d` for two weights packed alike (the optimizer's in-place update: `d` is the
-/// step packed outside the write guard).
-pub fn scale_add_packed(w: &mut PackedWeight, s: f32, d: &PackedWeight) -> Result<()> {
+/// `d ← s·w + d` for two weights packed alike, `w` only read: the optimizer's new weight
+/// prepared in its step `d` outside the write guard, then made the served one by
+/// [`commit_packed`] under it.
+pub fn scale_add_packed_into(w: &PackedWeight, s: f32, d: &mut PackedWeight) -> Result<()> {
     if w.shape() != d.shape() {
-        return Err(shape_err("scale_add_packed", format!("{:?} vs {:?}", w.shape(), d.shape())));
+        return Err(shape_err("scale_add_packed_into", format!("{:?} vs {:?}", w.shape(), d.shape())));
     }
-    let (a, b) = (&mut w.storage, &d.storage);
-    backend!("scale_add_packed"; a, b => a.scale_add_inplace(s, b))
+    let (a, b) = (&w.storage, &mut d.storage);
+    backend!("scale_add_packed_into"; a, b => a.scale_add_into(s, b))
+}
+
+/// `d ← s·w + d` elementwise (same shapes), `w` only read: [`scale_add_packed_into`] for
+/// unpacked weights (norms, biases, an untied embedding); then [`commit`].
+pub fn scale_add_into(w: &Tensor, s: f32, d: &mut Tensor) -> Result<()> {
+    if w.shape() != d.shape() {
+        return Err(shape_err("scale_add_into", format!("{:?} vs {:?}", w.shape(), d.shape())));
+    }
+    let (a, b) = (&w.storage, &mut d.storage);
+    backend!("scale_add_into"; a, b => a.scale_add_into(s, b))
+}
+
+/// `w` takes `new`'s values (weights packed alike), `new` is left with values to drop: the
+/// optimizer's commit under the write guard, a buffer swap where possible
+/// ([`BackendStorage::commit_from`]); `keep_address`: something reads `w`'s f32 values at a
+/// recorded address (a tied embedding's lookup in a CUDA graph), so they are copied in.
+pub fn commit_packed(w: &mut PackedWeight, new: &mut PackedWeight, keep_address: bool) -> Result<()> {
+    if w.shape() != new.shape() {
+        return Err(shape_err("commit_packed", format!("{:?} vs {:?}", w.shape(), new.shape())));
+    }
+    let (a, b) = (&mut w.storage, &mut new.storage);
+    backend!("commit_packed"; a, b => a.commit_from(b, keep_address))
+}
+
+/// [`commit_packed`] for unpacked weights (same shapes).
+pub fn commit(w: &mut Tensor, new: &mut Tensor, keep_address: bool) -> Result<()> {
+    if w.shape() != new.shape() {
+        return Err(shape_err("commit", format!("{:?} vs {:?}", w.shape(), new.shape())));
+    }
+    let (a, b) = (&mut w.storage, &mut new.storage);
+    backend!("commit"; a, b => a.commit_from(b, keep_address))
 }
 
 /// `a ← s·a + d` elementwise (same shapes).
@@ -756,7 +788,8 @@ pub struct AdamWStep {
 /// `v ← β₂v + (1−β₂)g'²` (in place), and returns the step
 /// `Δ = −(lr / (1−β₁ᵗ)) · m / (√v / √(1−β₂ᵗ) + ε)`, in f32 in PyTorch's operation order
 /// (`torch.optim.AdamW`; see `cpu::optim`); the parameter update is then
-/// `p ← (1 − lr·weight_decay)·p + Δ` ([`scale_add_inplace`] / [`scale_add_packed`]).
+/// `p ← (1 − lr·weight_decay)·p + Δ` ([`scale_add_inplace`], or for the served weights
+/// [`scale_add_packed_into`] then [`commit_packed`]).
 pub fn adamw_delta(g: &Tensor, m: &mut Tensor, v: &mut Tensor, step: &AdamWStep) -> Result<Tensor> {
     if m.shape() != g.shape() || v.shape() != g.shape() {
         return Err(shape_err("adamw", format!("g {:?}, m {:?}, v {:?}", g.shape(), m.shape(), v.shape())));

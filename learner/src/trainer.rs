@@ -575,21 +575,26 @@ impl Trainer {
     }
 
     /// One AdamW update of the served weights (and the value head) with `grads`: the step is
-    /// computed and laid out like the served weights while the engine keeps serving; the
-    /// write guard covers one elementwise pass `w ← decay·w + Δ` and the version bump.
+    /// computed, laid out like the served weights and turned into the new weights
+    /// (`Δ ← decay·w + Δ`, [`engine::Model::prepare_update`]) under a read guard while the
+    /// engine keeps serving; the write guard covers the commit (buffer swaps where possible,
+    /// [`engine::Model::commit_update`]) and the version bump. Holds
+    /// [`SharedModel::lock_updates`] throughout.
     ///
     /// Errors: a gradient that is not one of the model's (or the value head's) parameters, or
     /// has another shape ([`LearnerError::Gradient`]); nothing is changed then.
     pub fn update(&mut self, model: &SharedModel, grads: &Grads) -> Result<Update> {
         let t0 = Instant::now();
         let cfg = &self.config;
+        let _updates = model.lock_updates();
         let scale = self.optimizer.begin_step(grads, cfg)?;
         let decay = AdamW::decay(&scale, cfg);
-        let laid = {
+        let mut laid = {
             let m = model.read();
             check_gradients(&m, self.value_head.as_ref(), grads)?;
             let mut steps = Steps { opt: &mut self.optimizer, grads, scale: &scale, cfg, device: m.device().clone() };
-            let laid = m.lay_out(&mut steps)?;
+            let mut laid = m.lay_out(&mut steps)?;
+            m.prepare_update(&mut laid, decay)?;
             if let Some(head) = &mut self.value_head {
                 let mut deltas = BTreeMap::new();
                 for (&key, g) in &grads.tensors {
@@ -606,7 +611,7 @@ impl Trainer {
         let (version, start, end) = {
             let mut w = model.write();
             let start = w.device().mark()?;
-            w.apply_deltas(&laid, decay)?;
+            w.commit_update(&mut laid)?;
             let end = w.device().mark()?;
             w.version += 1;
             (w.version, start, end)
@@ -615,6 +620,7 @@ impl Trainer {
         // device (its work queues behind it on the one stream): the pause is the longer.
         let hold = t_write.elapsed().as_secs_f64();
         let pause_seconds = hold.max(start.seconds_until(&end)?);
+        drop(laid); // the old weights
         Ok(Update { grad_norm: scale.grad_norm, lr: scale.lr, version, pause_seconds, optimizer_seconds })
     }
 

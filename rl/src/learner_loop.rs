@@ -155,6 +155,7 @@ pub fn restore_version(model: &SharedModel, dir: &Path) -> Result<()> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
         Err(e) => return Err(RlError::io(&path, e)),
     };
+    let _updates = model.lock_updates();
     let mut m = model.write();
     if recorded > m.version {
         m.version = recorded + 1;
@@ -196,6 +197,7 @@ pub fn load_weights(model: &SharedModel, dir: &Path, version: u64) -> Result<()>
     if loaded.config != config {
         return Err(RlError::invalid_input(format!("{} holds a different model than the one served", dir.display())));
     }
+    let _updates = model.lock_updates();
     let mut m = model.write();
     let version = version.max(m.version + 1);
     *m = loaded;

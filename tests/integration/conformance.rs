@@ -290,10 +290,25 @@ fn elementwise_and_reductions(dev: &Device) {
     let mut t = up(dev, &a, &[m, n]);
     ops::scale_add_inplace(&mut t, 0.9, &up(dev, &b, &[m, n])).unwrap();
     close(&host(&t), &axpby, 1e-6, "scale_add");
-    // The optimizer's update on a packed weight, with a delta packed alike.
-    let mut w = ops::pack_weight(&up(dev, &a, &[m, n])).unwrap();
-    ops::scale_add_packed(&mut w, 0.9, &ops::pack_weight(&up(dev, &b, &[m, n])).unwrap()).unwrap();
-    close(&host(&ops::unpack_weight(&w).unwrap()), &axpby, 1e-6, "scale_add_packed");
+    let inplace = host(&t);
+    // The optimizer's update of the served weights: the new weight prepared in the step's
+    // buffer (the weight only read), then committed (swapped, or copied in), packed and
+    // dense; the same bits as the in-place form.
+    for keep_address in [false, true] {
+        let mut w = ops::pack_weight(&up(dev, &a, &[m, n])).unwrap();
+        let mut d = ops::pack_weight(&up(dev, &b, &[m, n])).unwrap();
+        ops::scale_add_packed_into(&w, 0.9, &mut d).unwrap();
+        assert_eq!(host(&ops::unpack_weight(&w).unwrap()), a, "scale_add_packed_into only reads the weight");
+        ops::commit_packed(&mut w, &mut d, keep_address).unwrap();
+        assert_eq!(host(&ops::unpack_weight(&w).unwrap()), inplace, "commit_packed, keep_address {keep_address}");
+        let (mut t, mut d) = (up(dev, &a, &[m, n]), up(dev, &b, &[m, n]));
+        ops::scale_add_into(&t, 0.9, &mut d).unwrap();
+        ops::commit(&mut t, &mut d, keep_address).unwrap();
+        assert_eq!(host(&t), inplace, "commit, keep_address {keep_address}");
+    }
+    let mut wrong = up(dev, &b, &[n, m]);
+    let e = ops::scale_add_into(&up(dev, &a, &[m, n]), 0.9, &mut wrong).unwrap_err().to_string();
+    assert!(e.contains("scale_add_into"), "{e}");
     let ss: f64 = a.iter().map(|x| (*x as f64).powi(2)).sum();
     assert!((ops::sum_squares(&up(dev, &a, &[m, n])).unwrap() - ss).abs() < 1e-9 * ss, "sum_squares");
     // Several tensors (the global gradient norm), one of them empty: the sum of all squares.

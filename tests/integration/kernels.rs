@@ -91,9 +91,9 @@ fn embedding_gathers_rows_and_rejects_bad_ids() {
     assert!(err.to_string().contains("token id 3 >= vocab size 3"), "{err}");
 }
 
-/// The input gradient reads the packed weight itself, so it sees every in-place update:
-/// after `w ← s·w + Δ`, `dy · W` is bitwise what a freshly packed updated weight gives, and
-/// by hand on a 2 × 3 weight.
+/// The input gradient reads the packed weight itself, so it sees every update: after
+/// `w ← s·w + Δ` (prepared in Δ's buffer, committed by a swap), `dy · W` is bitwise what a
+/// freshly packed updated weight gives, and by hand on a 2 × 3 weight.
 #[test]
 fn the_input_gradient_sees_every_update_of_the_weight() {
     let w0 = [1.0, 2.0, 3.0, -1.0, 0.5, 0.0];
@@ -104,7 +104,9 @@ fn the_input_gradient_sees_every_update_of_the_weight() {
     assert_close(dx.as_slice().unwrap(), &[-1.0, 3.0, 3.0, -1.5, -1.75, -3.0], 0.0, "dx before");
     let step = [0.5, 0.0, -1.0, 1.0, 0.0, 2.0];
     for update in 1..=2 {
-        ops::scale_add_packed(&mut w, 2.0, &ops::pack_weight(&t(&step, &[2, 3])).unwrap()).unwrap();
+        let mut d = ops::pack_weight(&t(&step, &[2, 3])).unwrap();
+        ops::scale_add_packed_into(&w, 2.0, &mut d).unwrap();
+        ops::commit_packed(&mut w, &mut d, false).unwrap();
         let fresh = ops::pack_weight(&ops::unpack_weight(&w).unwrap()).unwrap();
         let (got, want) = (ops::linear_grad_input(&dy, &w).unwrap(), ops::linear_grad_input(&dy, &fresh).unwrap());
         assert_eq!(got.as_slice().unwrap(), want.as_slice().unwrap(), "after update {update}");

@@ -37,6 +37,13 @@ pub fn scale_add(a: &mut [f32], s: f32, d: &[f32]) {
     }
 }
 
+/// `d = w·s + d` ([`scale_add`]'s arithmetic with the roles swapped).
+pub fn scale_add_into(w: &[f32], s: f32, d: &mut [f32]) {
+    for (d, w) in d.iter_mut().zip(w) {
+        *d += *w * s; // w·s + d: addition commutes bitwise
+    }
+}
+
 pub fn add_inplace(a: &mut [f32], b: &[f32]) {
     for (x, y) in a.iter_mut().zip(b) {
         *x += y;

@@ -8,6 +8,7 @@
 //! Each element is independent, so the loop vectorises; the result does not depend on how
 //! the buffer is split across threads.
 
+use super::host_buf::HostBuf;
 use super::matmul::{self, NP};
 use crate::ops::AdamWStep;
 use rayon::prelude::*;
@@ -32,7 +33,7 @@ pub type Part<'a> = (&'a [f32], &'a mut [f32], &'a mut [f32]);
 /// columns each), written in [`matmul::pack`]'s panel layout in one pass: each panel's 64
 /// rows are stepped into a cache-sized row-major scratch, then transposed from cache into
 /// the panel. Bitwise the per-part [`adamw_delta`], concatenated and packed.
-pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> Vec<f32> {
+pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> HostBuf {
     let coeffs = Coeffs::new(s);
     // Row j of the stack: (g, m, v) pointers into its part.
     let mut stack: Vec<[usize; 3]> = Vec::new();
@@ -45,18 +46,20 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> Ve
     }
     let n = stack.len();
     if k == 0 {
-        return Vec::new();
+        return HostBuf::Vec(Vec::new());
     }
-    // Written in full below (every panel column by `pack_panel` or the padding fill), so not
-    // zero-filled first: at 540 MB per step for the default model, a fill was a tenth of the
-    // optimizer's time.
-    let mut packed = Vec::with_capacity(n.div_ceil(NP) * k * NP);
-    // SAFETY: f32 has no invalid bit patterns and nothing reads an element before the loop
-    // below writes it.
-    #[allow(clippy::uninit_vec)]
-    unsafe {
-        packed.set_len(n.div_ceil(NP) * k * NP)
-    };
+    // On huge pages like the packed weight (`matmul::pack_weight`), so that the commit swaps
+    // the two buffers (`CpuStorage::commit_from`). Written in full below (every panel column
+    // by `pack_panel` or the padding fill), so not zero-filled first: at 540 MB per step for
+    // the default model, a fill was a tenth of the optimizer's time.
+    let len = n.div_ceil(NP) * k * NP;
+    // SAFETY: the closure writes all `len` values (below), and nothing reads one before.
+    unsafe { HostBuf::huge(len, |out| fill_packed(std::slice::from_raw_parts_mut(out, len), &stack, k, &coeffs)) }
+}
+
+/// The packed step of [`adamw_delta_packed`] into `packed` (`stack`: the rows' pointers).
+fn fill_packed(packed: &mut [f32], stack: &[[usize; 3]], k: usize, coeffs: &Coeffs) {
+    let n = stack.len();
     let wide = super::simd::wide_transpose();
     packed.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
         let live = NP.min(n - p * NP);
@@ -79,12 +82,11 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> Ve
                     std::slice::from_raw_parts_mut(v as *mut f32, k),
                 )
             };
-            chunk(g, m, v, d, &coeffs);
+            chunk(g, m, v, d, coeffs);
         }
         let d = &*d;
         matmul::pack_panel(|c| &d[c * k..(c + 1) * k], live, k, panel, wide);
     });
-    packed
 }
 
 struct Coeffs {

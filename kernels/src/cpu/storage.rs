@@ -95,6 +95,20 @@ impl BackendStorage for CpuStorage {
         self.0.par_chunks_mut(CHUNK).zip(d.0.par_chunks(CHUNK)).for_each(|(p, d)| elementwise::scale_add(p, s, d));
         Ok(())
     }
+    fn scale_add_into(&self, s: f32, d: &mut Self) -> Result<()> {
+        d.0.par_chunks_mut(CHUNK).zip(self.0.par_chunks(CHUNK)).for_each(|(d, w)| elementwise::scale_add_into(w, s, d));
+        Ok(())
+    }
+    /// Swaps the buffers when both are on pages of one kind (a packed weight stays on huge
+    /// pages, [`HostBuf::huge`]); else copies.
+    fn commit_from(&mut self, new: &mut Self, _keep_address: bool) -> Result<()> {
+        if std::mem::discriminant(&self.0) == std::mem::discriminant(&new.0) {
+            std::mem::swap(&mut self.0, &mut new.0);
+        } else {
+            self.0.par_chunks_mut(CHUNK).zip(new.0.par_chunks(CHUNK)).for_each(|(a, b)| a.copy_from_slice(b));
+        }
+        Ok(())
+    }
     fn scale(&self, s: f32) -> Result<Self> {
         Ok(Self::from(self.0.par_iter().map(|v| v * s).collect::<Vec<f32>>()))
     }
@@ -276,6 +290,6 @@ impl BackendStorage for CpuStorage {
     fn adamw_delta_packed(parts: &mut [(&Self, &mut Self, &mut Self)], k: usize, s: &AdamWStep) -> Result<Self> {
         let mut ps: Vec<optim::Part> =
             parts.iter_mut().map(|(g, m, v)| (&g.0[..], &mut m.0[..], &mut v.0[..])).collect();
-        Ok(Self::from(optim::adamw_delta_packed(&mut ps, k, s)))
+        Ok(Self(optim::adamw_delta_packed(&mut ps, k, s)))
     }
 }

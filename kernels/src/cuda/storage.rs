@@ -24,8 +24,9 @@ pub struct CudaStorage {
     pub(super) buf: DevBuf<f32>,
     /// The bf16 serving copy of a linear weight on a device in bf16 mode: made from `buf` by
     /// the first `linear` that reads this weight (so optimizer deltas, packed like weights but
-    /// never multiplied, get none), rewritten with `buf` by every `scale_add_inplace` (the
-    /// optimizer's update, one launch), read by `linear`.
+    /// never multiplied, get none), rewritten from the new `buf` by `commit_from` (the
+    /// optimizer's commit; the copy keeps its address, which decode graphs record) and by
+    /// `scale_add_inplace`, read by `linear`.
     pub(super) bf16: OnceLock<DevBuf<u16>>,
 }
 
@@ -184,7 +185,7 @@ impl CudaStorage {
         src: &Self,
         c: usize,
     ) -> Result<()> {
-        self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
+        self.bf16.take(); // a bf16 copy would be stale (scale_add_inplace and commit_from keep it)
         let dev = self.dev.clone();
         let args = &mut [w(&mut self.buf), r(rows), r(&src.buf), Arg::I32(int(n)?), Arg::I32(int(c)?)];
         dev.launch("embedding.cu", name, stride_cfg(n * c), args)
@@ -301,7 +302,7 @@ impl BackendStorage for CudaStorage {
         Ok((dx, dw))
     }
     fn rope_inplace(&mut self, positions: &Indices, cos: &Self, sin: &Self, c: usize, head_dim: usize) -> Result<()> {
-        self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
+        self.bf16.take(); // a bf16 copy would be stale (scale_add_inplace and commit_from keep it)
         if positions.is_empty() {
             return Ok(());
         }
@@ -325,7 +326,7 @@ impl BackendStorage for CudaStorage {
         Ok(d)
     }
     fn add_inplace(&mut self, other: &Self) -> Result<()> {
-        self.bf16.take(); // a bf16 copy would be stale (only scale_add_inplace keeps it)
+        self.bf16.take(); // a bf16 copy would be stale (scale_add_inplace and commit_from keep it)
         let n = self.to_len();
         let dev = self.dev.clone();
         let args = &mut [w(&mut self.buf), r(&other.buf), Arg::I64(n as i64)];
@@ -346,6 +347,29 @@ impl BackendStorage for CudaStorage {
                 let args = &mut [w(buf), Arg::F32(s), r(&d.buf), Arg::I64(n as i64)];
                 dev.launch("elementwise.cu", "scale_add_inplace", stride_cfg(n), args)
             }
+        }
+    }
+    fn scale_add_into(&self, s: f32, d: &mut Self) -> Result<()> {
+        let n = self.to_len();
+        let args = &mut [r(&self.buf), Arg::F32(s), w(&mut d.buf), Arg::I64(n as i64)];
+        self.dev.launch("elementwise.cu", "scale_add_into", stride_cfg(n), args)
+    }
+    /// A weight with a bf16 serving copy and `keep_address` false: the f32 buffers swap and
+    /// the copy is rewritten (6 B per value); with `keep_address`: master and copy written in
+    /// one pass (10 B); without a copy: a device copy (8 B).
+    fn commit_from(&mut self, new: &mut Self, keep_address: bool) -> Result<()> {
+        let n = self.to_len();
+        let Self { dev, buf, bf16 } = self;
+        match bf16.get_mut() {
+            Some(copy) if !keep_address => {
+                std::mem::swap(buf, &mut new.buf);
+                dev.launch("elementwise.cu", "f32_to_bf16", stride_cfg(n), &mut [r(buf), w(copy), Arg::I64(n as i64)])
+            }
+            Some(copy) => {
+                let args = &mut [r(&new.buf), w(buf), w(copy), Arg::I64(n as i64)];
+                dev.launch("elementwise.cu", "copy_bf16", stride_cfg(n), args)
+            }
+            None => dev.rt().dtod(&new.buf, 0, buf, 0, n),
         }
     }
     fn scale(&self, s: f32) -> Result<Self> {

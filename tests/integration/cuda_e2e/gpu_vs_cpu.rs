@@ -191,10 +191,12 @@ fn bf16_logits_match_the_cpu_within_bf16_rounding(t: Target) {
     prefill_and_decode_vs_cpu(t, &dev, 3e-2);
 }
 
-/// An optimizer update (`scale_add_packed`, the write-guard pass) rewrites a bf16 weight's
-/// serving copy with its f32 master: `linear` after the update matches the CPU's with the
-/// updated f32 weight to bf16 rounding, and differs from before it.
+/// The optimizer's update (`scale_add_packed_into` outside the write guard, `commit_packed`
+/// under it) rewrites a bf16 weight's serving copy from its new f32 master, whether the
+/// master's buffer is swapped or (`keep_address`) copied in: `linear` after the update
+/// matches the CPU's with the updated f32 weight to bf16 rounding, and differs from before.
 fn the_bf16_serving_copy_follows_every_update(t: Target) {
+    use kernels::ops::{commit_packed, linear, pack_weight, scale_add_packed_into};
     let Some(dev) = t.device(BF16) else { return };
     let (m, n, k) = (5, 70, 96);
     let (x, w, d) = (
@@ -203,18 +205,22 @@ fn the_bf16_serving_copy_follows_every_update(t: Target) {
         random_weight("d", &[n, k]).unwrap(),
     );
     let on = |t: &Tensor, dev: &Device| t.to_device(dev).unwrap();
-    let (mut wg, dg) =
-        (kernels::ops::pack_weight(&on(&w, &dev)).unwrap(), kernels::ops::pack_weight(&on(&d, &dev)).unwrap());
-    let (mut wc, dc) = (kernels::ops::pack_weight(&w).unwrap(), kernels::ops::pack_weight(&d).unwrap());
-    let before = kernels::ops::linear(&on(&x, &dev), &wg, None).unwrap().to_vec().unwrap();
-    kernels::ops::scale_add_packed(&mut wg, 0.5, &dg).unwrap();
-    kernels::ops::scale_add_packed(&mut wc, 0.5, &dc).unwrap();
-    let after = kernels::ops::linear(&on(&x, &dev), &wg, None).unwrap().to_vec().unwrap();
-    let want = kernels::ops::linear(&x, &wc, None).unwrap().to_vec().unwrap();
-    let err = max_row_rel_err(&want, &after, n);
-    eprintln!("bf16 linear after an update: max relative error {err:.2e}");
-    assert!(err <= 2e-2, "after the update: relative error {err:.2e}");
-    assert!(max_row_rel_err(&want, &before, n) > 10.0 * err, "the update is visible in the bf16 copy");
+    for keep_address in [false, true] {
+        let (mut wg, mut dg) = (pack_weight(&on(&w, &dev)).unwrap(), pack_weight(&on(&d, &dev)).unwrap());
+        let (mut wc, mut dc) = (pack_weight(&w).unwrap(), pack_weight(&d).unwrap());
+        let before = linear(&on(&x, &dev), &wg, None).unwrap().to_vec().unwrap(); // makes the copy
+        scale_add_packed_into(&wg, 0.5, &mut dg).unwrap();
+        commit_packed(&mut wg, &mut dg, keep_address).unwrap();
+        scale_add_packed_into(&wc, 0.5, &mut dc).unwrap();
+        commit_packed(&mut wc, &mut dc, keep_address).unwrap();
+        let after = linear(&on(&x, &dev), &wg, None).unwrap().to_vec().unwrap();
+        let want = linear(&x, &wc, None).unwrap().to_vec().unwrap();
+        let err = max_row_rel_err(&want, &after, n);
+        eprintln!("bf16 linear after an update (keep_address {keep_address}): max relative error {err:.2e}");
+        assert!(err <= 2e-2, "after the update (keep_address {keep_address}): relative error {err:.2e}");
+        let seen = max_row_rel_err(&want, &before, n) > 10.0 * err;
+        assert!(seen, "the update is visible in the bf16 copy (keep_address {keep_address})");
+    }
 }
 
 /// The engine (paged KV blocks of 16, three requests batched) on both devices.
@@ -436,14 +442,30 @@ fn decode_graphs_replay_the_eager_steps_bitwise(t: Target) {
     }
 }
 
-/// A weight update writes the weights in place (their addresses do not change), so a graph
-/// captured before it reads the new values when replayed: the graph engine and the eager
-/// engine, each updated in place after the same step, keep giving the same tokens and
-/// log-probabilities bit for bit, which differ from those without the update. A model
-/// replaced by new weight buffers (a checkpoint's) drops the graphs; the next steps capture
-/// anew over the new buffers and still agree.
+/// The optimizer's commit keeps the address of every buffer a decode graph reads (a buffer
+/// read in f32 is copied into; a linear weight serving a bf16 copy swaps its f32 master and
+/// rewrites the copy where it is), so a graph captured before an update reads the new
+/// values when replayed: the graph engine and the eager engine, each updated after the same
+/// step, keep giving the same tokens and log-probabilities bit for bit, which differ from
+/// those without the update. Updated: a linear weight, the tied LM head (whose rows the
+/// embedding lookup reads in f32) and the final norm. A model replaced by new weight
+/// buffers (a checkpoint's) drops the graphs; the next steps capture anew over the new
+/// buffers and still agree. In the batch-invariant mode (f32: every commit copies) and,
+/// on the emulated device, where a GEMM's rows do not depend on the batch, in bf16 mode
+/// (swaps); on a GPU cuBLAS's bf16 GEMMs over a graph's padded batch round differently.
 fn a_replayed_graph_reads_the_weights_an_update_wrote(t: Target) {
-    let Some(dev) = t.device(BATCH_INVARIANT) else { return };
+    for mode in [BATCH_INVARIANT, BF16] {
+        if mode == BF16 && matches!(t, Target::Gpu) {
+            eprintln!("bf16 mode not compared bitwise on a GPU (cuBLAS rounds a padded batch differently)");
+            continue;
+        }
+        a_replayed_graph_reads_the_weights_an_update_wrote_in(t, mode);
+    }
+}
+
+fn a_replayed_graph_reads_the_weights_an_update_wrote_in(t: Target, mode: CudaOptions) {
+    use kernels::ops::{commit, commit_packed, pack_weight, scale_add_into, scale_add_packed_into};
+    let Some(dev) = t.device(mode) else { return };
     let config = TinySpec::default().config();
     let cfg = EngineConfig { num_blocks: Some(64), ..EngineConfig::default() };
     let ps: Vec<Vec<u32>> = (0..3).map(|i| tokens(tests::tiny::VOCAB, 4 + i, 80 + i as u64)).collect();
@@ -480,9 +502,16 @@ fn a_replayed_graph_reads_the_weights_an_update_wrote(t: Target) {
                 }
                 if step == u {
                     let mut m = shared.write();
-                    let w = &mut m.layers[0].o_proj;
-                    let zero = kernels::ops::pack_weight(&Tensor::zeros(&w.shape(), &dev).unwrap()).unwrap();
-                    kernels::ops::scale_add_packed(w, -1.5, &zero).unwrap();
+                    let zeros = |shape: &[usize]| Tensor::zeros(shape, &dev).unwrap();
+                    let mut d = pack_weight(&zeros(&m.layers[0].o_proj.shape())).unwrap();
+                    scale_add_packed_into(&m.layers[0].o_proj, -1.5, &mut d).unwrap();
+                    commit_packed(&mut m.layers[0].o_proj, &mut d, false).unwrap();
+                    let mut d = pack_weight(&zeros(&m.lm_head.shape())).unwrap();
+                    scale_add_packed_into(&m.lm_head, 0.5, &mut d).unwrap();
+                    commit_packed(&mut m.lm_head, &mut d, true).unwrap();
+                    let mut d = zeros(m.norm.shape());
+                    scale_add_into(&m.norm, 2.0, &mut d).unwrap();
+                    commit(&mut m.norm, &mut d, true).unwrap();
                     m.version += 1;
                 }
                 if step == r {
@@ -498,9 +527,9 @@ fn a_replayed_graph_reads_the_weights_an_update_wrote(t: Target) {
     let (want, _) = run(eager(cfg.clone()), Some((4, 8)));
     let (got, replays) = run(cfg.clone(), Some((4, 8)));
     let (unchanged, _) = run(cfg.clone(), None);
-    assert!(replays >= 3, "graphs captured before the update were replayed after it: {replays}");
-    assert_eq!(got, want, "graph replays after an in-place update and a replaced model = eager steps");
-    assert_ne!(got, unchanged, "the update changed the outputs");
+    assert!(replays >= 3, "{mode:?}: graphs captured before the update were replayed after it: {replays}");
+    assert_eq!(got, want, "{mode:?}: graph replays after an update and a replaced model = eager steps");
+    assert_ne!(got, unchanged, "{mode:?}: the update changed the outputs");
 }
 
 /// A learner forward + backward + global gradient norm reads the device back the same
