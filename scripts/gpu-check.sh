@@ -299,8 +299,9 @@ fi
 
 # ---- 6. online RL on the GPU: a short `rlserve train` job ----
 # Three GRPO steps on SmolLM2-135M's shapes (random weights): the engine samples, the
-# learner updates the served weights in place under the write guard; the pause per update
-# (the guard's hold) comes from metrics.jsonl. Target: ≤ 1 ms (at Qwen2-0.5B).
+# learner commits its prepared weights under the write guard; the pause per update (the
+# longer of the guard's hold and the guarded pass's device time, CUDA events) comes from
+# metrics.jsonl. Target: ≤ 1 ms (at Qwen2-0.5B).
 rl="$WORK/rl"
 rm -rf "$rl" && mkdir -p "$rl"
 printf '{"prompt": "abc"}\n{"prompt": "xyz"}\n' >"$rl/data.jsonl"
