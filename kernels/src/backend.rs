@@ -81,7 +81,7 @@ pub trait BackendStorage: Clone + Debug + Send + Sync + Sized {
     fn scale_add_into(&self, s: f32, d: &mut Self) -> Result<()>;
     /// Makes `new`'s values this buffer's (equal lengths, same layout), leaving `new` with
     /// values to drop: the optimizer's commit under the write guard. The buffers are
-    /// swapped where that is safe and as fast (CPU: both on pages of one kind; CUDA: the
+    /// swapped where that is safe and as fast (CPU: always; CUDA: the
     /// weight has a bf16 serving copy and `keep_address` is false, i.e. no kernel or graph
     /// reads its f32 values at a recorded address), else `new` is copied in; a bf16 serving
     /// copy keeps its address and is rewritten from the new values.

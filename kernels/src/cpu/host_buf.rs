@@ -10,7 +10,9 @@
 //! tok/s), most of it the LM head's 3.8 → 3.6 ms. Linux backs a range with huge pages only
 //! where it is 2 MiB-aligned and advised (`madvise(MADV_HUGEPAGE)`, the setting most
 //! distributions ship: `/sys/kernel/mm/transparent_hugepage/enabled` = `madvise`), which a
-//! `Vec`'s allocation never is.
+//! `Vec`'s allocation never is with the system allocator. (rlserve's mimalloc advises its own
+//! segments, so there a large `Vec` is on huge pages too: the optimizer's steps, which
+//! become the weights at the commit, are `Vec`s so that they reuse freed memory.)
 
 use std::alloc::{self, Layout};
 use std::ops::{Deref, DerefMut};

@@ -99,14 +99,10 @@ impl BackendStorage for CpuStorage {
         d.0.par_chunks_mut(CHUNK).zip(self.0.par_chunks(CHUNK)).for_each(|(d, w)| elementwise::scale_add_into(w, s, d));
         Ok(())
     }
-    /// Swaps the buffers when both are on pages of one kind (a packed weight stays on huge
-    /// pages, [`HostBuf::huge`]); else copies.
+    /// Swaps the buffers: the weight is then the step's buffer (a `Vec` from the allocator,
+    /// where the loaded weight was [`HostBuf::huge`]; see `optim::adamw_delta_packed`).
     fn commit_from(&mut self, new: &mut Self, _keep_address: bool) -> Result<()> {
-        if std::mem::discriminant(&self.0) == std::mem::discriminant(&new.0) {
-            std::mem::swap(&mut self.0, &mut new.0);
-        } else {
-            self.0.par_chunks_mut(CHUNK).zip(new.0.par_chunks(CHUNK)).for_each(|(a, b)| a.copy_from_slice(b));
-        }
+        std::mem::swap(&mut self.0, &mut new.0);
         Ok(())
     }
     fn scale(&self, s: f32) -> Result<Self> {
@@ -290,6 +286,6 @@ impl BackendStorage for CpuStorage {
     fn adamw_delta_packed(parts: &mut [(&Self, &mut Self, &mut Self)], k: usize, s: &AdamWStep) -> Result<Self> {
         let mut ps: Vec<optim::Part> =
             parts.iter_mut().map(|(g, m, v)| (&g.0[..], &mut m.0[..], &mut v.0[..])).collect();
-        Ok(Self(optim::adamw_delta_packed(&mut ps, k, s)))
+        Ok(Self::from(optim::adamw_delta_packed(&mut ps, k, s)))
     }
 }
