@@ -254,7 +254,8 @@ impl LLMEngine {
         }
         let needed = (prompt.len() + completion).div_ceil(self.blocks.block_size());
         if needed > self.blocks.num_blocks() {
-            return Err(ValidationError::TooLongForCache { needed, total: self.blocks.num_blocks() });
+            let (total, prompt) = (self.blocks.num_blocks(), prompt.len());
+            return Err(ValidationError::TooLongForCache { needed, total, prompt, completion });
         }
         Ok(completion)
     }

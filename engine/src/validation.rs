@@ -19,6 +19,9 @@ pub enum ValidationError {
     VocabId { param: &'static str, id: u32, vocab: usize },
     #[error("request id {0:?} is already in use")]
     DuplicateRequestId(String),
-    #[error("the prompt needs {needed} KV-cache blocks but the pool has only {total}")]
-    TooLongForCache { needed: usize, total: usize },
+    #[error(
+        "the prompt ({prompt} tokens) and the completion (`max_tokens` {completion}) need {needed} KV-cache blocks \
+         but the pool has only {total}: ask for fewer tokens, or give the KV cache more memory (--kv-cache-memory)"
+    )]
+    TooLongForCache { needed: usize, total: usize, prompt: usize, completion: usize },
 }

@@ -158,6 +158,19 @@ impl TrainConfig {
     /// the value and the allowed range.
     pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
         let check = |ok: bool, key: &'static str, msg: String| if ok { Ok(()) } else { Err((key, msg)) };
+        // AdamW's ranges (Loshchilov & Hutter 2019, Alg. 2): a negative rate would ascend
+        // the loss on the served weights.
+        let adamw: [(bool, &'static str, &str, f64); 6] = [
+            (self.learning_rate >= 0.0, "learning_rate", ">= 0", self.learning_rate),
+            ((0.0..1.0).contains(&self.adam_beta1), "adam_beta1", "in [0, 1)", self.adam_beta1),
+            ((0.0..1.0).contains(&self.adam_beta2), "adam_beta2", "in [0, 1)", self.adam_beta2),
+            (self.adam_epsilon > 0.0, "adam_epsilon", "> 0", self.adam_epsilon),
+            (self.weight_decay >= 0.0, "weight_decay", ">= 0", self.weight_decay),
+            (self.max_grad_norm >= 0.0, "max_grad_norm", ">= 0 (0: no clipping)", self.max_grad_norm),
+        ];
+        for (ok, key, range, v) in adamw {
+            check(ok, key, format!("`{key}` must be {range}, got {v}"))?;
+        }
         match self.loss_type {
             LossType::Ppo => {
                 check(

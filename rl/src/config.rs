@@ -194,7 +194,7 @@ impl JobConfig {
     /// The allowed ranges; messages name the field, the value and the limit.
     pub fn validate(&self) -> Result<()> {
         let t = &self.learner;
-        let checks: [(bool, &str, String); 9] = [
+        let checks: [(bool, &str, String); 8] = [
             (
                 self.num_generations >= 2 || (!t.loss_type.is_group_relative() && self.num_generations >= 1),
                 "num_generations",
@@ -233,11 +233,6 @@ impl JobConfig {
                 (0.0..=1.0).contains(&self.entropy_collapse_fraction),
                 "entropy_collapse_fraction",
                 format!("`entropy_collapse_fraction` must be in [0, 1], got {}", self.entropy_collapse_fraction),
-            ),
-            (
-                t.learning_rate >= 0.0,
-                "learner.learning_rate",
-                format!("`learner.learning_rate` must be >= 0, got {}", t.learning_rate),
             ),
             (
                 t.total_steps != Some(0),

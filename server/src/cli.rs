@@ -109,6 +109,12 @@ impl ModelArgs {
     pub fn resolve(&self) -> Result<PathBuf> {
         match &self.model {
             Some(p) => {
+                if !p.is_dir() {
+                    bail!(
+                        "--model {}: not a folder (an HF model folder: config.json, *.safetensors, tokenizer.json)",
+                        p.display()
+                    );
+                }
                 if !p.join("config.json").exists() {
                     bail!("--model {}: no config.json in this folder", p.display());
                 }

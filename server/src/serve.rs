@@ -21,22 +21,22 @@ use tokio::sync::oneshot;
 #[derive(Args, Clone, Debug)]
 pub struct EngineArgs {
     /// Tokens per KV-cache block.
-    #[arg(long, default_value_t = 16)]
+    #[arg(long, default_value_t = 16, value_parser = positive)]
     pub block_size: usize,
     /// Bytes for the KV cache (suffixes K, M, G accepted, e.g. 2G).
     #[arg(long, default_value = "2G", value_parser = parse_bytes)]
     pub kv_cache_memory: usize,
     /// KV blocks (overrides --kv-cache-memory).
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub num_blocks: Option<usize>,
     /// Most sequences running at once.
-    #[arg(long, default_value_t = 64)]
+    #[arg(long, default_value_t = 64, value_parser = positive)]
     pub max_num_seqs: usize,
     /// Most tokens per engine step (decodes + prefill chunks).
-    #[arg(long, default_value_t = 1024)]
+    #[arg(long, default_value_t = 1024, value_parser = positive)]
     pub max_num_batched_tokens: usize,
     /// Context limit (prompt + output); default the model's.
-    #[arg(long)]
+    #[arg(long, value_parser = positive)]
     pub max_model_len: Option<usize>,
     /// Disable automatic prefix caching.
     #[arg(long)]
@@ -95,6 +95,15 @@ pub fn parse_bytes(s: &str) -> Result<usize, String> {
         .filter(|v| *v > 0.0)
         .map(|v| (v * mul as f64) as usize)
         .ok_or_else(|| format!("{s:?} is not a byte size like 2G, 512M or 1048576"))
+}
+
+/// A count of at least 1 (clap's value parser for the engine's sizes).
+pub fn positive(s: &str) -> Result<usize, String> {
+    match s.trim().parse::<usize>() {
+        Ok(0) => Err("must be at least 1, got 0".into()),
+        Ok(n) => Ok(n),
+        Err(_) => Err(format!("{s:?} is not a whole number")),
+    }
 }
 
 #[derive(Args, Clone, Debug)]

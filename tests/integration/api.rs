@@ -105,6 +105,12 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "messages[0].content[0].cache",
             "not supported",
         ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
+            "messages",
+            "`messages[0].content` part of type \"text\" has no `text`",
+        ),
         ("/v1/completions", cmpl(json!({"suffix": "end"})), "suffix", "`suffix` is not supported"),
         ("/v1/completions", cmpl(json!({"best_of": 2})), "best_of", "`best_of` is not supported"),
         ("/v1/completions", cmpl(json!({"top_logprobs": 2})), "top_logprobs", "`top_logprobs` is not supported"),

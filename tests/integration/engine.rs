@@ -340,7 +340,7 @@ fn invalid_requests_are_rejected_and_the_engine_keeps_serving() {
         &mut e,
         vec![1; 60],
         SamplingParams { max_tokens: Some(10), ..d() },
-        "needs 5 KV-cache blocks but the pool has only 4",
+        "the prompt (60 tokens) and the completion (`max_tokens` 10) need 5 KV-cache blocks but the pool has only 4",
     );
     check(
         &mut e,

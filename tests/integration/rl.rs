@@ -473,6 +473,18 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"learning_rate": 1e-5}), 400, "unknown field `learning_rate`"),
         ("/v1/train/jobs", json!({"learner": {"learning_rat": 1e-5}}), 400, "unknown field `learning_rat`"),
         ("/v1/train/jobs", json!({"learner": {"total_steps": 0}}), 400, "`learner.total_steps`"),
+        (
+            "/v1/train/jobs",
+            json!({"learner": {"learning_rate": -1}}),
+            400,
+            "`learner.learning_rate` must be >= 0, got -1",
+        ),
+        (
+            "/v1/train/jobs",
+            json!({"learner": {"adam_beta1": 1.5}}),
+            400,
+            "`learner.adam_beta1` must be in [0, 1), got 1.5",
+        ),
         ("/v1/train/jobs", json!({"dataset": "/nonexistent.jsonl"}), 400, "/nonexistent.jsonl"),
         // Read whole, /dev/zero took 20 GB and the server with it: now a 400 naming the file
         // (the cases after it show the server still serves).

@@ -68,6 +68,17 @@ async fn endpoints_answer() {
     let models: Value = c.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "tiny-endpoints");
     assert_eq!(models["data"][0]["max_model_len"], 128);
+    // `models.retrieve`: the card by its id, or a 404 naming the served model.
+    let one = c.get(format!("{base}/v1/models/tiny-endpoints")).send().await.unwrap();
+    assert_eq!(one.status(), 200);
+    assert_eq!(one.json::<Value>().await.unwrap(), models["data"][0]);
+    let r = c.get(format!("{base}/v1/models/Qwen/Qwen3-8B")).send().await.unwrap();
+    assert_eq!(r.status(), 404);
+    let v: Value = r.json().await.unwrap();
+    assert_eq!(
+        v["error"]["message"], "The model `Qwen/Qwen3-8B` does not exist. This server serves `tiny-endpoints`.",
+        "{v}"
+    );
     let (st, tok) = post(&base, "/tokenize", json!({"prompt": "hé"})).await;
     assert_eq!((st, tok["count"].as_u64()), (200, Some(3)));
     let (_, chat_tok) = post(&base, "/tokenize", json!({"messages": [{"role": "user", "content": "hi"}]})).await;

@@ -1,8 +1,9 @@
 //! The Tinker API's server-side rules over HTTP (the SDK's own run is tests/tinker_client.py
 //! in .ci/run): the key in `X-API-Key` with or without the SDK's `tml-` prefix, futures and
 //! their long poll, one training client at a time (a second session is refused until the
-//! first finishes), `seq_id` de-duplication, an optimizer step as a new policy version, and
-//! clear errors for a wrong base model, a body that is not protobuf and an endpoint rlserve
+//! first finishes; a session's new client replaces its previous one, whose calls then name
+//! it), `seq_id` de-duplication, an optimizer step as a new policy version (out-of-range AdamW
+//! parameters refused), and clear errors for a wrong base model, a body that is not protobuf and an endpoint rlserve
 //! does not implement.
 
 use crate::rl::{start_server, tiny};
@@ -98,6 +99,35 @@ async fn tinker_sessions_futures_and_the_one_training_client() {
     let v = c.poll(f1["request_id"].as_str().unwrap()).await;
     assert_eq!(v["metrics"]["policy_version:max"], 1.0, "{v}");
     assert_eq!(v["metrics"]["learning_rate:mean"], 1e-3, "{v}");
+    // Out-of-range AdamW parameters fail the step with a user error naming the SDK's field;
+    // the weights are not touched (the next step is version 2).
+    for (params, want) in [
+        (json!({"learning_rate": -1.0}), "`adam_params.learning_rate` must be >= 0, got -1"),
+        (json!({"beta2": 1.0}), "`adam_params.beta2` must be in [0, 1), got 1"),
+        (json!({"eps": 0.0}), "`adam_params.eps` must be > 0, got 0"),
+        (json!({"grad_clip_norm": -0.5}), "`adam_params.grad_clip_norm` must be >= 0 (0: no clipping), got -0.5"),
+    ] {
+        let v = c.result("optim_step", json!({"model_id": model_id, "adam_params": params})).await;
+        assert_eq!((v["category"].as_str(), v["error"].as_str()), (Some("user"), Some(want)), "{v}");
+    }
+    let v = c.result("optim_step", json!({"model_id": model_id, "adam_params": {"learning_rate": 0.0}})).await;
+    assert_eq!(v["metrics"]["policy_version:max"], 2.0, "{v}");
+
+    // A session's new training client replaces its previous one, whose calls then name it.
+    let v = c
+        .result(
+            "create_model",
+            json!({"session_id": session, "model_seq_id": 1, "base_model": "tiny", "lora_config": {"rank": 8}}),
+        )
+        .await;
+    let newer = v["model_id"].as_str().unwrap().to_string();
+    assert_eq!(newer, format!("{session}:train:1"), "{v}");
+    let (st, v) = c.post("optim_step", json!({"model_id": model_id})).await;
+    assert_eq!(st, 404, "{v}");
+    let msg = v["error"]["message"].as_str().unwrap();
+    assert!(msg.starts_with(&format!("training client `{model_id}` was replaced by `{newer}`")), "{v}");
+    let (st, v) = c.post("get_info", json!({"model_id": model_id})).await;
+    assert_eq!((st, v["error"]["message"].as_str()), (404, Some(msg)), "{v}");
 
     // forward_backward takes a protobuf body; anything else is a 400 naming the message.
     let r = reqwest::Client::new()

@@ -41,6 +41,10 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                     .iter()
                     .map(|p| match (p.kind.as_str(), &p.text) {
                         ("text", Some(t)) => Ok(t.as_str()),
+                        ("text", None) => Err(ApiError::bad(
+                            format!("`messages[{i}].content` part of type \"text\" has no `text`"),
+                            Some("messages"),
+                        )),
                         _ => Err(ApiError::bad(
                             format!("`messages[{i}].content` part of type {:?} is not supported (only text)", p.kind),
                             Some("messages"),

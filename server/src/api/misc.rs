@@ -1,11 +1,11 @@
-//! `/v1/models`, `/tokenize`, `/detokenize`, `/health`, `/metrics`.
+//! `/v1/models` (and `/v1/models/{model}`), `/tokenize`, `/detokenize`, `/health`, `/metrics`.
 
 use super::body::ApiJson;
 use super::chat::chat_prompt;
 use super::error::ApiError;
 use super::protocol::{ChatFormat, DetokenizeRequest, TokenizeRequest};
 use super::AppState;
-use axum::extract::State;
+use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::IntoResponse;
 use axum::Json;
@@ -13,9 +13,18 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 
 pub async fn models(State(s): State<Arc<AppState>>) -> Json<Value> {
-    Json(
-        json!({"object": "list", "data": [{"id": s.model_name, "object": "model", "created": s.created, "owned_by": "rlserve", "max_model_len": s.max_model_len}]}),
-    )
+    Json(json!({"object": "list", "data": [model_card(&s)]}))
+}
+
+/// `GET /v1/models/{model}` (the OpenAI client's `models.retrieve`): the served model's
+/// card, or a 404 naming the served model.
+pub async fn model(State(s): State<Arc<AppState>>, Path(model): Path<String>) -> Result<Json<Value>, ApiError> {
+    s.check_model(Some(&model))?;
+    Ok(Json(model_card(&s)))
+}
+
+fn model_card(s: &AppState) -> Value {
+    json!({"id": s.model_name, "object": "model", "created": s.created, "owned_by": "rlserve", "max_model_len": s.max_model_len})
 }
 
 /// `GET /v1/status`: what the web pages show, as JSON (the numbers `/metrics` exposes as

@@ -133,6 +133,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/completions", post(completions::completions))
         .route("/v1/chat/completions", post(chat::chat_completions))
         .route("/v1/models", get(misc::models))
+        .route("/v1/models/{*model}", get(misc::model))
         .route("/v1/status", get(misc::status))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))

@@ -98,6 +98,8 @@ pub struct Tinker {
 
 struct Session {
     last_seen: Instant,
+    /// This session's training clients that a newer one replaced → that one's id.
+    replaced: HashMap<String, String>,
 }
 
 /// The one training client: its worker's queue and the seq_ids it has seen. Dropping it
@@ -193,6 +195,19 @@ impl Tinker {
 
     /// Ends sessions silent for [`SESSION_TIMEOUT`]; their training client goes with them.
     /// (Locks: `trainer` before `sessions`, as [`submit`].)
+    /// The 404 for a training client `model_id` that is not open, naming the client that
+    /// replaced it where a newer one of its session did.
+    fn no_client(&self, model_id: &str) -> ApiError {
+        let newer = lock(&self.sessions).values().find_map(|s| s.replaced.get(model_id).cloned());
+        ApiError::NotFound(match newer {
+            Some(newer) => format!(
+                "training client `{model_id}` was replaced by `{newer}`, its session's newer training client: rlserve \
+                 trains one model (the served one), so a session's new training client replaces the previous one"
+            ),
+            None => format!("training client `{model_id}` does not exist (create_model first, or its session ended)"),
+        })
+    }
+
     pub fn expire_sessions(&self) {
         lock(&self.sessions).retain(|id, s| {
             let live = s.last_seen.elapsed() < SESSION_TIMEOUT;
@@ -298,7 +313,7 @@ async fn create_session(State(state): State<Arc<AppState>>) -> axum::Json<Value>
     let t = &state.tinker;
     t.expire_sessions();
     let id = t.new_id("session");
-    lock(&t.sessions).insert(id.clone(), Session { last_seen: Instant::now() });
+    lock(&t.sessions).insert(id.clone(), Session { last_seen: Instant::now(), replaced: HashMap::new() });
     axum::Json(json!({"session_id": id, "type": "create_session"}))
 }
 
@@ -365,7 +380,7 @@ struct GetInfo {
 async fn get_info(State(state): State<Arc<AppState>>, ApiJson(v): ApiJson<Value>) -> Result<Response, ApiError> {
     let r: GetInfo = parse(v)?;
     if lock(&state.tinker.trainer).as_ref().is_none_or(|c| c.model_id != r.model_id) {
-        return Err(ApiError::NotFound(format!("training client `{}` does not exist", r.model_id)));
+        return Err(state.tinker.no_client(&r.model_id));
     }
     let folder = folder(&state).to_string_lossy().into_owned();
     let arch = format!("{:?}", state.model.read().config.architecture).to_lowercase();
@@ -403,11 +418,17 @@ fn open_training_client(
     {
         return Err(Outcome::user(format!("optimizer_config type `{kind}`: rlserve's optimizer is adamw")));
     }
+    let model_id = format!("{session_id}:train:{model_seq_id}");
     let mut slot = lock(&t.trainer);
     // A session's new training client (create_training_client_from_state) replaces its
     // previous one, taking the learner slot when that one's queued work is done.
     let learner = match slot.take() {
-        Some(prev) if prev.session_id == session_id => Learner::After(prev.worker),
+        Some(prev) if prev.session_id == session_id => {
+            if let Some(s) = lock(&t.sessions).get_mut(session_id).filter(|_| prev.model_id != model_id) {
+                s.replaced.insert(prev.model_id.clone(), model_id.clone());
+            }
+            Learner::After(prev.worker)
+        }
         Some(other) => {
             let id = other.model_id.clone();
             *slot = Some(other);
@@ -424,7 +445,6 @@ fn open_training_client(
     };
     let config = TrainConfig { log_kl_to_initial: false, beta: 0.0, ..Default::default() };
     let trainer = Trainer::new(&state.model.read(), config).map_err(Outcome::server)?;
-    let model_id = format!("{session_id}:train:{model_seq_id}");
     let (tx, rx) = flume::unbounded::<Work>();
     let mut worker = Worker { state: state.clone(), model_id: model_id.clone(), trainer, grads: Grads::default() };
     let rl = state.rl.clone();
@@ -459,11 +479,9 @@ fn open_training_client(
 fn submit(state: &AppState, model_id: &str, seq_id: Option<i64>, op: Op) -> Result<String, ApiError> {
     let t = &state.tinker;
     let mut slot = lock(&t.trainer);
-    let client = slot.as_mut().filter(|c| c.model_id == model_id).ok_or_else(|| {
-        ApiError::NotFound(format!(
-            "training client `{model_id}` does not exist (create_model first, or its session ended)"
-        ))
-    })?;
+    let Some(client) = slot.as_mut().filter(|c| c.model_id == model_id) else {
+        return Err(t.no_client(model_id));
+    };
     t.touch(&client.session_id);
     if let Some(id) = seq_id.and_then(|s| client.seen.get(&s)) {
         return Ok(id.clone());
@@ -524,10 +542,22 @@ impl Worker {
     }
 
     fn optim_step(&mut self, p: &AdamParams) -> Outcome {
-        let c = &mut self.trainer.config;
+        let mut c = self.trainer.config.clone();
         (c.learning_rate, c.adam_beta1, c.adam_beta2, c.adam_epsilon, c.weight_decay, c.max_grad_norm) =
             (p.learning_rate, p.beta1, p.beta2, p.eps, p.weight_decay, p.grad_clip_norm);
         c.lr_scheduler_type = learner::optim::Schedule::Constant;
+        // Checked before anything changes: the accumulated gradients stay for a retry.
+        if let Err((key, msg)) = c.validate() {
+            let sdk = match key {
+                "adam_beta1" => "beta1",
+                "adam_beta2" => "beta2",
+                "adam_epsilon" => "eps",
+                "max_grad_norm" => "grad_clip_norm",
+                k => k,
+            };
+            return Outcome::user(msg.replacen(&format!("`{key}`"), &format!("`adam_params.{sdk}`"), 1));
+        }
+        self.trainer.config = c;
         let grads = std::mem::take(&mut self.grads);
         match self.trainer.update(&self.state.model, &grads) {
             Ok(u) => Outcome::Json(json!({"metrics": {
