@@ -112,6 +112,10 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "`messages[0].content` part of type \"text\" has no `text`",
         ),
         ("/v1/completions", cmpl(json!({"suffix": "end"})), "suffix", "`suffix` is not supported"),
+        // Untagged unions say what they accept (not serde's "untagged enum" wording).
+        ("/v1/completions", cmpl(json!({"stop": 5})), "stop", "a string or a list of strings"),
+        ("/v1/completions", json!({"prompt": ["a", 1]}), "prompt", "a list of token ids or a list of token-id lists"),
+        ("/v1/rollouts", json!({"prompts": [[-1]]}), "prompts[0]", "a list of token ids or {\"messages\": [...]}"),
         ("/v1/completions", cmpl(json!({"best_of": 2})), "best_of", "`best_of` is not supported"),
         ("/v1/completions", cmpl(json!({"top_logprobs": 2})), "top_logprobs", "`top_logprobs` is not supported"),
         (
@@ -170,7 +174,7 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": 5}]}),
             "messages[0].content",
-            "did not match any variant",
+            "a string or a list of parts like {\"type\": \"text\", \"text\": \"...\"}",
         ),
         ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), "messages[0]", "missing field `role`"),
         ("/v1/completions", json!([1, 2]), "", "the request body must be a JSON object, got an array"),

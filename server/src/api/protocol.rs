@@ -10,7 +10,7 @@ use std::collections::BTreeMap;
 
 /// `prompt` of `/v1/completions`: text, texts, token ids, or lists of token ids.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, a list of strings, a list of token ids or a list of token-id lists")]
 pub enum Prompt {
     Text(String),
     Texts(Vec<String>),
@@ -20,7 +20,7 @@ pub enum Prompt {
 
 /// `stop`: one string or a list.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of strings")]
 pub enum Stop {
     One(String),
     Many(Vec<String>),
@@ -132,7 +132,7 @@ impl Body for CompletionRequest {
 
 /// Message `content`: a string or a list of `{"type": "text", "text": ...}` parts.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string or a list of parts like {\"type\": \"text\", \"text\": \"...\"}")]
 pub enum Content {
     Text(String),
     Parts(Vec<ContentPart>),

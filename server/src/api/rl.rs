@@ -20,7 +20,7 @@ use std::time::Instant;
 
 /// One prompt of a rollout request: text, token ids, or chat messages.
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged)]
+#[serde(untagged, expecting = "a string, a list of token ids or {\"messages\": [...]}")]
 pub enum RolloutPrompt {
     Text(String),
     Tokens(Vec<u32>),
