@@ -184,9 +184,19 @@ impl JobConfig {
         Ok(cfg)
     }
 
-    /// Parses and validates the JSON body of `POST /v1/train/jobs`.
+    /// Parses and validates the JSON body of `POST /v1/train/jobs`; a type error names the
+    /// field's path (`learner.loss_type`).
     pub fn from_json(v: serde_json::Value) -> Result<Self> {
-        let cfg: JobConfig = serde_json::from_value(v).map_err(|e| RlError::invalid_input(e.to_string()))?;
+        let cfg: JobConfig = serde_path_to_error::deserialize(v).map_err(|e| {
+            let (path, inner) = (e.path().to_string(), e.inner().to_string());
+            // The learner table's errors name their key already (`learner.k`: ...).
+            let named = inner.strip_prefix('`').and_then(|r| r.split_once('`')).map(|(k, _)| k.to_string());
+            match named {
+                Some(k) => RlError::invalid(&k, inner),
+                None if path == "." => RlError::invalid_input(inner),
+                None => RlError::invalid(&path, format!("`{path}`: {inner}")),
+            }
+        })?;
         cfg.validate()?;
         Ok(cfg)
     }

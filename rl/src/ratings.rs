@@ -105,7 +105,8 @@ impl Ratings {
         }
         let k = self.kept.get(&req.id).ok_or_else(|| {
             RlError::NotFound(format!(
-                "unknown response id `{}` (not served by this server, or feedback learning was off)",
+                "unknown response id `{}`: not served by this server, served while feedback learning was off, or \
+                 cut off before it finished (a stream the client closed is not kept for rating)",
                 req.id
             ))
         })?;

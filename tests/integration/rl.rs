@@ -473,6 +473,13 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"learning_rate": 1e-5}), 400, "unknown field `learning_rate`"),
         ("/v1/train/jobs", json!({"learner": {"learning_rat": 1e-5}}), 400, "unknown field `learning_rat`"),
         ("/v1/train/jobs", json!({"learner": {"total_steps": 0}}), 400, "`learner.total_steps`"),
+        ("/v1/train/jobs", json!({"max_steps": "5"}), 400, "`max_steps`: invalid type: string \"5\", expected u64"),
+        (
+            "/v1/train/jobs",
+            json!({"learner": {"loss_type": "ppo2"}}),
+            400,
+            "`learner.loss_type`: unknown variant `ppo2`",
+        ),
         (
             "/v1/train/jobs",
             json!({"learner": {"learning_rate": -1}}),
@@ -504,6 +511,8 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         assert_eq!(st, status, "{path} {body}: {out}");
         assert!(msg.contains(needle), "{path} {body}: {msg:?} lacks {needle:?}");
     }
+    let (_, out) = post(&base, "/v1/train/jobs", json!({"learner": {"loss_type": "ppo2"}})).await;
+    assert_eq!(out["error"]["param"], "learner.loss_type", "{out}");
     let r = reqwest::get(format!("{base}/v1/train/jobs/job-unknown")).await.unwrap();
     assert_eq!(r.status(), 404);
     let r = reqwest::get(format!("{base}/v1/rollouts")).await.unwrap();
