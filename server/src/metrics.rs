@@ -13,6 +13,36 @@ use std::time::Duration;
 const BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
 
+/// Every fixed series' `# HELP` text (vLLM's wording where it has the series), this crate's
+/// and the `rl` crate's. The learner's per-step `rlserve:train_*` gauges are named after
+/// `StepMetrics`' keys and go without one.
+const HELP: &[(&str, &str)] = &[
+    ("rlserve:num_requests_running", "Number of requests in model execution batches."),
+    ("rlserve:num_requests_waiting", "Number of requests waiting to be processed."),
+    ("rlserve:kv_cache_usage_perc", "KV-cache usage. 1 means 100 percent usage."),
+    ("rlserve:kv_cache_free_blocks", "KV-cache blocks free (neither in use nor cached)."),
+    ("rlserve:policy_version", "Version of the served weights: +1 per optimizer update."),
+    ("rlserve:prefix_cache_queries_total", "Prefix cache queries, in terms of number of queried tokens."),
+    ("rlserve:prefix_cache_hits_total", "Prefix cache hits, in terms of number of cached tokens."),
+    ("rlserve:prompt_tokens_total", "Number of prefill tokens processed."),
+    ("rlserve:generation_tokens_total", "Number of generation tokens processed."),
+    ("rlserve:num_preemptions_total", "Cumulative number of preemptions from the engine."),
+    ("rlserve:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
+    ("rlserve:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
+    ("rlserve:e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds."),
+    ("rlserve:engine_pause_seconds", "Seconds the engine waited for each optimizer update's write."),
+    ("rlserve:train_steps_total", "Learner steps taken by training jobs and the feedback learner."),
+    ("rlserve:train_tokens_total", "Tokens the learner's losses were taken over."),
+    ("rlserve:trained_token_staleness", "Policy versions between each trained token's sampling and its update."),
+    ("rlserve:entropy_collapse_alarm", "1 while the job's policy entropy has collapsed below its alarm fraction."),
+    ("rlserve:eval_reward", "Mean reward of the job's last evaluation."),
+    ("rlserve:eval_accuracy", "Accuracy of the job's last evaluation (a verifiable reward)."),
+    ("rlserve:feedback_accepted_total", "Feedback ratings accepted."),
+    ("rlserve:feedback_rejected_total", "Feedback ratings rejected."),
+    ("rlserve:feedback_trained_samples_total", "Feedback samples the learner has trained on."),
+    ("rlserve:feedback_samples_ready", "Feedback samples waiting for the next learner batch."),
+];
+
 /// The process-wide recorder (installed once) and this server's `model_name` label.
 #[derive(Clone)]
 pub struct Metrics {
@@ -25,11 +55,16 @@ impl Metrics {
         static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
         let handle = HANDLE
             .get_or_init(|| {
-                PrometheusBuilder::new()
+                let handle = PrometheusBuilder::new()
                     .set_buckets(BUCKETS)
                     .expect("non-empty buckets")
                     .install_recorder()
-                    .expect("installing the Prometheus recorder")
+                    .expect("installing the Prometheus recorder");
+                // The exporter keeps one description per name, whatever the series' kind.
+                for &(name, help) in HELP {
+                    metrics::describe_gauge!(name, help);
+                }
+                handle
             })
             .clone();
         Metrics { handle, model: model_name.to_string() }

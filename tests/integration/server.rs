@@ -113,6 +113,10 @@ async fn endpoints_answer() {
     ] {
         assert!(metrics.contains(name), "/metrics lacks {name}");
     }
+    assert!(
+        metrics.contains("# HELP rlserve:num_requests_running Number of requests in model execution batches.\n"),
+        "{metrics}"
+    );
     s.shutdown(Duration::from_secs(5)).await;
 }
 
