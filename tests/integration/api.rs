@@ -177,6 +177,12 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "a string or a list of parts like {\"type\": \"text\", \"text\": \"...\"}",
         ),
         ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), "messages[0]", "missing field `role`"),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": null}]}),
+            "messages[0].content",
+            "`messages[0].content` is required for a user message",
+        ),
         ("/v1/completions", json!([1, 2]), "", "the request body must be a JSON object, got an array"),
     ];
     for (path, body, param, msg) in &cases {

@@ -35,7 +35,14 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                 ));
             }
             let content = match &m.content {
-                None => String::new(),
+                // Only an assistant turn may go without content (OpenAI's rule).
+                None if m.role == "assistant" => String::new(),
+                None => {
+                    return Err(ApiError::bad(
+                        format!("`messages[{i}].content` is required for a {} message", m.role),
+                        Some(&format!("messages[{i}].content")),
+                    ))
+                }
                 Some(Content::Text(t)) => t.clone(),
                 Some(Content::Parts(parts)) => parts
                     .iter()
