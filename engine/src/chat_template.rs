@@ -6,16 +6,20 @@ use crate::error::{ModelError, Result};
 use minijinja::{Environment, ErrorKind};
 use serde::{Deserialize, Serialize};
 
-/// One chat message (`role`: system / user / assistant / tool).
+/// One chat message (`role`: system / user / assistant / tool), with OpenAI's optional
+/// participant `name`, which reaches the template as `message.name` (most templates ignore
+/// it).
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
     pub content: String,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub name: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.into(), content: content.into() }
+        Self { role: role.into(), content: content.into(), name: None }
     }
 }
 

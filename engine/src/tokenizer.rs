@@ -154,7 +154,11 @@ impl Tokenizer {
         let mut table = vec![];
         let escaped: Vec<ChatMessage> = messages
             .iter()
-            .map(|m| ChatMessage { role: m.role.clone(), content: self.specials.escape(&m.content, &mut table) })
+            .map(|m| ChatMessage {
+                role: m.role.clone(),
+                content: self.specials.escape(&m.content, &mut table),
+                name: m.name.as_ref().map(|n| self.specials.escape(n, &mut table)),
+            })
             .collect();
         let rendered = self.render_chat(&escaped, opts)?;
         let (text, protected) = unescape(&rendered, &table);

@@ -89,9 +89,9 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
         ("/v1/chat/completions", chat(json!({"frobnicate": 1})), "frobnicate", "`frobnicate` is not supported"),
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "user", "content": "x", "name": "bob"}]}),
-            "messages[0].name",
-            "`messages[0].name` is not supported",
+            json!({"messages": [{"role": "user", "content": "x", "weight": 1}]}),
+            "messages[0].weight",
+            "`messages[0].weight` is not supported",
         ),
         (
             "/v1/chat/completions",
@@ -346,14 +346,16 @@ async fn echo_with_logprobs_scores_the_prompt() {
 
 /// vLLM's `chat_template_kwargs` reach the template (Qwen3's `enable_thinking: false` closes
 /// an empty think block after the generation prompt), on `/tokenize` and chat; a key that
-/// would replace the template's own variables is a 400 naming it.
+/// would replace the template's own variables is a 400 naming it. A message's `name` reaches
+/// it as `message.name`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chat_template_kwargs_reach_the_template() {
     let dir = tiny_dir("tiny-kwargs");
     let path = dir.join("tokenizer_config.json");
     let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     let think = "{% if add_generation_prompt and enable_thinking is defined and enable_thinking is false %}{{ '<think>\\n\\n</think>\\n\\n' }}{% endif %}";
-    cfg["chat_template"] = json!(format!("{}{think}", tests::tiny::CHAT_TEMPLATE));
+    let names = "{% for m in messages %}{% if m.name is defined %}{{ '[' + m.name + ']' }}{% endif %}{% endfor %}";
+    cfg["chat_template"] = json!(format!("{names}{}{think}", tests::tiny::CHAT_TEMPLATE));
     std::fs::write(&path, cfg.to_string()).unwrap();
     let (s, base) = start(dir, args("tiny-kwargs")).await;
     let msgs = json!([{"role": "user", "content": "hi"}]);
@@ -373,6 +375,12 @@ async fn chat_template_kwargs_reach_the_template() {
         error(&base, "/tokenize", json!({"messages": msgs, "chat_template_kwargs": {"messages": []}})).await;
     assert_eq!((st, p.as_str()), (400, Some("chat_template_kwargs")), "{m}");
     assert!(m.contains("`chat_template_kwargs.messages` would replace the template's own `messages`"), "{m}");
+    let named = json!([{"role": "user", "content": "hi", "name": "bob"}]);
+    let (st, with_name) = post(&base, "/tokenize", json!({"messages": named})).await;
+    assert_eq!(st, 200, "{with_name}");
+    let (_, text) = post(&base, "/detokenize", json!({"tokens": with_name["tokens"]})).await;
+    let (_, plain_text) = post(&base, "/detokenize", json!({"tokens": plain["tokens"]})).await;
+    assert_eq!(text["prompt"], format!("[bob]{}", plain_text["prompt"].as_str().unwrap()));
     s.shutdown(Duration::from_secs(5)).await;
 }
 

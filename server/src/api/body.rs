@@ -166,14 +166,14 @@ pub fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
 }
 
 /// Chat messages inside a body (`messages` of chat and tokenize, rollout prompts): each an
-/// object of `role` and `content` (nulls removed), a list content's parts objects of `type`
+/// object of `role`, `content` and `name` (nulls removed), a list content's parts objects of `type`
 /// and `text`. `path` names the list (`messages`, `prompts[2].messages`).
 pub fn check_messages(v: &mut Value, path: &str) -> Result<(), ApiError> {
     let Value::Array(msgs) = v else { return Ok(()) };
     for (i, m) in msgs.iter_mut().enumerate() {
         let Value::Object(obj) = m else { continue };
         obj.retain(|_, v| !v.is_null());
-        only(obj, &[&["role", "content"]], &format!("{path}[{i}]."))?;
+        only(obj, &[fields::<super::protocol::ChatMessageIn>()], &format!("{path}[{i}]."))?;
         if let Some(Value::Array(parts)) = obj.get_mut("content") {
             for (j, p) in parts.iter_mut().enumerate() {
                 let Value::Object(po) = p else { continue };

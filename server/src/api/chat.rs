@@ -60,7 +60,7 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                     .collect::<Result<Vec<_>, _>>()?
                     .join(""),
             };
-            Ok(ChatMessage { role: m.role.clone(), content })
+            Ok(ChatMessage { role: m.role.clone(), content, name: m.name.clone() })
         })
         .collect()
 }

@@ -146,12 +146,13 @@ pub struct ContentPart {
     pub text: Option<String>,
 }
 
-/// One chat message of a request: `role` (system, user, assistant, tool, developer) and
-/// `content`.
+/// One chat message of a request: `role` (system, user, assistant, tool, developer),
+/// `content` and the optional participant `name` (to the template as `message.name`).
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
     pub content: Option<Content>,
+    pub name: Option<String>,
 }
 
 /// How a conversation is turned into a prompt (vLLM's chat options).

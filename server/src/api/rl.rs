@@ -92,6 +92,7 @@ pub async fn rollouts(
                     let msgs = [ChatMessageIn {
                         role: "user".into(),
                         content: Some(super::protocol::Content::Text(t.clone())),
+                        name: None,
                     }];
                     chat_prompt(tok, &msgs, &chat)?
                 }
