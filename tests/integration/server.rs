@@ -439,6 +439,29 @@ async fn a_slow_header_client_is_cut_off() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A client that stops sending mid-body gets a 408 envelope after `BODY_IDLE_TIMEOUT` (10 s;
+/// before, the connection and its task stayed open indefinitely).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_body_gets_a_408() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (s, _base) = start(tiny_dir("slow-body"), ServeArgs::default()).await;
+    let mut slow = tokio::net::TcpStream::connect(s.addr).await.unwrap();
+    let head = "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n\
+                Content-Length: 100\r\nConnection: close\r\n\r\n{\"prompt\": ";
+    slow.write_all(head.as_bytes()).await.unwrap();
+    let t = std::time::Instant::now();
+    let timeout = server::api::body::BODY_IDLE_TIMEOUT;
+    let mut buf = Vec::new();
+    let read = tokio::time::timeout(timeout * 3, slow.read_to_end(&mut buf)).await;
+    let waited = t.elapsed();
+    assert!(read.is_ok(), "no answer after {waited:?}");
+    assert!(waited >= timeout - Duration::from_secs(1), "answered after {waited:?}, before the timeout");
+    let text = String::from_utf8_lossy(&buf);
+    assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+    assert!(text.contains("the request body stalled: nothing arrived for 10 s after 11 bytes"), "{text}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
 /// One decode loop: `rlserve generate --seed S` drives the engine, so at temperature 1 (and
 /// with top-k) it prints what `/v1/completions` with `"seed": S` returns for the same
 /// prompt; before, the CLI seeded its own loop and drew other tokens.

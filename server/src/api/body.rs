@@ -19,6 +19,12 @@ pub trait Body: Sized {
 /// in the OpenAI error envelope.
 pub struct ApiJson<T>(pub T);
 
+/// The longest wait for the next piece of a request body: a client that stops sending
+/// mid-body gets a 408 and its connection back (the headers have
+/// `crate::serve::HEADER_READ_TIMEOUT`, the same 10 s; without this a stalled body held its
+/// connection and task for good).
+pub const BODY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(10);
+
 /// Bytes read past the body limit (and thrown away) before a 413: a client that sends a
 /// body somewhat too large gets to read the answer instead of a connection reset mid-send;
 /// beyond this the connection is closed unread.
@@ -31,7 +37,14 @@ impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
         let limit = super::MAX_BODY_BYTES;
         let mut stream = req.into_body().into_data_stream();
         let (mut bytes, mut total) = (Vec::new(), 0usize);
-        while let Some(chunk) = stream.next().await {
+        loop {
+            let next = tokio::time::timeout(BODY_IDLE_TIMEOUT, stream.next()).await.map_err(|_| {
+                ApiError::RequestTimeout(format!(
+                    "the request body stalled: nothing arrived for {} s after {total} bytes",
+                    BODY_IDLE_TIMEOUT.as_secs()
+                ))
+            })?;
+            let Some(chunk) = next else { break };
             let chunk = chunk.map_err(|e| ApiError::bad(format!("could not read the request body: {e}"), None))?;
             total += chunk.len();
             if total <= limit {

@@ -27,6 +27,9 @@ pub enum ApiError {
     Gone(String),
     #[error("{0}")]
     PayloadTooLarge(String),
+    /// A request body that stalls (408).
+    #[error("{0}")]
+    RequestTimeout(String),
     /// A body that is not `application/json` (415).
     #[error("{0}")]
     UnsupportedMediaType(String),
@@ -54,6 +57,7 @@ impl ApiError {
             ApiError::Conflict(_) => (StatusCode::CONFLICT, "conflict_error", None),
             ApiError::Gone(_) => (StatusCode::GONE, "invalid_request_error", None),
             ApiError::PayloadTooLarge(_) => (StatusCode::PAYLOAD_TOO_LARGE, "invalid_request_error", None),
+            ApiError::RequestTimeout(_) => (StatusCode::REQUEST_TIMEOUT, "invalid_request_error", None),
             ApiError::UnsupportedMediaType(_) => (StatusCode::UNSUPPORTED_MEDIA_TYPE, "invalid_request_error", None),
             ApiError::TooManyRequests(_) => (StatusCode::TOO_MANY_REQUESTS, "rate_limit_error", None),
             ApiError::Unavailable(_) => (StatusCode::SERVICE_UNAVAILABLE, "server_error", None),
