@@ -31,6 +31,9 @@ pub enum Command {
     /// One learner step on a JSONL batch; prints the step metrics as JSON.
     TrainStep(crate::train_step::TrainStepArgs),
     /// Generate a completion for one prompt, streaming it to stdout.
+    // `--temperature -1` reaches the sampling checks (a range error naming the flag)
+    // instead of reading as an unknown flag.
+    #[command(allow_negative_numbers = true)]
     Generate(GenerateArgs),
     /// Benchmarks: `latency`, `throughput`, `serve`, `train`, `rl` (kernel micro-benchmarks: `cargo bench -p benches`).
     #[command(subcommand)]

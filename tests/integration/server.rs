@@ -462,6 +462,31 @@ async fn a_stalled_body_gets_a_408() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
+/// CLI misuse ends with a message naming the flag and its rule (exit status 1 or clap's 2).
+#[test]
+fn cli_misuse_names_the_flag() {
+    let model = tiny_dir("cli-misuse");
+    let m = model.to_str().unwrap();
+    let check = |args: &[&str], want: &str| {
+        let out = std::process::Command::new(tests::rlserve_binary()).args(args).output().unwrap();
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && err.contains(want), "{args:?}: {err:?} lacks {want:?}");
+    };
+    check(
+        &["generate", "--model", m, "--prompt", "hi", "--temperature", "-1"],
+        "`--temperature` must be a finite number >= 0, got -1",
+    );
+    check(
+        &["generate", "--model", "/nonexistent-rlserve-model", "--prompt", "hi"],
+        "--model /nonexistent-rlserve-model: not a folder",
+    );
+    check(&["serve", "--model", m, "--num-blocks", "0"], "'--num-blocks <NUM_BLOCKS>': must be at least 1, got 0");
+    check(
+        &["serve", "--model", m, "--max-model-len", "x"],
+        "'--max-model-len <MAX_MODEL_LEN>': \"x\" is not a whole number",
+    );
+}
+
 /// One decode loop: `rlserve generate --seed S` drives the engine, so at temperature 1 (and
 /// with top-k) it prints what `/v1/completions` with `"seed": S` returns for the same
 /// prompt; before, the CLI seeded its own loop and drew other tokens.
