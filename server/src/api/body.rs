@@ -30,39 +30,57 @@ pub const BODY_IDLE_TIMEOUT: std::time::Duration = std::time::Duration::from_sec
 /// beyond this the connection is closed unread.
 const DRAIN_BYTES: usize = 4 * super::MAX_BODY_BYTES;
 
+/// A request body's bytes, read with [`read_body`]'s limits (Tinker's protobuf bodies).
+pub struct RawBody(pub Vec<u8>);
+
+impl<S: Send + Sync> FromRequest<S> for RawBody {
+    type Rejection = ApiError;
+
+    async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
+        read_body(req).await.map(RawBody)
+    }
+}
+
 impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
     type Rejection = ApiError;
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
-        let limit = super::MAX_BODY_BYTES;
-        let mut stream = req.into_body().into_data_stream();
-        let (mut bytes, mut total) = (Vec::new(), 0usize);
-        loop {
-            let next = tokio::time::timeout(BODY_IDLE_TIMEOUT, stream.next()).await.map_err(|_| {
-                ApiError::RequestTimeout(format!(
-                    "the request body stalled: nothing arrived for {} s after {total} bytes",
-                    BODY_IDLE_TIMEOUT.as_secs()
-                ))
-            })?;
-            let Some(chunk) = next else { break };
-            let chunk = chunk.map_err(|e| ApiError::bad(format!("could not read the request body: {e}"), None))?;
-            total += chunk.len();
-            if total <= limit {
-                bytes.extend_from_slice(&chunk);
-            } else if total > limit + DRAIN_BYTES {
-                break;
-            }
-        }
-        if total > limit {
-            return Err(ApiError::PayloadTooLarge(format!(
-                "request body is larger than the limit: {total}{} bytes, at most {limit}",
-                if total > limit + DRAIN_BYTES { "+" } else { "" }
-            )));
-        }
+        let bytes = read_body(req).await?;
         let v: Value =
             serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("malformed JSON: {e}"), None))?;
         T::from_value(v).map(ApiJson)
     }
+}
+
+/// The whole body, at most `MAX_BODY_BYTES` (a 413 beyond, after draining up to
+/// [`DRAIN_BYTES`]), each piece within [`BODY_IDLE_TIMEOUT`] of the last (a 408).
+async fn read_body(req: Request) -> Result<Vec<u8>, ApiError> {
+    let limit = super::MAX_BODY_BYTES;
+    let mut stream = req.into_body().into_data_stream();
+    let (mut bytes, mut total) = (Vec::new(), 0usize);
+    loop {
+        let next = tokio::time::timeout(BODY_IDLE_TIMEOUT, stream.next()).await.map_err(|_| {
+            ApiError::RequestTimeout(format!(
+                "the request body stalled: nothing arrived for {} s after {total} bytes",
+                BODY_IDLE_TIMEOUT.as_secs()
+            ))
+        })?;
+        let Some(chunk) = next else { break };
+        let chunk = chunk.map_err(|e| ApiError::bad(format!("could not read the request body: {e}"), None))?;
+        total += chunk.len();
+        if total <= limit {
+            bytes.extend_from_slice(&chunk);
+        } else if total > limit + DRAIN_BYTES {
+            break;
+        }
+    }
+    if total > limit {
+        return Err(ApiError::PayloadTooLarge(format!(
+            "request body is larger than the limit: {total}{} bytes, at most {limit}",
+            if total > limit + DRAIN_BYTES { "+" } else { "" }
+        )));
+    }
+    Ok(bytes)
 }
 
 /// A rating: only its own fields.

@@ -23,7 +23,7 @@
 
 pub mod proto;
 
-use crate::api::body::ApiJson;
+use crate::api::body::{ApiJson, RawBody};
 use crate::api::error::ApiError;
 use crate::api::AppState;
 use axum::extract::{Path, Request, State};
@@ -774,8 +774,8 @@ fn tensor_values(t: &proto::Tensor) -> Result<Vec<f64>, String> {
     }
 }
 
-async fn forward_backward(State(state): State<Arc<AppState>>, body: axum::body::Bytes) -> Result<Response, ApiError> {
-    let req = proto::ForwardBackwardRequest::decode(body.as_ref())
+async fn forward_backward(State(state): State<Arc<AppState>>, body: RawBody) -> Result<Response, ApiError> {
+    let req = proto::ForwardBackwardRequest::decode(body.0.as_slice())
         .map_err(|e| ApiError::bad(format!("the body is not a protobuf ForwardBackwardRequest: {e}"), None))?;
     let (model_id, seq_id) = (req.model_id.clone(), req.seq_id as i64);
     let id = submit(&state, &model_id, Some(seq_id), Op::ForwardBackward(Box::new(req)))?;
