@@ -197,8 +197,8 @@ pub fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
 }
 
 /// Chat messages inside a body (`messages` of chat and tokenize, rollout prompts): each an
-/// object of `role`, `content` and `name` (nulls removed), a list content's parts objects of `type`
-/// and `text`. `path` names the list (`messages`, `prompts[2].messages`).
+/// object of `role`, `content` and `name` (nulls removed), a list content's parts objects
+/// of `type` and `text`. `path` names the list (`messages`, `prompts[2].messages`).
 pub fn check_messages(v: &mut Value, path: &str) -> Result<(), ApiError> {
     let Value::Array(msgs) = v else { return Ok(()) };
     for (i, m) in msgs.iter_mut().enumerate() {

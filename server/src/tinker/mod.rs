@@ -193,8 +193,6 @@ impl Tinker {
         }
     }
 
-    /// Ends sessions silent for [`SESSION_TIMEOUT`]; their training client goes with them.
-    /// (Locks: `trainer` before `sessions`, as [`submit`].)
     /// The 404 for a training client `model_id` that is not open, naming the client that
     /// replaced it where a newer one of its session did.
     fn no_client(&self, model_id: &str) -> ApiError {
@@ -208,6 +206,8 @@ impl Tinker {
         })
     }
 
+    /// Ends sessions silent for [`SESSION_TIMEOUT`]; their training client goes with them.
+    /// (Locks: `trainer` before `sessions`, as [`submit`].)
     pub fn expire_sessions(&self) {
         lock(&self.sessions).retain(|id, s| {
             let live = s.last_seen.elapsed() < SESSION_TIMEOUT;
