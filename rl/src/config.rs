@@ -188,7 +188,7 @@ impl JobConfig {
     /// field's path (`learner.loss_type`).
     pub fn from_json(v: serde_json::Value) -> Result<Self> {
         let cfg: JobConfig = serde_path_to_error::deserialize(v).map_err(|e| {
-            let (path, inner) = (e.path().to_string(), e.inner().to_string());
+            let (path, inner) = (e.path().to_string(), json_words(&e.inner().to_string()));
             // The learner table's errors name their key already (`learner.k`: ...).
             let named = inner.strip_prefix('`').and_then(|r| r.split_once('`')).map(|(k, _)| k.to_string());
             match named {
@@ -304,5 +304,31 @@ impl JobConfig {
             stop: self.stop.clone(),
             ..Default::default()
         }
+    }
+}
+
+/// A serde type error in a JSON reader's words: the expected Rust primitive at its end
+/// (`invalid type: floating point \`1.5\`, expected i128`) becomes the JSON values it takes
+/// (`expected an integer`); any other message is returned as it is. For the request bodies
+/// of the HTTP API and the JSON job configs alike.
+pub fn json_words(msg: &str) -> String {
+    const WORDS: [(&str, &str); 12] = [
+        ("u8", "an integer in [0, 255]"),
+        ("u16", "an integer in [0, 65535]"),
+        ("u32", "an integer in [0, 2^32)"),
+        ("u64", "an integer in [0, 2^64)"),
+        ("usize", "an integer in [0, 2^64)"),
+        ("i8", "an integer in [-128, 127]"),
+        ("i16", "an integer in [-32768, 32767]"),
+        ("i32", "an integer in [-2^31, 2^31)"),
+        ("i64", "an integer in [-2^63, 2^63)"),
+        ("i128", "an integer"),
+        ("f32", "a number"),
+        ("f64", "a number"),
+    ];
+    let Some((head, prim)) = msg.rsplit_once(", expected ") else { return msg.to_string() };
+    match WORDS.iter().find(|(p, _)| *p == prim) {
+        Some((_, words)) => format!("{head}, expected {words}"),
+        None => msg.to_string(),
     }
 }

@@ -473,7 +473,12 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"learning_rate": 1e-5}), 400, "unknown field `learning_rate`"),
         ("/v1/train/jobs", json!({"learner": {"learning_rat": 1e-5}}), 400, "unknown field `learning_rat`"),
         ("/v1/train/jobs", json!({"learner": {"total_steps": 0}}), 400, "`learner.total_steps`"),
-        ("/v1/train/jobs", json!({"max_steps": "5"}), 400, "`max_steps`: invalid type: string \"5\", expected u64"),
+        (
+            "/v1/train/jobs",
+            json!({"max_steps": "5"}),
+            400,
+            "`max_steps`: invalid type: string \"5\", expected an integer in [0, 2^64)",
+        ),
         (
             "/v1/train/jobs",
             json!({"learner": {"loss_type": "ppo2"}}),

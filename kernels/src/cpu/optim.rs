@@ -57,20 +57,14 @@ pub fn adamw_delta_packed(parts: &mut [Part<'_>], k: usize, s: &AdamWStep) -> Ve
     // of the optimizer's time.
     let len = n.div_ceil(NP) * k * NP;
     let mut packed = Vec::with_capacity(len);
-    // SAFETY: f32 has no invalid bit patterns and nothing reads an element before
-    // `fill_packed` writes it.
+    // SAFETY: f32 has no invalid bit patterns and nothing reads an element before the
+    // loop below writes it.
     #[allow(clippy::uninit_vec)]
     unsafe {
         packed.set_len(len)
     };
-    fill_packed(&mut packed, &stack, k, &coeffs);
-    packed
-}
-
-/// The packed step of [`adamw_delta_packed`] into `packed` (`stack`: the rows' pointers).
-fn fill_packed(packed: &mut [f32], stack: &[[usize; 3]], k: usize, coeffs: &Coeffs) {
-    let n = stack.len();
     let wide = super::simd::wide_transpose();
+    let stack = &*stack;
     packed.par_chunks_mut(k * NP).enumerate().for_each(|(p, panel)| {
         let live = NP.min(n - p * NP);
         let mut d = vec![0.0f32; live * k];
@@ -92,11 +86,12 @@ fn fill_packed(packed: &mut [f32], stack: &[[usize; 3]], k: usize, coeffs: &Coef
                     std::slice::from_raw_parts_mut(v as *mut f32, k),
                 )
             };
-            chunk(g, m, v, d, coeffs);
+            chunk(g, m, v, d, &coeffs);
         }
         let d = &*d;
         matmul::pack_panel(|c| &d[c * k..(c + 1) * k], live, k, panel, wide);
     });
+    packed
 }
 
 struct Coeffs {

@@ -101,6 +101,8 @@ impl BackendStorage for CpuStorage {
     }
     /// Swaps the buffers: the weight is then the step's buffer (a `Vec` from the allocator,
     /// where the loaded weight was [`HostBuf::huge`]; see `optim::adamw_delta_packed`).
+    /// `keep_address` does not apply: no CPU kernel keeps a buffer's address between calls
+    /// (a CUDA graph does), so a swap is always safe here.
     fn commit_from(&mut self, new: &mut Self, _keep_address: bool) -> Result<()> {
         std::mem::swap(&mut self.0, &mut new.0);
         Ok(())

@@ -140,9 +140,10 @@ pub fn typed<T: DeserializeOwned>(obj: &Map<String, Value>) -> Result<T, ApiErro
     serde_path_to_error::deserialize(&Value::Object(obj.clone())).map_err(|e| {
         let path = e.path().to_string();
         let param = (path != ".").then_some(path);
+        let inner = rl::config::json_words(&e.inner().to_string());
         let message = match &param {
-            Some(p) => format!("invalid request: `{p}`: {}", e.inner()),
-            None => format!("invalid request: {}", e.inner()),
+            Some(p) => format!("invalid request: `{p}`: {inner}"),
+            None => format!("invalid request: {inner}"),
         };
         ApiError::BadRequest { message, param }
     })
