@@ -68,8 +68,11 @@ pub struct SeqForward {
     /// Final hidden states of the completion-predicting rows, before the last norm.
     h_rows: Tensor,
     normed: Tensor,
-    /// Logits of the completion-predicting rows `[Σ C, vocab]`.
-    logits: Tensor,
+    /// Logits of the completion-predicting rows `[Σ C, vocab]`, when kept
+    /// ([`Recompute::head_rows`] unset or covering every row); else backward recomputes them.
+    logits: Option<Tensor>,
+    /// Rows of logits computed at once ([`Recompute::head_rows`]; `Σ C` when unset).
+    head_rows: usize,
     /// ℓ of each completion token (all sequences, concatenated).
     pub logprobs: Vec<f32>,
     /// Entropy of π_θ(· | prefix) at temperature T for each completion position (nats).
@@ -85,25 +88,68 @@ pub fn forward(model: &Model, prompt: &[u32], completion: &[u32], temperature: f
 
 /// Training forward of a packed batch of `(prompt, completion)` pairs: saves what backward needs.
 pub fn forward_batch(model: &Model, seqs: &[(&[u32], &[u32])], temperature: f32) -> Result<SeqForward> {
-    forward_batch_with(model, seqs, temperature, false)
+    forward_batch_with(model, seqs, temperature, Recompute::default())
 }
 
-/// [`forward_batch`]; with `gradient_checkpointing` only each layer's input is kept and the
-/// rest is recomputed during backward (less memory, one more forward of compute).
+/// What a training forward keeps for backward, and what backward recomputes instead
+/// ([`forward_batch_with`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Recompute {
+    /// Keep only each layer's input and recompute the rest in backward (gradient
+    /// checkpointing; bitwise the same gradients, one more forward of the layers).
+    pub layers: bool,
+    /// Compute the LM head's logits `[Σ C, vocab]` at most this many rows at a time, in the
+    /// forward (for ℓ and the entropies) and again in backward (for their gradient), instead
+    /// of keeping them: the logits and their gradient then take `2 · rows · vocab` floats
+    /// instead of `2 · Σ C · vocab` (the largest activations under gradient checkpointing:
+    /// 1.2 MB per completion token for a 152k vocabulary), for one more LM-head matmul.
+    /// ℓ, the entropies and every other gradient are bitwise the same; the LM head's
+    /// gradient is summed chunk by chunk (another f32 summation order). `None`: keep them.
+    pub head_rows: Option<usize>,
+}
+
+impl Recompute {
+    /// Logit elements per chunk under [`Self::checkpointing`]: 64 MiB of f32 (1365 rows of
+    /// SmolLM2's 49152-token vocabulary, 441 of Qwen3's 151936).
+    pub const HEAD_CHUNK_ELEMENTS: usize = 1 << 24;
+
+    /// TRL's `gradient_checkpointing`: the layers recomputed, and the LM head in chunks of
+    /// [`Self::HEAD_CHUNK_ELEMENTS`] logits; `false`: everything kept.
+    pub fn checkpointing(on: bool, vocab_size: usize) -> Self {
+        match on {
+            true => Self { layers: true, head_rows: Some((Self::HEAD_CHUNK_ELEMENTS / vocab_size.max(1)).max(1)) },
+            false => Self::default(),
+        }
+    }
+}
+
+/// [`forward_batch`], keeping less for backward as `recompute` says.
 pub fn forward_batch_with(
     model: &Model,
     seqs: &[(&[u32], &[u32])],
     temperature: f32,
-    gradient_checkpointing: bool,
+    recompute: Recompute,
 ) -> Result<SeqForward> {
-    rayon::scope(|_| forward_inner(model, seqs, temperature, gradient_checkpointing))
+    rayon::scope(|_| forward_inner(model, seqs, temperature, recompute))
+}
+
+/// Row ranges of `0..n`, `rows` at a time (one range, `0..n`, when `n ≤ rows`).
+fn chunks(n: usize, rows: usize) -> impl Iterator<Item = std::ops::Range<usize>> {
+    let rows = rows.max(1);
+    (0..n.div_ceil(rows).max(1)).map(move |i| i * rows..((i + 1) * rows).min(n))
+}
+
+/// Rows `r` of `x [m, c]`: `x` itself when `r` is all of them, else a copy.
+fn row_range(x: &Tensor, r: std::ops::Range<usize>) -> Result<std::borrow::Cow<'_, Tensor>> {
+    use std::borrow::Cow;
+    Ok(if r.len() == x.shape()[0] { Cow::Borrowed(x) } else { Cow::Owned(ops::rows(x, r)?) })
 }
 
 fn forward_inner(
     model: &Model,
     seqs: &[(&[u32], &[u32])],
     temperature: f32,
-    gradient_checkpointing: bool,
+    recompute: Recompute,
 ) -> Result<SeqForward> {
     let t0 = std::time::Instant::now();
     let c = &model.config;
@@ -114,13 +160,24 @@ fn forward_inner(
     let mut layers = Vec::with_capacity(model.layers.len());
     for w in &model.layers {
         let (acts, x_out) = layer_forward(model, w, x, &layout)?;
-        layers.push(if gradient_checkpointing { Saved::Input(acts.x_in) } else { Saved::Full(Box::new(acts)) });
+        layers.push(if recompute.layers { Saved::Input(acts.x_in) } else { Saved::Full(Box::new(acts)) });
         x = x_out;
     }
     let h_rows = ops::embedding(&x, &layout.pred_rows)?;
     let normed = ops::rms_norm(&h_rows, &model.norm, c.rms_norm_eps)?;
-    let logits = ops::linear(&normed, &model.lm_head, None)?;
-    let (logprobs, entropies) = ops::token_logprobs(&logits, &completion, temperature)?;
+    let n = completion.len();
+    let head_rows = recompute.head_rows.unwrap_or(n).max(1);
+    let (mut logits, mut logprobs, mut entropies) = (None, Vec::with_capacity(n), Vec::with_capacity(n));
+    for r in chunks(n, head_rows) {
+        let z = ops::linear(&*row_range(&normed, r.clone())?, &model.lm_head, None)?;
+        let (lp, ent) = ops::token_logprobs(&z, &completion[r.clone()], temperature)?;
+        logprobs.extend(lp);
+        entropies.extend(ent);
+        // One chunk covers every row: kept for backward (no recompute).
+        if r.len() == n {
+            logits = Some(z);
+        }
+    }
     Ok(SeqForward {
         layout,
         completion,
@@ -130,6 +187,7 @@ fn forward_inner(
         h_rows,
         normed,
         logits,
+        head_rows,
         logprobs,
         entropies,
         forward_seconds: t0.elapsed().as_secs_f64(),
@@ -207,23 +265,40 @@ impl SeqForward {
             (c.num_attention_heads * c.head_dim, c.num_key_value_heads * c.head_dim, c.intermediate_size);
         let bad = |d: String| kernels::KernelError::Shape { op: "learner backward", detail: d };
         let n = self.completion.len();
-        if g.dl_dlogp.len() != n {
+        if g.dl_dlogp.len() != n || g.dl_dentropy.is_some_and(|d| d.len() != n) {
             return Err(bad(format!("{} gradients for {n} completion tokens", g.dl_dlogp.len())).into());
         }
-        let dz = ops::token_logprobs_backward(
-            &self.logits,
-            &self.completion,
-            self.temperature,
-            g.dl_dlogp,
-            g.dl_dentropy,
-            &self.entropies,
-        )?;
-        let mut d_normed = ops::linear_grad_input(&dz, &model.lm_head)?;
+        // The LM head, chunk by chunk of rows when its logits were not kept (`Recompute`).
+        let head = ParamId::model(if c.tie_word_embeddings { ParamKind::Embed } else { ParamKind::LmHead });
+        let mut d_normed = Vec::new();
+        for r in chunks(n, self.head_rows) {
+            let x = row_range(&self.normed, r.clone())?;
+            let recomputed;
+            let z = match &self.logits {
+                Some(z) => z,
+                None => {
+                    recomputed = ops::linear(&x, &model.lm_head, None)?;
+                    &recomputed
+                }
+            };
+            let dz = ops::token_logprobs_backward(
+                z,
+                &self.completion[r.clone()],
+                self.temperature,
+                &g.dl_dlogp[r.clone()],
+                g.dl_dentropy.map(|d| &d[r.clone()]),
+                &self.entropies[r.clone()],
+            )?;
+            d_normed.push(ops::linear_grad_input(&dz, &model.lm_head)?);
+            grads.add(head, ops::linear_grad_weight(&dz, &x)?)?;
+        }
+        let mut d_normed = match d_normed.len() {
+            1 => d_normed.pop().expect("one"),
+            _ => ops::cat_rows(&d_normed.iter().collect::<Vec<_>>())?,
+        };
         if let Some(dh) = g.dl_dhidden {
             ops::add_inplace(&mut d_normed, dh)?;
         }
-        let head = if c.tie_word_embeddings { ParamKind::Embed } else { ParamKind::LmHead };
-        grads.add(ParamId::model(head), ops::linear_grad_weight(&dz, &self.normed)?)?;
         let (dh_rows, dnorm) = ops::rms_norm_backward(&self.h_rows, &model.norm, &d_normed, c.rms_norm_eps)?;
         grads.add(ParamId::model(ParamKind::FinalNorm), dnorm)?;
         // Add the completion-row gradients to their rows (a shared prompt's last row predicts

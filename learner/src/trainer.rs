@@ -11,7 +11,7 @@ use super::algos::grpo::{
 };
 use super::algos::value_head::ValueHead;
 use super::optim::{AdamW, Schedule, Steps};
-use super::{forward_batch, forward_batch_with, Grads, OutputGrads, ParamKey, SeqForward};
+use super::{forward_batch, forward_batch_with, Grads, OutputGrads, ParamKey, Recompute, SeqForward};
 use crate::error::{LearnerError, Result};
 use engine::{Model, SharedModel};
 use serde::{Deserialize, Serialize};
@@ -76,7 +76,9 @@ pub struct TrainConfig {
     /// `overlong_penalty_factor · ((L − B) − |y|) / B` added (at most `−factor`).
     pub overlong_buffer_len: Option<usize>,
     pub overlong_penalty_factor: f32,
-    /// Keep only each layer's input in the forward and recompute the rest in backward.
+    /// Keep only each layer's input in the forward and recompute the rest in backward, and
+    /// compute the LM head's logits in chunks of rows, again in backward
+    /// ([`Recompute::checkpointing`]).
     pub gradient_checkpointing: bool,
     /// Keep a frozen copy of the initial weights even when `beta` is 0, to report `kl`
     /// (k3 by default) on the trained tokens: a reward-hacking / drift signal.
@@ -154,6 +156,12 @@ impl Default for TrainConfig {
 }
 
 impl TrainConfig {
+    /// What a training forward of `model` keeps for backward: [`Recompute::checkpointing`]
+    /// of `gradient_checkpointing`.
+    pub fn recompute(&self, model: &Model) -> Recompute {
+        Recompute::checkpointing(self.gradient_checkpointing, model.config.vocab_size)
+    }
+
     /// Checks the values the chosen `loss_type` uses: `Err((key, message))` names the key,
     /// the value and the allowed range.
     pub fn validate(&self) -> std::result::Result<(), (&'static str, String)> {
@@ -549,7 +557,7 @@ impl Trainer {
         // One packed forward over all kept samples (and the reference when beta > 0).
         let seqs: Vec<(&[u32], &[u32])> =
             sel.kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
-        let fwd = forward_batch_with(model, &seqs, c.temperature, c.gradient_checkpointing)?;
+        let fwd = forward_batch_with(model, &seqs, c.temperature, c.recompute(model))?;
         let ref_fwd = match &self.reference {
             Some(r) => Some(forward_batch(r, &seqs, c.temperature)?),
             None => None,

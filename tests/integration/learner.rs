@@ -5,7 +5,7 @@
 
 use engine::{EngineConfig, LLMEngine, Model, SamplingParams};
 use kernels::{Device, Tensor};
-use learner::{self, Grads, ParamKey};
+use learner::{self, Grads, ParamKey, Recompute};
 use safetensors::{Dtype, SafeTensors};
 use serde::Deserialize;
 use std::sync::Arc;
@@ -28,16 +28,19 @@ struct Batch {
 }
 
 /// Runs forward + backward of `L = Σ w·ℓ + Σ u·H + Σ U·h` (h: the final hidden rows) on
-/// fixture `name`, one sequence at a
-/// time (`packed = false`) or as one packed batch (with or without gradient
-/// checkpointing), compares with JAX, and returns the gradients.
-fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
+/// fixture `name`, one sequence at a time (`packed = false`) or as one packed batch
+/// (keeping less for backward as `recompute` says), compares with JAX, and returns ℓ, the
+/// entropies and the gradients.
+fn check(name: &str, packed: bool, recompute: Recompute) -> (Vec<f32>, Vec<f32>, Grads) {
     let dir = tests::fixture(&format!("learner/{name}"));
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     let b: Batch = serde_json::from_str(&std::fs::read_to_string(dir.join("batch.json")).unwrap()).unwrap();
     let mut grads = Grads::default();
     let mut loss = 0.0f64;
+    let (mut logprobs, mut entropies) = (vec![], vec![]);
     let mut check_fwd = |f: &learner::SeqForward, w: &[f32], u: &[f32], hw: &[f32], want: &[f64], grads: &mut Grads| {
+        logprobs.extend(&f.logprobs);
+        entropies.extend(&f.entropies);
         assert_eq!(f.logprobs.len(), want.len(), "{name}: one ℓ per completion token");
         for (got, want) in f.logprobs.iter().zip(want) {
             assert!((*got as f64 - want).abs() <= 1e-5 * want.abs().max(1.0), "{name}: ℓ {got} vs JAX {want}");
@@ -54,7 +57,7 @@ fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
     if packed {
         let seqs: Vec<(&[u32], &[u32])> =
             b.batch.iter().map(|s| (s.prompt.as_slice(), s.completion.as_slice())).collect();
-        let f = learner::forward_batch_with(&model, &seqs, b.temperature, checkpointing).unwrap();
+        let f = learner::forward_batch_with(&model, &seqs, b.temperature, recompute).unwrap();
         let cat = |g: fn(&Seq) -> Vec<f32>| b.batch.iter().flat_map(g).collect::<Vec<f32>>();
         let want: Vec<f64> = b.batch.iter().flat_map(|s| s.logprobs.clone()).collect();
         let hw = cat(|s| s.hidden_weights.concat());
@@ -85,20 +88,37 @@ fn check(name: &str, packed: bool, checkpointing: bool) -> Grads {
             err / norm
         );
     }
-    grads
+    (logprobs, entropies, grads)
 }
 
 #[test]
 fn gradients_match_jax_autodiff() {
+    let host = |g: &Grads| -> Vec<(String, Vec<f32>)> {
+        g.tensors.iter().map(|(n, t)| (n.to_string(), t.to_vec().unwrap())).collect()
+    };
     for name in ["llama_tied", "llama_untied", "qwen2_bias", "qwen3_tied", "qwen3_untied"] {
-        check(name, false, false);
-        let packed = check(name, true, false);
+        check(name, false, Recompute::default());
+        let (lp, ent, packed) = check(name, true, Recompute::default());
         // Gradient checkpointing recomputes the same activations: bitwise equal gradients.
-        let recomputed = check(name, true, true);
-        let host = |g: &Grads| -> Vec<(String, Vec<f32>)> {
-            g.tensors.iter().map(|(n, t)| (n.to_string(), t.to_vec().unwrap())).collect()
-        };
+        let (_, _, recomputed) = check(name, true, Recompute { layers: true, head_rows: None });
         assert_eq!(host(&packed), host(&recomputed), "{name}: checkpointing changed the gradients");
+        // The LM head 5 rows at a time over the 12 completion tokens (chunks 5, 5, 2 across
+        // the sequences' boundaries), in forward and backward: ℓ, the entropies and every
+        // gradient but the head's bitwise the same; the head's (the embedding's when tied)
+        // is summed chunk by chunk, against JAX in `check` and near the one-chunk sum here.
+        let (lp5, ent5, chunked) = check(name, true, Recompute { layers: true, head_rows: Some(5) });
+        assert_eq!((&lp, &ent), (&lp5, &ent5), "{name}: ℓ and entropies with the head in chunks");
+        let untied = packed.tensors.keys().any(|k| k.to_string() == "lm_head.weight");
+        let head = if untied { "lm_head.weight" } else { "model.embed_tokens.weight" };
+        for ((n, a), (_, b)) in host(&packed).iter().zip(host(&chunked)) {
+            if n != head {
+                assert_eq!(a, &b, "{name}: {n} with the head in chunks");
+                continue;
+            }
+            let err = a.iter().zip(&b).map(|(x, y)| ((x - y) as f64).powi(2)).sum::<f64>().sqrt();
+            let norm = a.iter().map(|x| (*x as f64).powi(2)).sum::<f64>().sqrt();
+            assert!(err <= 1e-6 * norm, "{name}: {n}: relative L2 {:.2e} with the head in chunks", err / norm);
+        }
     }
 }
 
@@ -209,8 +229,9 @@ fn shared_prompts_give_the_per_sample_logprobs_and_gradients() {
         want_h.extend(f.entropies.clone());
         off += c.len();
     }
-    for checkpointing in [false, true] {
-        let f = learner::forward_batch_with(&model, &seqs, temp, checkpointing).unwrap();
+    for recompute in [Recompute::default(), Recompute { layers: true, head_rows: Some(4) }] {
+        let checkpointing = recompute.layers;
+        let f = learner::forward_batch_with(&model, &seqs, temp, recompute).unwrap();
         assert_eq!((&f.logprobs, &f.entropies), (&want_lp, &want_h), "shared prompts change no logprob");
         let mut got = Grads::default();
         let g = learner::OutputGrads { dl_dentropy: Some(&u), ..learner::OutputGrads::logprobs(&w) };

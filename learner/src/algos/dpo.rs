@@ -207,7 +207,7 @@ impl Trainer {
         let seqs: Vec<(&[u32], &[u32])> =
             samples.iter().map(|s| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
         let refs = self.reference_logprobs(&seqs)?;
-        let fwd = forward_batch_with(model, &seqs, c.temperature, c.gradient_checkpointing)?;
+        let fwd = forward_batch_with(model, &seqs, c.temperature, c.recompute(model))?;
         let o = offsets(&fwd.lens);
         let logp: Vec<&[f32]> = (0..samples.len()).map(|k| &fwd.logprobs[o[k]..o[k + 1]]).collect();
         let ref_logp: Vec<&[f32]> = refs.iter().map(Vec::as_slice).collect();

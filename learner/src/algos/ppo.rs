@@ -160,7 +160,7 @@ impl Trainer {
         }
         let seqs: Vec<(&[u32], &[u32])> =
             sel.kept.iter().map(|(_, s)| (s.prompt_ids.as_slice(), s.completion_ids.as_slice())).collect();
-        let fwd = forward_batch_with(model, &seqs, c.temperature, c.gradient_checkpointing)?;
+        let fwd = forward_batch_with(model, &seqs, c.temperature, c.recompute(model))?;
         let head = self.value_head.as_ref().expect("PPO trainers have a value head");
         let values_flat = head.values(fwd.hidden())?;
         let ref_flat = match &self.reference {
@@ -301,7 +301,8 @@ impl Trainer {
                             .iter()
                             .map(|&i| (kept(i).prompt_ids.as_slice(), kept(i).completion_ids.as_slice()))
                             .collect();
-                        let f = forward_batch_with(&model.read(), &seqs, c.temperature, c.gradient_checkpointing)?;
+                        let served = model.read();
+                        let f = forward_batch_with(&served, &seqs, c.temperature, c.recompute(&served))?;
                         metrics.forward_seconds += f.forward_seconds;
                         f
                     }

@@ -24,7 +24,8 @@ pub struct TrainBenchArgs {
     /// learner then runs the prompt's rows once).
     #[arg(long, default_value_t = 1)]
     pub num_generations: usize,
-    /// Keep only layer inputs and recompute activations in backward.
+    /// Keep only layer inputs and recompute activations in backward, the LM head's logits
+    /// in chunks of rows (`learner::Recompute::checkpointing`).
     #[arg(long)]
     pub gradient_checkpointing: bool,
     /// Timed steps (after one warm-up step); the median is reported.
