@@ -173,7 +173,9 @@ impl Default for JobConfig {
 
 /// Most steps a job may ask for (a request cannot ask for unbounded work).
 pub const MAX_STEPS: u64 = 10_000_000;
-/// Most prompts per step (as `/v1/rollouts`' sequence cap).
+/// Most prompts per step, and most sequences per step (`prompts_per_step ×
+/// num_generations`): a step's rollouts are at most what one `/v1/rollouts` request may ask
+/// for, so a job cannot queue unbounded work in the engine.
 pub const MAX_PROMPTS_PER_STEP: usize = 4096;
 
 impl JobConfig {
@@ -204,7 +206,8 @@ impl JobConfig {
     /// The allowed ranges; messages name the field, the value and the limit.
     pub fn validate(&self) -> Result<()> {
         let t = &self.learner;
-        let checks: [(bool, &str, String); 8] = [
+        let seqs = self.prompts_per_step.saturating_mul(self.num_generations);
+        let checks: [(bool, &str, String); 9] = [
             (
                 self.num_generations >= 2 || (!t.loss_type.is_group_relative() && self.num_generations >= 1),
                 "num_generations",
@@ -218,6 +221,14 @@ impl JobConfig {
                 (1..=MAX_PROMPTS_PER_STEP).contains(&self.prompts_per_step),
                 "prompts_per_step",
                 format!("`prompts_per_step` must be in [1, {MAX_PROMPTS_PER_STEP}], got {}", self.prompts_per_step),
+            ),
+            (
+                t.loss_type.is_preference() || seqs <= MAX_PROMPTS_PER_STEP,
+                "num_generations",
+                format!(
+                    "`prompts_per_step` × `num_generations` must be <= {MAX_PROMPTS_PER_STEP} sequences per step, got {} × {} = {seqs}",
+                    self.prompts_per_step, self.num_generations
+                ),
             ),
             (
                 (1..=MAX_STEPS).contains(&self.max_steps),

@@ -12,7 +12,6 @@ use super::rewards::Rewards;
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Where a job is in its life.
@@ -62,7 +61,9 @@ pub struct Job {
     pub id: String,
     /// The validated config it runs.
     pub config: JobConfig,
-    stop: AtomicBool,
+    /// Set once by [`Self::request_stop`]; the generator's rollouts wait on it too, so a stop
+    /// aborts the requests in flight.
+    stop: tokio::sync::watch::Sender<bool>,
     status: Mutex<JobStatus>,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
 }
@@ -141,7 +142,7 @@ impl Job {
             }),
             id,
             config,
-            stop: AtomicBool::new(false),
+            stop: tokio::sync::watch::Sender::new(false),
             thread: Mutex::new(None),
         });
         let j = job.clone();
@@ -181,7 +182,7 @@ impl Job {
 
     /// Asks the job to stop after the current step (a checkpoint is saved).
     pub fn request_stop(&self) {
-        self.stop.store(true, Ordering::SeqCst);
+        self.stop.send_replace(true);
         self.update(|st| {
             if st.status == JobState::Running {
                 st.status = JobState::Stopping;
@@ -198,7 +199,13 @@ impl Job {
 
     /// Whether a stop was requested.
     pub(crate) fn stopping(&self) -> bool {
-        self.stop.load(Ordering::SeqCst)
+        *self.stop.borrow()
+    }
+
+    /// Resolves once a stop is requested (at once if it was already).
+    pub(crate) async fn stopped(&self) {
+        let mut rx = self.stop.subscribe();
+        let _ = rx.wait_for(|&s| s).await;
     }
 
     /// Redraws `metrics.png` from the job's `metrics.jsonl` and returns the PNG's bytes.

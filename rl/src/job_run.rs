@@ -166,10 +166,15 @@ impl JobRun<'_> {
             }
             let wait = t_wait.elapsed().as_secs_f64();
             let t_gen = Instant::now();
-            let r = self.generate(s).map(|mut b| {
-                b.timing.admission_wait_seconds = wait;
-                b
-            });
+            let r = match self.generate(s) {
+                // Stopped while generating: the step's requests were aborted.
+                Ok(None) => return,
+                Ok(Some(mut b)) => {
+                    b.timing.admission_wait_seconds = wait;
+                    Ok(b)
+                }
+                Err(e) => Err(e),
+            };
             {
                 let mut pace = prog.pace.lock().unwrap_or_else(|e| e.into_inner());
                 pace.generation_seconds = smooth(pace.generation_seconds, t_gen.elapsed().as_secs_f64());
@@ -181,8 +186,9 @@ impl JobRun<'_> {
         }
     }
 
-    /// Submits step `s`'s prompts (× `num_generations`), waits for the completions and scores them.
-    fn generate(&self, s: u64) -> Result<Batch> {
+    /// Submits step `s`'s prompts (× `num_generations`), waits for the completions and scores
+    /// them; `None` when the job was asked to stop meanwhile (its requests are aborted).
+    fn generate(&self, s: u64) -> Result<Option<Batch>> {
         let cfg = &self.job.config;
         let t0 = Instant::now();
         let pps = cfg.prompts_per_step as u64;
@@ -198,9 +204,9 @@ impl JobRun<'_> {
             let len = cfg.learner.max_completion_length;
             let samples =
                 examples.iter().enumerate().flat_map(|(j, e)| pair_samples(e, s << 20 | j as u64, len)).collect();
-            return Ok(Batch { samples, timing: Default::default(), checkpoint_state, guard: None });
+            return Ok(Some(Batch { samples, timing: Default::default(), checkpoint_state, guard: None }));
         }
-        let rollouts = self.rollouts(&examples, cfg.sampling_params(s))?;
+        let Some(rollouts) = self.rollouts(&examples, cfg.sampling_params(s))? else { return Ok(None) };
         let generation_seconds = t0.elapsed().as_secs_f64();
         let mut samples = Vec::with_capacity(rollouts.len());
         let mut reward_errors = 0;
@@ -237,18 +243,25 @@ impl JobRun<'_> {
         }
         let rollout_tokens = rollouts.iter().map(|r| r.completion_ids.len()).sum();
         let timing = RolloutTiming { rollout_tokens, generation_seconds, reward_errors, ..Default::default() };
-        Ok(Batch { samples, timing, checkpoint_state, guard: None })
+        Ok(Some(Batch { samples, timing, checkpoint_state, guard: None }))
     }
 
-    /// Runs `examples` through the engine with `params` and waits for every sample.
-    fn rollouts(&self, examples: &[&Example], params: SamplingParams) -> Result<Vec<Rollout>> {
+    /// Runs `examples` through the engine with `params` and waits for every sample; `None`
+    /// when a stop is requested first (the streams are dropped, which aborts the requests and
+    /// frees their KV blocks).
+    fn rollouts(&self, examples: &[&Example], params: SamplingParams) -> Result<Option<Vec<Rollout>>> {
         let prompts: Vec<Vec<u32>> = examples.iter().map(|e| e.prompt_ids.clone()).collect();
         let set = RolloutSet::new(&prompts, params.n);
         let streams = prompts
             .into_iter()
             .map(|p| self.ctx.engine.add_request(p, params.clone()))
             .collect::<std::result::Result<Vec<_>, _>>()?;
-        Ok(self.ctx.runtime.block_on(set.collect(streams))?)
+        self.ctx.runtime.block_on(async {
+            tokio::select! {
+                r = set.collect(streams) => Ok(Some(r?)),
+                () = self.job.stopped() => Ok(None),
+            }
+        })
     }
 
     /// Greedy completions of the eval prompts after step `step`, scored with the job's
@@ -286,7 +299,8 @@ impl JobRun<'_> {
         };
         let refs: Vec<&Example> = self.eval.iter().collect();
         let version = self.ctx.model.version();
-        let rs = self.rollouts(&refs, params)?;
+        // A stop skips the evaluation (its requests are aborted).
+        let Some(rs) = self.rollouts(&refs, params)? else { return Ok(()) };
         let (mut total, mut correct, mut with_answer) = (0.0f64, 0usize, 0usize);
         for r in &rs {
             let ex = &self.eval[r.prompt_index];

@@ -475,6 +475,12 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"learner": {"total_steps": 0}}), 400, "`learner.total_steps`"),
         (
             "/v1/train/jobs",
+            json!({"prompts_per_step": 4096, "num_generations": 256}),
+            400,
+            "`prompts_per_step` × `num_generations` must be <= 4096 sequences per step, got 4096 × 256 = 1048576",
+        ),
+        (
+            "/v1/train/jobs",
             json!({"max_steps": "5"}),
             400,
             "`max_steps`: invalid type: string \"5\", expected an integer in [0, 2^64)",
@@ -837,6 +843,60 @@ fn job_configs_reject_unknown_keys_and_keep_the_job_learner_defaults() {
     let parity = JobConfig::from_toml(&text).unwrap();
     let l = &parity.learner;
     assert_eq!((parity.max_steps, l.max_staleness, l.log_kl_to_initial, l.beta), (80, Some(0), false, 0.0));
+}
+
+/// A stop aborts the rollouts a job has in flight: a step of 4096 sequences (the cap) of up
+/// to 100 tokens, generated one at a time (`max_num_seqs` 1), would take minutes; after the
+/// stop the job ends within seconds (no checkpoint step to finish: none was trained), and
+/// the engine is left with no request and no KV block in use.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stopping_a_job_aborts_its_rollouts_in_flight() {
+    let dir = tiny("rl-stop-inflight", 82);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let mut a = ServeArgs { jobs_dir: dir.clone(), ..ServeArgs::default() };
+    a.engine.max_num_seqs = 1;
+    let (s, base) = start_server(dir.clone(), a).await;
+    let job = json!({"dataset": data, "apply_chat_template": false, "num_generations": 8, "prompts_per_step": 512,
+                     "max_steps": 3, "output_dir": "out", "rewards": [{"type": "length", "target": 2}],
+                     "learner": {"max_completion_length": 100}});
+    let (st, out) = post(&base, "/v1/train/jobs", job).await;
+    assert_eq!(st, 201, "{out}");
+    let id = out["id"].as_str().unwrap();
+    let engine = |v: &Value| (v["engine"]["num_requests_running"].clone(), v["engine"]["num_requests_waiting"].clone());
+    let status = || async { reqwest::get(format!("{base}/v1/status")).await.unwrap().json::<Value>().await.unwrap() };
+    let mut seen = Value::Null;
+    for _ in 0..200 {
+        seen = status().await;
+        if seen["engine"]["num_requests_waiting"].as_u64() > Some(1000) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(seen["engine"]["num_requests_waiting"].as_u64() > Some(1000), "the step's rollouts are queued: {seen}");
+    let (st, out) = post(&base, &format!("/v1/train/jobs/{id}/stop"), json!({})).await;
+    assert_eq!(st, 200, "{out}");
+    let t0 = std::time::Instant::now();
+    let mut job = Value::Null;
+    while t0.elapsed() < Duration::from_secs(20) {
+        job = reqwest::get(format!("{base}/v1/train/jobs/{id}")).await.unwrap().json().await.unwrap();
+        if job["status"] == "stopped" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!((&job["status"], &job["step"]), (&json!("stopped"), &json!(0)), "{job}");
+    let mut now = Value::Null;
+    for _ in 0..200 {
+        now = status().await;
+        if engine(&now) == (json!(0), json!(0)) && now["engine"]["kv_cache_usage"] == 0.0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!(engine(&now), (json!(0), json!(0)), "the aborted requests left the engine: {now}");
+    assert_eq!(now["engine"]["kv_cache_usage"], 0.0, "and freed their KV blocks: {now}");
+    s.shutdown(Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
