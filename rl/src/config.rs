@@ -72,6 +72,11 @@ pub struct JobConfig {
     pub output_dir: PathBuf,
     /// A checkpoint folder, or `latest` (the newest under `output_dir`, if any).
     pub resume_from_checkpoint: Option<String>,
+    /// Start a new run in an `output_dir` that holds an earlier run's checkpoints,
+    /// `metrics.jsonl` or `completions.jsonl` (transformers' name): they are removed first. Unset, such a folder is
+    /// refused unless the job resumes, so a new run's pruning never deletes its own
+    /// checkpoints in favour of an older run's higher step numbers.
+    pub overwrite_output_dir: bool,
     /// Entropy-collapse alarm: mean entropy below this fraction of its first-steps value.
     pub entropy_collapse_fraction: f64,
     /// Append every rollout (step, prompt, completion, reward, finish_reason, tokens) to
@@ -163,6 +168,7 @@ impl Default for JobConfig {
             save_total_limit: 2,
             output_dir: PathBuf::from("runs/job"),
             resume_from_checkpoint: None,
+            overwrite_output_dir: false,
             entropy_collapse_fraction: 0.3,
             log_completions: false,
             generate_ahead: GenerateAhead::AsNeeded,

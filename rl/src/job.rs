@@ -120,8 +120,34 @@ impl Job {
                 ),
             ));
         }
+        let earlier = match resume {
+            None => job_run::earlier_run(&config.output_dir),
+            Some(_) => vec![],
+        };
+        if !earlier.is_empty() && !config.overwrite_output_dir {
+            return Err(RlError::invalid(
+                "output_dir",
+                format!(
+                    "`output_dir` {} holds an earlier run ({}): set `resume_from_checkpoint` = \"latest\" to continue \
+                     it, choose another `output_dir`, or set `overwrite_output_dir` = true to remove it and start over",
+                    config.output_dir.display(),
+                    earlier
+                        .iter()
+                        .map(|p| p.file_name().unwrap_or_default().to_string_lossy())
+                        .collect::<Vec<_>>()
+                        .join(", ")
+                ),
+            ));
+        }
         // The slot first: a refused job (409) creates nothing.
         let guard = ctx.learner.try_acquire().ok_or(RlError::Busy)?;
+        for old in &earlier {
+            let removed = match old.is_dir() {
+                true => learner::checkpoint::remove(old).map_err(RlError::from),
+                false => std::fs::remove_file(old).map_err(|e| RlError::io(old.clone(), e)),
+            };
+            removed?;
+        }
         std::fs::create_dir_all(&config.output_dir).map_err(|source| RlError::File {
             key: "output_dir",
             path: config.output_dir.clone(),
@@ -233,6 +259,14 @@ impl Jobs {
     /// The job with this id, or [`RlError::NotFound`].
     pub fn get(&self, id: &str) -> Result<Arc<Job>> {
         self.lock().get(id).cloned().ok_or_else(|| RlError::NotFound(format!("no training job with id `{id}`")))
+    }
+
+    /// Asks every job to stop after its current step (a checkpoint is saved) and returns
+    /// them, to [`Job::wait`] for: a server's shutdown.
+    pub fn stop_all(&self) -> Vec<Arc<Job>> {
+        let jobs: Vec<Arc<Job>> = self.lock().values().cloned().collect();
+        jobs.iter().for_each(|j| j.request_stop());
+        jobs
     }
 
     /// Every job's status, by id.

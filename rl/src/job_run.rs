@@ -451,6 +451,14 @@ pub(crate) fn resolve_resume(cfg: &JobConfig) -> Result<Option<PathBuf>> {
     }
 }
 
+/// What an earlier run left in `dir`: its checkpoints (oldest first), `metrics.jsonl` and
+/// `completions.jsonl` (a new run would rewrite the one and append to the other).
+pub(crate) fn earlier_run(dir: &Path) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = checkpoints(dir).into_iter().map(|(_, p)| p).collect();
+    v.extend(["metrics.jsonl", "completions.jsonl"].map(|f| dir.join(f)).into_iter().filter(|p| p.exists()));
+    v
+}
+
 /// Complete checkpoints `output_dir/checkpoint-<step>`, oldest first.
 fn checkpoints(dir: &Path) -> Vec<(u64, PathBuf)> {
     let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)

@@ -419,6 +419,23 @@ pub async fn run(dir: &Path, args: ServeArgs) -> Result<()> {
         "shutting down: no new connections; waiting up to {}s for running requests",
         args.shutdown_grace_seconds
     );
+    // Training jobs stop as on `POST /v1/train/jobs/{id}/stop` (their rollouts in flight are
+    // aborted; the current step ends and is saved), as `rlserve train` does on Ctrl-C.
+    let jobs = server.state.jobs.stop_all();
     server.shutdown(Duration::from_secs(args.shutdown_grace_seconds)).await;
+    let running: Vec<String> =
+        jobs.iter().filter(|j| j.status().status == ::rl::JobState::Stopping).map(|j| j.id.clone()).collect();
+    if !running.is_empty() {
+        println!(
+            "rlserve: waiting for training job(s) {} to finish the current step and save a checkpoint \
+             (send SIGINT/SIGTERM again to exit without it)",
+            running.join(", ")
+        );
+        let wait = tokio::task::spawn_blocking(move || jobs.iter().for_each(|j| j.wait()));
+        tokio::select! {
+            _ = wait => {}
+            _ = shutdown_signal() => tracing::warn!("exiting before the training jobs saved their last step"),
+        }
+    }
     Ok(())
 }

@@ -745,6 +745,73 @@ fn data_seed_fixes_the_prompt_order_and_seed_the_samples() {
     assert_eq!(run("a2", "seed = 1\ndata_seed = 1"), (prompts_a, samples_a), "data_seed = seed is the default");
 }
 
+/// A new run refuses an `output_dir` holding an earlier run (its pruning would otherwise
+/// delete its own checkpoints, whose steps are lower than the old run's); with
+/// `overwrite_output_dir` the earlier run's files are removed first; resuming is allowed.
+#[test]
+fn a_new_run_refuses_an_output_dir_with_an_earlier_run() {
+    let dir = tiny("rl-earlier-run", 83);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let out = dir.join("run");
+    let start = |extra: &str| {
+        let (ctx, rt) = context(&dir);
+        let cfg = JobConfig::from_toml(&format!(
+            r#"
+            dataset = "{}"
+            apply_chat_template = false
+            num_generations = 2
+            save_steps = 1
+            save_total_limit = 2
+            output_dir = "{}"
+            rewards = [{{ type = "length", target = 2 }}]
+            {extra}
+            [learner]
+            max_completion_length = 2
+            "#,
+            data.display(),
+            out.display()
+        ))
+        .unwrap();
+        let r = Job::start("job".into(), cfg, ctx, false);
+        if let Ok(job) = &r {
+            job.wait();
+            assert_eq!((job.status().status, job.status().error), (JobState::Completed, None), "{extra}");
+        }
+        drop(rt);
+        r
+    };
+    let listing = || {
+        let mut v: Vec<String> =
+            std::fs::read_dir(&out).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+        v.sort();
+        v
+    };
+    let lines = || std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().count();
+    start("max_steps = 3").unwrap();
+    assert_eq!(listing(), ["checkpoint-2", "checkpoint-3", "metrics.jsonl", "metrics.png", "policy_version"]);
+    let e = start("max_steps = 1").err().expect("an earlier run is refused");
+    assert!(matches!(&e, rl::RlError::Invalid { param: Some(p), .. } if p == "output_dir"), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("holds an earlier run (checkpoint-2, checkpoint-3, metrics.jsonl)"), "{msg}");
+    assert!(msg.contains("`overwrite_output_dir` = true"), "{msg}");
+    assert_eq!(
+        listing(),
+        ["checkpoint-2", "checkpoint-3", "metrics.jsonl", "metrics.png", "policy_version"],
+        "a refused run changes nothing"
+    );
+    // Resuming continues the run in place.
+    start("max_steps = 4\nresume_from_checkpoint = \"latest\"").unwrap();
+    assert_eq!(listing(), ["checkpoint-3", "checkpoint-4", "metrics.jsonl", "metrics.png", "policy_version"]);
+    assert_eq!(lines(), 4, "the resumed run's metrics follow the first three steps");
+    // Overwriting starts over: the new run's checkpoints are the ones kept.
+    start("max_steps = 1\noverwrite_output_dir = true").unwrap();
+    assert_eq!(
+        (listing(), lines()),
+        (vec!["checkpoint-1".to_string(), "metrics.jsonl".into(), "metrics.png".into(), "policy_version".into()], 1)
+    );
+}
+
 /// A job's `chat_template_kwargs` (TOML table) reach the template of every prompt (Qwen3's
 /// `enable_thinking = false` closes an empty think block after the generation prompt), a
 /// line's own object is laid over them key by key, and a bad one is an error naming the

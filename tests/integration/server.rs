@@ -523,3 +523,65 @@ async fn generate_cli_draws_what_the_api_draws_for_the_same_seed() {
     }
     assert!(texts[1] != texts[2] && texts.iter().all(|t| t.len() > 10), "the seed decides the text: {texts:?}");
 }
+
+/// SIGTERM to `rlserve serve` stops a running training job as `/stop` does: the current
+/// step ends and is saved as the last checkpoint before the process exits (0), where before
+/// the process exited at once and the job's steps since its last save were lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_saves_a_running_jobs_last_step() {
+    use std::io::BufRead;
+    let dir = temp_dir("server-sigterm-job");
+    let model = dir.join("model");
+    TinySpec { seed: 52, ..Default::default() }.write(&model);
+    std::fs::write(dir.join("data.jsonl"), "{\"prompt\": \"abc\"}\n").unwrap();
+    let mut child = std::process::Command::new(tests::rlserve_binary())
+        .args(["serve", "--model", model.to_str().unwrap(), "--port", "0", "--jobs-dir", dir.to_str().unwrap()])
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    let mut stdout = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    stdout.read_line(&mut line).unwrap();
+    let addr =
+        line.split("http://").nth(1).and_then(|r| r.split_whitespace().next()).unwrap_or_else(|| panic!("{line}"));
+    let base = format!("http://{addr}");
+    let job = json!({"dataset": dir.join("data.jsonl"), "apply_chat_template": false, "num_generations": 2,
+                     "max_steps": 1000000, "save_steps": 0, "output_dir": "out",
+                     "rewards": [{"type": "length", "target": 2}], "learner": {"max_completion_length": 2}});
+    let (st, out) = post(&base, "/v1/train/jobs", job).await;
+    assert_eq!(st, 201, "{out}");
+    let url = format!("{base}/v1/train/jobs/{}", out["id"].as_str().unwrap());
+    let mut step = 0;
+    for _ in 0..400 {
+        let status: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
+        step = status["step"].as_u64().unwrap();
+        if step >= 2 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert!(step >= 2, "the job trains");
+    let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+    assert!(kill.success());
+    let mut exit = None;
+    for _ in 0..600 {
+        exit = child.try_wait().unwrap();
+        if exit.is_some() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let Some(exit) = exit else {
+        let _ = child.kill();
+        panic!("rlserve did not exit within 30 s of SIGTERM");
+    };
+    assert!(exit.success(), "{exit}");
+    let saved: Vec<u64> = std::fs::read_dir(dir.join("out"))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
+        .collect();
+    let lines = std::fs::read_to_string(dir.join("out/metrics.jsonl")).unwrap().lines().count() as u64;
+    assert_eq!(saved, [lines], "the last step trained ({lines}) is saved");
+    assert!(lines >= step, "{lines} steps, {step} seen before SIGTERM");
+}
