@@ -432,6 +432,12 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/rollouts", json!({"prompts": ["a"], "n": 0}), 400, "`n` must be in [1, 256], got 0"),
         (
             "/v1/rollouts",
+            json!({"prompts": ["a"], "n": 2, "num_generations": 4}),
+            400,
+            "`num_generations` (4) and `n` (2) name the same count: give one of them",
+        ),
+        (
+            "/v1/rollouts",
             json!({"prompts": ["a"], "num_generations": 100000000}),
             400,
             "`num_generations` must be in [1, 256], got 100000000",

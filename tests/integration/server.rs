@@ -485,6 +485,14 @@ fn cli_misuse_names_the_flag() {
         &["serve", "--model", m, "--max-model-len", "x"],
         "'--max-model-len <MAX_MODEL_LEN>': \"x\" is not a whole number",
     );
+    // Benchmarks: a zero that would hang (a semaphore of 0 permits) or print NaN.
+    check(&["bench", "serve", "--max-concurrency", "0"], "'--max-concurrency <MAX_CONCURRENCY>': must be at least 1");
+    check(&["bench", "throughput", "--concurrency", "1,0"], "'--concurrency <CONCURRENCY>': must be at least 1");
+    check(&["bench", "rl", "--steps", "0"], "'--steps <STEPS>': must be at least 1");
+    check(
+        &["bench", "latency", "--model", m, "--prompt-tokens", "1000"],
+        "--prompt-tokens 1000 plus --gen-tokens 128 exceed the model's context of 128 tokens",
+    );
 }
 
 /// One decode loop: `rlserve generate --seed S` drives the engine, so at temperature 1 (and

@@ -114,6 +114,14 @@ pub async fn rollouts(
             Some("num_generations"),
         ));
     }
+    if let (Some(g), Some(n)) = (req.num_generations, fields.n) {
+        if g != n {
+            return Err(ApiError::bad(
+                format!("`num_generations` ({g}) and `n` ({n}) name the same count: give one of them"),
+                Some("num_generations"),
+            ));
+        }
+    }
     fields.n = req.num_generations.or(fields.n);
     // As completions: 16 tokens unless `max_tokens` says otherwise.
     let max_tokens = req.max_tokens.unwrap_or(super::completions::DEFAULT_MAX_TOKENS);

@@ -36,6 +36,13 @@ pub fn run(a: BenchArgs) -> Result<()> {
     );
     let (device, dir) = a.model.open()?;
     let (tok, model) = load(&dir, &device)?;
+    let context = model.max_positions();
+    anyhow::ensure!(
+        a.prompt_tokens + a.gen_tokens <= context,
+        "--prompt-tokens {} plus --gen-tokens {} exceed the model's context of {context} tokens",
+        a.prompt_tokens,
+        a.gen_tokens
+    );
     let (tok, shared) = (std::sync::Arc::new(tok), engine::SharedModel::new(model));
     let vocab = shared.read().config.vocab_size as u32;
     // Deterministic pseudo-random prompt (token ids in the ordinary-text range).

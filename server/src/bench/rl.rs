@@ -21,13 +21,13 @@ pub struct RlBenchArgs {
     pub model: ModelArgs,
     /// Steps per job (the first, which builds the learner's caches, counts in steps/s but not
     /// in the seconds per step after it or the split).
-    #[arg(long, default_value_t = 6)]
-    pub steps: u64,
-    #[arg(long, default_value_t = 4)]
+    #[arg(long, default_value_t = 6, value_parser = server::serve::positive)]
+    pub steps: usize,
+    #[arg(long, default_value_t = 4, value_parser = server::serve::positive)]
     pub prompts_per_step: usize,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = server::serve::positive)]
     pub num_generations: usize,
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = server::serve::positive)]
     pub max_completion_length: usize,
     /// The staleness bounds to compare.
     #[arg(long, value_delimiter = ',', default_value = "0,2")]

@@ -25,7 +25,7 @@ pub struct BenchServeArgs {
     #[arg(long, default_value = "inf")]
     pub request_rate: f64,
     /// Most requests in flight at once.
-    #[arg(long)]
+    #[arg(long, value_parser = server::serve::positive)]
     pub max_concurrency: Option<usize>,
     #[arg(long)]
     pub api_key: Option<String>,

@@ -28,7 +28,7 @@ pub struct ThroughputArgs {
     #[arg(long)]
     pub fixed_prompt: bool,
     /// Output tokens/s at these concurrencies after the main run.
-    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64")]
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64", value_parser = server::serve::positive)]
     pub concurrency: Vec<usize>,
     /// Skip the concurrency curve.
     #[arg(long)]
