@@ -95,23 +95,27 @@ impl FeedbackStore {
         if let Ok(text) = std::fs::read_to_string(&path) {
             for (i, line) in text.lines().enumerate().filter(|(_, l)| !l.trim().is_empty()) {
                 match serde_json::from_str::<LogLine>(line) {
-                    Ok(l) => ratings.apply(&l, covered, cfg.window),
+                    Ok(l) => ratings.apply(&l, covered),
                     // A torn last line (crash mid-write) was never acknowledged: skip it.
                     Err(e) => tracing::warn!("{} line {}: {e}; skipped", path.display(), i + 1),
                 }
             }
         }
-        tracing::info!(replayed = ratings.ready.len(), covered, "feedback log {}", path.display());
         let log =
             std::fs::OpenOptions::new().create(true).append(true).open(&path).map_err(|e| RlError::io(&path, e))?;
         let store = Arc::new(Self {
             cfg,
             ctx: ctx.clone(),
-            ratings: Mutex::new(ratings),
+            ratings: Mutex::new(Ratings::new()),
             cv: Condvar::new(),
             log: Mutex::new(log),
             history: Mutex::new(Vec::new()),
         });
+        // The replay kept every rated response: back to the window's size.
+        let flushes = ratings.evict(store.cfg.window);
+        let _ = store.flush(&mut ratings, flushes);
+        tracing::info!(replayed = ratings.ready.len(), covered, "feedback log {}", path.display());
+        *store.lock() = ratings;
         // Kept across steps: the entropy-collapse and length-drift baselines.
         let mut learner = LearnerLoop::new(ctx, trainer, JobLog::detached(), ENTROPY_COLLAPSE_FRACTION)
             .record_versions_in(&store.cfg.dir);
@@ -148,13 +152,8 @@ impl FeedbackStore {
                 return Err(e);
             }
         };
-        {
-            let path = self.cfg.dir.join("feedback.jsonl");
-            let mut f = self.log.lock().unwrap_or_else(|e| e.into_inner());
-            let text = serde_json::to_string(&line).map_err(|e| RlError::io(&path, e.into()))?;
-            writeln!(f, "{text}").and_then(|_| f.sync_data()).map_err(|e| RlError::io(&path, e))?;
-        }
-        ratings.apply(&line, 0, self.cfg.window);
+        self.append(&line)?;
+        ratings.apply(&line, 0);
         ratings.accepted += 1;
         let ready = ratings.ready.len();
         drop(ratings);
@@ -163,6 +162,29 @@ impl FeedbackStore {
             "id": req.id, "accepted": true, "seq": line.seq, "samples_ready": ready,
             "feedback_batch_size": self.cfg.batch_size,
         }))
+    }
+
+    /// Appends `line` to `feedback.jsonl` and fsyncs it.
+    fn append(&self, line: &LogLine) -> Result<()> {
+        let path = self.cfg.dir.join("feedback.jsonl");
+        let mut f = self.log.lock().unwrap_or_else(|e| e.into_inner());
+        let text = serde_json::to_string(line).map_err(|e| RlError::io(&path, e.into()))?;
+        writeln!(f, "{text}").and_then(|_| f.sync_data()).map_err(|e| RlError::io(&path, e))
+    }
+
+    /// Logs the flush lines of responses the window pushed out ([`Ratings::evict`]), then
+    /// applies them: their rated choices become samples. A line that cannot be logged is
+    /// still applied (the samples are not lost; a restart would queue them once more).
+    fn flush(&self, ratings: &mut Ratings, lines: Vec<LogLine>) -> Result<()> {
+        let mut first_error = Ok(());
+        for line in lines {
+            if let Err(e) = self.append(&line) {
+                tracing::warn!("feedback: logging the flush of `{}`: {e}", line.id);
+                first_error = first_error.and(Err(e));
+            }
+            ratings.apply(&line, 0);
+        }
+        first_error
     }
 
     /// Accepted samples per feedback learner step (`--feedback-batch-size`).
@@ -235,7 +257,11 @@ impl FeedbackRecorder {
         let Some(set) = self.set.as_mut() else { return };
         if set.push(prompt, out.clone()) {
             let choices = self.set.take().expect("present").into_rollouts().iter().map(|r| r.sample()).collect();
-            self.store.lock().register(self.id.clone(), choices, self.greedy, self.store.cfg.window);
+            let mut ratings = self.store.lock();
+            let flushes = ratings.register(self.id.clone(), choices, self.greedy, self.store.cfg.window);
+            // Logged with a warning on failure (`flush`): a response's end has no caller to tell.
+            let _ = self.store.flush(&mut ratings, flushes);
+            drop(ratings);
             self.store.cv.notify_all();
         }
     }

@@ -39,6 +39,13 @@ pub(crate) struct LogLine {
     /// response is then fully rated.
     #[serde(default, skip_serializing_if = "std::ops::Not::not")]
     pub pair: bool,
+    /// The response left the window partly rated: its rated choices become single samples
+    /// now, under this line's sequence number (no ratings or choices on this line). Logged,
+    /// so the queue of trainable samples is in sequence order and a checkpoint's position
+    /// (`feedback_seq`) says exactly which samples its weights hold.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub flush: bool,
+    #[serde(default)]
     pub choices: Vec<TrainSample>,
 }
 
@@ -76,22 +83,42 @@ impl Ratings {
         Self { next_seq: 1, ..Default::default() }
     }
 
-    /// Keeps a finished response (its choices as unscored samples) for rating.
-    pub fn register(&mut self, id: String, choices: Vec<TrainSample>, greedy: bool, window: usize) {
+    /// Keeps a finished response (its choices as unscored samples) for rating; returns the
+    /// flush lines of the partly rated responses it pushes out of the window ([`Self::evict`]).
+    pub fn register(&mut self, id: String, choices: Vec<TrainSample>, greedy: bool, window: usize) -> Vec<LogLine> {
         let n = choices.len();
-        self.insert(id, Kept { choices, greedy, rewards: vec![None; n], seq: 0 }, window);
+        self.push(id, Kept { choices, greedy, rewards: vec![None; n], seq: 0 });
+        self.evict(window)
     }
 
-    fn insert(&mut self, id: String, kept: Kept, window: usize) {
+    fn push(&mut self, id: String, kept: Kept) {
         self.order.push_back(id.clone());
         self.kept.insert(id, kept);
+    }
+
+    /// Shrinks the window to `window` responses, oldest first (rated again later: 410). An
+    /// unrated response is dropped; a partly rated one waits, out of the window, for the
+    /// returned flush line (log it, then [`Self::apply`] it) to make its samples.
+    pub fn evict(&mut self, window: usize) -> Vec<LogLine> {
+        let mut flushes = vec![];
         while self.order.len() > window.max(1) {
             let old = self.order.pop_front().expect("non-empty");
-            if let Some(k) = self.kept.remove(&old) {
-                self.flush_partial(&k);
+            if self.kept.get(&old).is_some_and(|k| k.rewards.iter().any(Option::is_some)) {
+                flushes.push(LogLine {
+                    seq: self.next_seq,
+                    id: old.clone(),
+                    ratings: vec![],
+                    pair: false,
+                    flush: true,
+                    choices: vec![],
+                });
+                self.next_seq += 1;
+            } else {
+                self.kept.remove(&old);
             }
             self.expired.insert(old);
         }
+        flushes
     }
 
     /// Checks a rating against the window; the log line that records it (the next sequence
@@ -198,20 +225,30 @@ impl Ratings {
                 ))
             }
         };
-        Ok(LogLine { seq: self.next_seq, id: req.id.clone(), ratings, pair, choices: k.choices.clone() })
+        Ok(LogLine { seq: self.next_seq, id: req.id.clone(), ratings, pair, flush: false, choices: k.choices.clone() })
     }
 
-    /// Applies a logged rating (from a request or the replay). Ratings at or before
-    /// `covered` are already in the checkpoint's weights: they count but are not re-queued.
-    pub fn apply(&mut self, line: &LogLine, covered: u64, window: usize) {
+    /// Applies a logged line (a rating, from a request or the replay; a flush). Lines at or
+    /// before `covered` are already in the checkpoint's weights: they count (and feed the
+    /// REINFORCE baseline) but their samples are not queued. The replay keeps every rated
+    /// response (no eviction: the flush lines say when the live window pushed one out), then
+    /// shrinks the window with [`Self::evict`].
+    pub fn apply(&mut self, line: &LogLine, covered: u64) {
         self.next_seq = self.next_seq.max(line.seq + 1);
+        let queue = line.seq > covered;
+        if line.flush {
+            if let Some(mut k) = self.kept.remove(&line.id) {
+                self.order.retain(|x| x != &line.id);
+                self.expired.insert(line.id.clone());
+                k.seq = line.seq;
+                self.flush_partial(&k, queue);
+            }
+            return;
+        }
         if !self.kept.contains_key(&line.id) {
             let n = line.choices.len();
-            self.insert(
-                line.id.clone(),
-                Kept { choices: line.choices.clone(), greedy: false, rewards: vec![None; n], seq: 0 },
-                window,
-            );
+            let kept = Kept { choices: line.choices.clone(), greedy: false, rewards: vec![None; n], seq: 0 };
+            self.push(line.id.clone(), kept);
         }
         let Some(k) = self.kept.get_mut(&line.id) else { return };
         for &(c, r) in &line.ratings {
@@ -223,7 +260,7 @@ impl Ratings {
         if line.pair {
             // A preference: the two rated choices are one group now; the response is done.
             let k = self.retire(&line.id).expect("present");
-            if line.seq > covered {
+            if queue {
                 self.next_group += 1;
                 for &(c, r) in &line.ratings {
                     if let Some(choice) = k.choices.get(c) {
@@ -235,17 +272,11 @@ impl Ratings {
             return;
         }
         let complete = k.rewards.iter().all(Option::is_some);
-        if line.seq <= covered {
-            if complete {
-                self.retire(&line.id);
-            }
-            return;
-        }
         let n = k.choices.len();
         if n == 1 || !complete {
             if n == 1 {
                 let k = self.retire(&line.id).expect("present");
-                self.flush_partial(&k);
+                self.flush_partial(&k, queue);
             }
             return;
         }
@@ -274,7 +305,10 @@ impl Ratings {
                     greedy: false,
                     seq: k.seq,
                 };
-                self.flush_partial(&single);
+                self.flush_partial(&single, queue);
+                continue;
+            }
+            if !queue {
                 continue;
             }
             self.next_group += 1;
@@ -293,15 +327,18 @@ impl Ratings {
         k
     }
 
-    /// Rated choices of a response that will not be completed: REINFORCE with a baseline.
-    fn flush_partial(&mut self, k: &Kept) {
+    /// Rated choices of a response that will not be completed: REINFORCE with a baseline
+    /// (updated by every reward, queued or not; queued when `queue`).
+    fn flush_partial(&mut self, k: &Kept, queue: bool) {
         for (c, r) in k.choices.iter().zip(&k.rewards) {
             let Some(r) = *r else { continue };
             let (sum, count) = self.baseline;
             let base = if count == 0 { 0.0 } else { sum / count as f64 };
             self.baseline = (sum + r as f64, count + 1);
-            let sample = TrainSample { advantage: Some(r - base as f32), reward: Some(r), ..c.clone() };
-            self.ready.push_back((k.seq, sample));
+            if queue {
+                let sample = TrainSample { advantage: Some(r - base as f32), reward: Some(r), ..c.clone() };
+                self.ready.push_back((k.seq, sample));
+            }
         }
     }
 
@@ -354,6 +391,59 @@ mod tests {
         serde_json::from_value(json).unwrap()
     }
 
+    /// A partly rated response pushed out of the window becomes a sample under its flush
+    /// line's sequence number, so a checkpoint's `feedback_seq` says exactly whether the
+    /// sample is in its weights: a replay covered past the flush queues nothing (and rating
+    /// the response again is a 410), one covered only past the rating queues it once; the
+    /// REINFORCE baseline counts the reward either way. A log without flush lines (written
+    /// before them) keeps the response in the window, as before.
+    #[test]
+    fn a_flushed_partial_rating_is_trained_once_across_a_restart() {
+        let rate = |r: &mut Ratings, choice: usize| {
+            let line = r.check(&req(serde_json::json!({"id": "a", "choice": choice, "reward": 1.0}))).unwrap();
+            r.apply(&line, 0);
+            line
+        };
+        let mut live = Ratings::new();
+        assert!(live.register("a".into(), vec![sample(&[1]), sample(&[1])], false, 1).is_empty());
+        let rating = rate(&mut live, 0);
+        assert!(live.ready.is_empty(), "one of two choices rated: not a sample yet");
+        let flushes = live.register("b".into(), vec![sample(&[2])], false, 1);
+        assert_eq!(flushes.iter().map(|l| (l.seq, l.id.as_str(), l.flush)).collect::<Vec<_>>(), [(2, "a", true)]);
+        for l in &flushes {
+            live.apply(l, 0);
+        }
+        assert_eq!(live.ready.iter().map(|(seq, s)| (*seq, s.advantage)).collect::<Vec<_>>(), [(2, Some(1.0))]);
+        let log: Vec<LogLine> = [&rating, &flushes[0]]
+            .iter()
+            .map(|l| serde_json::from_str(&serde_json::to_string(l).unwrap()).unwrap())
+            .collect();
+        let replay = |covered: u64, lines: &[LogLine]| {
+            let mut r = Ratings::new();
+            for l in lines {
+                r.apply(l, covered);
+            }
+            assert!(r.evict(1).is_empty());
+            r
+        };
+        // Trained and checkpointed through the flush: nothing to train again.
+        let r = replay(2, &log);
+        assert!(r.ready.is_empty(), "trained before the checkpoint: not queued again");
+        assert_eq!((r.baseline, r.next_seq), ((1.0, 1), 3), "the baseline holds the reward");
+        assert!(matches!(
+            r.check(&req(serde_json::json!({"id": "a", "choice": 1, "reward": 0.0}))),
+            Err(RlError::Expired(_))
+        ));
+        // Checkpointed after the rating but before the flush was trained: queued once.
+        let r = replay(1, &log);
+        assert_eq!(r.ready.iter().map(|(seq, _)| *seq).collect::<Vec<_>>(), [2]);
+        // A log from before flush lines: the response is still in the window, rateable.
+        let mut r = replay(1, &log[..1]);
+        assert!(r.ready.is_empty());
+        rate(&mut r, 1);
+        assert_eq!(r.ready.len(), 2, "rated in full: one group of two");
+    }
+
     /// A completions request with two prompts is one response: choices 0, 1 answer prompt A,
     /// choice 2 prompt B. Pairs and `preferred` across prompts are refused naming why; rated
     /// in full, A's answers are one group and B's answer a single sample (REINFORCE: the
@@ -369,7 +459,7 @@ mod tests {
         assert!(r.check(&req(serde_json::json!({"id": "x", "chosen": 1, "rejected": 0}))).is_ok());
         for (c, reward) in [(0, 1.0), (1, 0.0), (2, 0.5)] {
             let line = r.check(&req(serde_json::json!({"id": "x", "choice": c, "reward": reward}))).unwrap();
-            r.apply(&line, 0, 8);
+            r.apply(&line, 0);
         }
         let got: Vec<_> = r.ready.iter().map(|(_, s)| (s.prompt_ids.clone(), s.group, s.reward, s.advantage)).collect();
         assert_eq!(
