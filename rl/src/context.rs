@@ -26,6 +26,25 @@ pub struct RlContext {
     pub learner: LearnerSlot,
     /// The engine's context limit (prompt + completion).
     pub max_model_len: usize,
+    /// The server-wide record of served versions, when the server keeps state across
+    /// restarts (`<feedback-dir>/policy_version` with `--learn-from-feedback`, restored at
+    /// start): every learner (a job, the feedback learner, Tinker's `optim_step`) records
+    /// each update's version here before applying it ([`Self::record_version`]), so a
+    /// restart labels the served weights above every version any of them served
+    /// (ARCHITECTURE.md, invariant on versions).
+    pub version_record: Option<PathBuf>,
+}
+
+impl RlContext {
+    /// Records in [`Self::version_record`] (fsynced), when there is one, that the served
+    /// weights are about to become `version`; call it holding the learner slot, before the
+    /// update.
+    pub fn record_version(&self, version: u64) -> super::Result<()> {
+        match &self.version_record {
+            Some(path) => super::learner_loop::write_version(path, version),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The right to train the served weights: one holder at a time (a job, or one feedback

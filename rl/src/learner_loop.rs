@@ -6,8 +6,9 @@
 //!
 //! Versions never go back, also across a crash: before each update becomes visible the loop
 //! records the version it will serve in a small fsynced file ([`VERSION_FILE`] in the
-//! job's output folder or the feedback folder); a restart that loads an older checkpoint
-//! labels it above every version that may have been served ([`restore_version`]).
+//! job's output folder or the feedback folder, and in the server-wide record
+//! `RlContext::version_record` when the server has one); a restart that loads an older
+//! checkpoint labels it above every version that may have been served ([`restore_version`]).
 
 use super::context::{LearnerGuard, RlContext};
 use super::error::{Result, RlError};
@@ -87,11 +88,14 @@ impl LearnerLoop {
     /// Runs until the task ends it (no more batches, or its last step).
     pub fn run(&mut self, task: &mut impl LearnerTask) -> Result<()> {
         while let Some(batch) = task.next_batch()? {
+            // The learner holds the slot: this batch's updates (several for PPO) take the
+            // versions after the current one.
+            let next = self.ctx.model.version() + self.trainer.config.updates_per_batch().max(1);
             if let Some(f) = &self.version_file {
-                // The learner holds the slot: this batch's updates (several for PPO) take the
-                // versions after the current one.
-                let updates = self.trainer.config.updates_per_batch().max(1);
-                write_version(f, self.ctx.model.version() + updates)?;
+                write_version(f, next)?;
+            }
+            if self.ctx.version_record.as_ref() != self.version_file.as_ref() {
+                self.ctx.record_version(next)?;
             }
             let trained = self.trainer.step(&self.ctx.model, &batch.samples);
             let step = task.step_number(self.trainer.optimizer.step);
@@ -132,7 +136,8 @@ impl LearnerLoop {
 }
 
 /// Writes `version` to `path` through a temporary file, fsynced, renamed, parent fsynced.
-fn write_version(path: &Path, version: u64) -> Result<()> {
+/// Writes `version` to `path` durably (temporary file, fsync, rename, fsync of the folder).
+pub(crate) fn write_version(path: &Path, version: u64) -> Result<()> {
     use std::io::Write;
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<()> {

@@ -283,6 +283,10 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         metrics: RlMetrics::new(&model_name),
         learner: LearnerSlot::default(),
         max_model_len,
+        version_record: args
+            .feedback
+            .learn_from_feedback
+            .then(|| args.feedback.feedback_dir.join(::rl::learner_loop::VERSION_FILE)),
     };
     let feedback = if args.feedback.learn_from_feedback {
         let store = FeedbackStore::open(args.feedback.config()?, rl.clone())

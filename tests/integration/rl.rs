@@ -79,6 +79,7 @@ fn context_on(dir: &Path, device: &Device) -> (RlContext, tokio::runtime::Runtim
         metrics: RlMetrics::new("tiny"),
         learner: LearnerSlot::default(),
         max_model_len: 128,
+        version_record: None,
     };
     (ctx, rt)
 }
@@ -375,6 +376,41 @@ pub(crate) fn feedback_args(dir: &Path, window: usize) -> ServeArgs {
     a.feedback.feedback_window = window;
     a.feedback.feedback_batch_size = 1000; // no learner step in this test
     a
+}
+
+/// With `--learn-from-feedback` the feedback folder's `policy_version` records every
+/// learner's updates, a job's too: after a restart (the job's weights are not the feedback
+/// checkpoint's) the served version is above every version served before, so it never goes
+/// back and never names the job's weights and others.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_jobs_versions_are_recorded_for_the_feedback_learners_restart() {
+    let dir = tiny("rl-version-record", 84);
+    let log = temp_dir("rl-version-record-log");
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let args = || ServeArgs { jobs_dir: dir.clone(), ..feedback_args(&log, 8) };
+    let (s, base) = start_server(dir.clone(), args()).await;
+    let job = json!({"dataset": data, "apply_chat_template": false, "num_generations": 2, "max_steps": 2,
+                     "output_dir": "out", "rewards": [{"type": "length", "target": 2}],
+                     "learner": {"max_completion_length": 2}});
+    let (st, out) = post(&base, "/v1/train/jobs", job).await;
+    assert_eq!(st, 201, "{out}");
+    let url = format!("{base}/v1/train/jobs/{}", out["id"].as_str().unwrap());
+    let mut status = Value::Null;
+    for _ in 0..400 {
+        status = reqwest::get(&url).await.unwrap().json().await.unwrap();
+        if status["status"] == "completed" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+    assert_eq!((&status["status"], &status["version"]), (&json!("completed"), &json!(2)), "{status}");
+    assert_eq!(std::fs::read_to_string(log.join("policy_version")).unwrap(), "2");
+    s.shutdown(Duration::from_secs(5)).await;
+    let (s, base) = start_server(dir.clone(), args()).await;
+    let now: Value = reqwest::get(format!("{base}/v1/status")).await.unwrap().json().await.unwrap();
+    assert_eq!(now["version"], 3, "the restarted server's weights are not the job's v2: {now}");
+    s.shutdown(Duration::from_secs(5)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -71,6 +71,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             metrics: RlMetrics::new("bench"),
             learner: LearnerSlot::default(),
             max_model_len,
+            version_record: None,
         };
         let cfg = JobConfig::from_toml(&format!(
             "max_steps = {}\nprompts_per_step = {}\nnum_generations = {}\noutput_dir = {:?}\nsave_steps = 1000000\n[learner]\nmax_completion_length = {}\nmax_staleness = {k}\nlog_kl_to_initial = {}\n",

@@ -559,6 +559,10 @@ impl Worker {
         }
         self.trainer.config = c;
         let grads = std::mem::take(&mut self.grads);
+        if let Err(e) = self.state.rl.record_version(self.state.model.version() + 1) {
+            self.grads = grads;
+            return Outcome::server(e);
+        }
         match self.trainer.update(&self.state.model, &grads) {
             Ok(u) => Outcome::Json(json!({"metrics": {
                 "grad_norm:mean": u.grad_norm,
