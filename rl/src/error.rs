@@ -40,7 +40,7 @@ pub enum RlError {
     #[error("{0}")]
     AlreadyRated(String),
     /// Another learner (a job or the feedback learner) holds the served weights.
-    #[error("another training job (or the feedback learner) is already updating the weights")]
+    #[error("another learner (a training job, the feedback learner or a Tinker training client) is already updating the weights")]
     Busy,
     /// The server's own files (feedback log, `metrics.jsonl`, checkpoints it prunes) failed.
     #[error("{}: {source}", path.display())]

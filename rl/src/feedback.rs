@@ -15,7 +15,10 @@
 //!   pair; a GRPO group of two), and the response counts as fully rated;
 //! - a response with `n = 1`, or one that leaves the window partly rated → each rated choice
 //!   alone, REINFORCE with a baseline: advantage = reward − the running mean of all earlier
-//!   single-choice rewards (0 before the first).
+//!   single-choice rewards (0 before the first). Leaving the window is logged too (a flush
+//!   line), so samples queue in log order and a checkpoint's position is exact;
+//! - with a preference `loss_type` (`dpo`, `ipo`) a rating of a one-choice response is
+//!   refused (400): one answer never makes a pair.
 //!
 //! The learner thread runs the shared [`LearnerLoop`]: it steps when
 //! `--feedback-batch-size` samples are ready, on the served weights (later requests see the
@@ -145,7 +148,20 @@ impl FeedbackStore {
     /// Validates and applies one rating; durable (fsynced) before it returns Ok.
     pub fn submit(&self, req: &FeedbackRequest) -> Result<serde_json::Value> {
         let mut ratings = self.lock();
-        let line = match ratings.check(req) {
+        let checked = ratings.check(req).and_then(|line| match line.choices.len() {
+            // A preference learner trains on pairs: one answer never makes one.
+            1 if self.cfg.learner.loss_type.is_preference() => Err(RlError::invalid(
+                "id",
+                format!(
+                    "response `{}` has one choice; the feedback learner's loss_type {} trains on preference pairs: \
+                     rate a response with n >= 2 (`preferred`, `chosen`/`rejected`, or every choice)",
+                    req.id,
+                    serde_json::to_string(&self.cfg.learner.loss_type).unwrap_or_default()
+                ),
+            )),
+            _ => Ok(line),
+        });
+        let line = match checked {
             Ok(line) => line,
             Err(e) => {
                 ratings.rejected += 1;

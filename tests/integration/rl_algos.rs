@@ -167,6 +167,11 @@ async fn a_chosen_rejected_rating_trains_the_served_model_with_dpo() {
             400,
             "`chosen` 1 is out of range: the response has 1 choice",
         ),
+        (
+            json!({"id": one["id"], "choice": 0, "reward": 1.0}),
+            400,
+            "has one choice; the feedback learner's loss_type \"dpo\" trains on preference pairs",
+        ),
     ];
     for (b, status, needle) in &cases {
         let (st, out) = post(&base, "/v1/feedback", b.clone()).await;
@@ -174,6 +179,11 @@ async fn a_chosen_rejected_rating_trains_the_served_model_with_dpo() {
         assert_eq!(st, *status, "{b}: {out}");
         assert!(msg.contains(needle), "{b}: {msg:?} lacks {needle:?}");
     }
+    // Listed with the jobs, the feedback learner is not one: no stop, no plot.
+    let (st, out) = post(&base, "/v1/train/jobs/feedback/stop", json!({})).await;
+    let msg = out["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!(st, 400, "{out}");
+    assert!(msg.contains("`feedback` is the feedback learner, not a training job; it cannot be stopped"), "{msg}");
     let (st, out) = post(&base, "/v1/feedback", json!({"id": id, "chosen": 1, "rejected": 0})).await;
     assert_eq!((st, &out["samples_ready"]), (200, &json!(2)), "{out}");
     let (st, out) = post(&base, "/v1/feedback", json!({"id": id, "choice": 0, "reward": 1.0})).await;

@@ -200,6 +200,7 @@ pub async fn get_job(State(state): State<Arc<AppState>>, Path(id): Path<String>)
 
 /// `POST /v1/train/jobs/{id}/stop`: stop after the current step (a checkpoint is saved).
 pub async fn stop_job(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    feedback_is_not_a_job(&state, &id, "stopped: it runs while the server runs")?;
     let job = state.jobs.get(&id)?;
     job.request_stop();
     Ok(axum::Json(job.status()).into_response())
@@ -207,10 +208,22 @@ pub async fn stop_job(State(state): State<Arc<AppState>>, Path(id): Path<String>
 
 /// The job's `metrics.png`, redrawn from its history now.
 pub async fn job_plot(State(state): State<Arc<AppState>>, Path(id): Path<String>) -> Result<Response, ApiError> {
+    feedback_is_not_a_job(&state, &id, "plotted here: it keeps no metrics.jsonl (the dashboard charts it)")?;
     let job = state.jobs.get(&id)?;
     let bytes =
         tokio::task::spawn_blocking(move || job.plot()).await.map_err(|e| ApiError::Internal(e.to_string()))??;
     Ok(([(header::CONTENT_TYPE, "image/png")], bytes).into_response())
+}
+
+/// A 400 for `/stop` and `/plot` on the feedback learner's id (listed with the jobs, but not
+/// one): the learner cannot be `what`.
+fn feedback_is_not_a_job(state: &AppState, id: &str, what: &str) -> Result<(), ApiError> {
+    match (id, &state.feedback) {
+        (::rl::FEEDBACK_JOB_ID, Some(_)) => {
+            Err(ApiError::bad(format!("`{id}` is the feedback learner, not a training job; it cannot be {what}"), None))
+        }
+        _ => Ok(()),
+    }
 }
 
 /// `POST /v1/feedback`: `{"id", "choice", "reward"}`, `{"id", "preferred"}` or
