@@ -46,6 +46,16 @@ async fn http_checkpoints_stay_under_the_root_and_replace_only_their_own() {
     assert!(!partial_path(&root.join("v1")).exists());
     let (st, r) = post(&base, "/v1/checkpoints", json!({"path": "runs/a/b"})).await;
     assert_eq!((st, r["path"].clone()), (200, json!(root.join("runs/a/b"))), "{r}");
+    // Not inside another checkpoint.
+    let (st, e) = post(&base, "/v1/checkpoints", json!({"path": "v1/inner"})).await;
+    let m = e["error"]["message"].as_str().unwrap_or_default();
+    assert_eq!((st, m), (400, "`path` v1/inner is inside the checkpoint v1: choose a path outside it"), "{e}");
+    assert_eq!(names(&root.join("v1")), written);
+    // The listing: both, by path, at the served version 0.
+    let list: Value = reqwest::get(format!("{base}/v1/checkpoints")).await.unwrap().json().await.unwrap();
+    let got: Vec<(&str, &Value)> =
+        list["data"].as_array().unwrap().iter().map(|c| (c["path"].as_str().unwrap(), &c["version"])).collect();
+    assert_eq!(got, [("runs/a/b", &json!(0)), ("v1", &json!(0))], "{list}");
 
     // Folders that are not rlserve checkpoints: a user's notes, a checkpoint a user added a
     // file to, an HF model folder, a plain file. All 400, all untouched.

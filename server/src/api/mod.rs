@@ -145,7 +145,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/train/jobs/{id}/stop", post(rl::stop_job))
         .route("/v1/train/jobs/{id}/plot", get(rl::job_plot))
         .route("/v1/feedback", post(rl::feedback))
-        .route("/v1/checkpoints", post(rl::save_checkpoint))
+        .route("/v1/checkpoints", post(rl::save_checkpoint).get(rl::list_checkpoints))
         .route_layer(middleware::from_fn_with_state(state.clone(), admin));
     let pages = if state.ui { crate::ui::router() } else { Router::new() };
     Router::new()

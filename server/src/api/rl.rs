@@ -13,6 +13,7 @@ use ::rl::{FeedbackRequest, Job, JobConfig};
 use axum::extract::{Path, State};
 use axum::http::{header, StatusCode};
 use axum::response::{IntoResponse, Response};
+use learner::checkpoint::MARKER;
 use serde::Deserialize;
 use serde_json::{json, Value};
 use std::sync::Arc;
@@ -299,10 +300,63 @@ fn confined(
 /// parent created.
 fn checkpoint_target(root: &std::path::Path, path: &std::path::Path) -> Result<std::path::PathBuf, ApiError> {
     let target = confined(root, path, "path", "--checkpoint-dir")?;
+    // Not inside another checkpoint (it would then hold a folder rlserve does not write there).
+    if let Some(outer) = target.ancestors().skip(1).take_while(|a| *a != root).find(|a| a.join(MARKER).exists()) {
+        let outer = outer.strip_prefix(root).unwrap_or(outer);
+        return Err(ApiError::bad(
+            format!("`path` {} is inside the checkpoint {}: choose a path outside it", path.display(), outer.display()),
+            Some("path"),
+        ));
+    }
     let parent = target.parent().unwrap_or(root);
     std::fs::create_dir_all(parent).map_err(|e| ApiError::Internal(format!("creating {}: {e}", parent.display())))?;
     // Checked again now that the folders exist (a link raced in is refused).
     confined(root, path, "path", "--checkpoint-dir")
+}
+
+/// Folder levels under `--checkpoint-dir` that `GET /v1/checkpoints` looks through.
+const CHECKPOINT_LIST_DEPTH: usize = 4;
+
+/// `GET /v1/checkpoints` (with `--checkpoint-dir`): the rlserve checkpoints under the root
+/// (folders holding its marker, up to [`CHECKPOINT_LIST_DEPTH`] levels down, symbolic links
+/// not followed, unfinished `.partial` and `.old` folders left out), by path: each with its
+/// policy version, optimizer step and `created` (Unix seconds of its `trainer_state.json`).
+pub async fn list_checkpoints(State(state): State<Arc<AppState>>) -> Result<Response, ApiError> {
+    let root = state.checkpoint_dir.clone().ok_or_else(|| {
+        ApiError::NotFound("checkpoints over HTTP are off: start the server with --checkpoint-dir DIR".into())
+    })?;
+    let found = tokio::task::spawn_blocking(move || {
+        let mut out = vec![];
+        let mut stack = vec![(root.clone(), 0)];
+        while let Some((dir, depth)) = stack.pop() {
+            let Ok(entries) = std::fs::read_dir(&dir) else { continue };
+            for e in entries.flatten() {
+                let (path, name) = (e.path(), e.file_name().to_string_lossy().into_owned());
+                if !e.file_type().is_ok_and(|t| t.is_dir()) || name.ends_with(".partial") || name.ends_with(".old") {
+                    continue;
+                }
+                if !path.join(MARKER).exists() {
+                    if depth + 1 < CHECKPOINT_LIST_DEPTH {
+                        stack.push((path, depth + 1));
+                    }
+                    continue;
+                }
+                let Ok(st) = learner::checkpoint::load_state(&path) else { continue };
+                let created = std::fs::metadata(path.join("trainer_state.json"))
+                    .and_then(|m| m.modified())
+                    .ok()
+                    .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                    .map_or(0, |d| d.as_secs());
+                let rel = path.strip_prefix(&root).unwrap_or(&path).to_string_lossy().into_owned();
+                out.push(json!({"path": rel, "version": st["version"], "step": st["step"], "created": created}));
+            }
+        }
+        out.sort_by(|a, b| a["path"].as_str().cmp(&b["path"].as_str()));
+        out
+    })
+    .await
+    .map_err(|e| ApiError::Internal(e.to_string()))?;
+    Ok(axum::Json(json!({"object": "list", "data": found})).into_response())
 }
 
 /// `POST /v1/checkpoints {"path"}` (with `--checkpoint-dir`): the served weights as they are
