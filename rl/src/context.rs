@@ -38,11 +38,13 @@ pub struct RlContext {
 impl RlContext {
     /// Records in [`Self::version_record`] (fsynced), when there is one, that the served
     /// weights are about to become `version`; call it holding the learner slot, before the
-    /// update.
+    /// update. The record only rises (a lower `version` leaves it as it is).
     pub fn record_version(&self, version: u64) -> super::Result<()> {
-        match &self.version_record {
-            Some(path) => super::learner_loop::write_version(path, version),
-            None => Ok(()),
+        let Some(path) = &self.version_record else { return Ok(()) };
+        let recorded = std::fs::read_to_string(path).ok().and_then(|t| t.trim().parse::<u64>().ok());
+        match recorded {
+            Some(r) if r >= version => Ok(()),
+            _ => super::learner_loop::write_version(path, version),
         }
     }
 }

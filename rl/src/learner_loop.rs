@@ -174,7 +174,9 @@ pub fn restore_version(model: &SharedModel, dir: &Path) -> Result<()> {
 /// checkpoint without a value head keeps its initial one.
 pub fn resume(ctx: &RlContext, trainer: &mut Trainer, dir: &Path) -> Result<serde_json::Value> {
     let state = checkpoint::load_state(dir)?;
-    load_weights(&ctx.model, dir, state["version"].as_u64().unwrap_or(0))?;
+    let version = state["version"].as_u64().unwrap_or(0).max(ctx.model.version() + 1);
+    ctx.record_version(version)?;
+    load_weights(&ctx.model, dir, version)?;
     let (device, hidden) = {
         let m = ctx.model.read();
         (m.device().clone(), m.config.hidden_size)

@@ -621,6 +621,9 @@ impl Worker {
             Err(e) => return e,
         };
         let version = self.state.model.version() + 1;
+        if let Err(e) = self.state.rl.record_version(version) {
+            return Outcome::server(e);
+        }
         if let Err(e) = rl::learner_loop::load_weights(&self.state.model, &dir, version) {
             return Outcome::user(format!("loading {path}: {e}"));
         }
