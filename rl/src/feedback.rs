@@ -323,7 +323,8 @@ impl LearnerTask for FeedbackTask {
 
     fn checkpoint_dir(&self, step: u64, _optimizer_step: u64, _last: bool) -> Option<PathBuf> {
         let cfg = &self.0.cfg;
-        step.is_multiple_of(cfg.save_steps.max(1)).then(|| cfg.dir.join("checkpoint"))
+        // Step 0: no update yet (a batch that made none), nothing to save.
+        (step > 0 && step.is_multiple_of(cfg.save_steps.max(1))).then(|| cfg.dir.join("checkpoint"))
     }
 
     /// A failed save is logged; the ratings after the last good checkpoint are replayed on
