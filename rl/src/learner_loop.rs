@@ -87,6 +87,8 @@ impl LearnerLoop {
 
     /// Runs until the task ends it (no more batches, or its last step).
     pub fn run(&mut self, task: &mut impl LearnerTask) -> Result<()> {
+        // The latest step trained and not yet checkpointed, with its checkpoint state.
+        let mut unsaved: Option<(u64, serde_json::Value)> = None;
         while let Some(batch) = task.next_batch()? {
             // The learner holds the slot: this batch's updates (several for PPO) take the
             // versions after the current one.
@@ -110,13 +112,25 @@ impl LearnerLoop {
             let record = self.log.step(step, metrics, &batch.samples, &batch.timing, self.entropy_collapse_fraction);
             self.ctx.metrics.learner_step(&record, &batch.samples);
             let last = task.after_step(&record, &batch, &mut self.log, &mut self.trainer)?;
-            if let Some(dir) = task.checkpoint_dir(step, self.trainer.optimizer.step, last) {
-                let saved = self.save(&dir, batch.checkpoint_state.clone());
-                task.saved(saved)?;
+            match task.checkpoint_dir(step, self.trainer.optimizer.step, last) {
+                Some(dir) => {
+                    let saved = self.save(&dir, batch.checkpoint_state.clone());
+                    unsaved = None;
+                    task.saved(saved)?;
+                }
+                None => unsaved = Some((step, batch.checkpoint_state.clone())),
             }
             drop(batch);
             if last {
                 break;
+            }
+        }
+        // The batches ended between steps (a job stopped while its next batch was being
+        // generated, whose rollouts were aborted): the last step trained is the run's last.
+        if let Some((step, state)) = unsaved {
+            if let Some(dir) = task.checkpoint_dir(step, self.trainer.optimizer.step, true) {
+                let saved = self.save(&dir, state);
+                task.saved(saved)?;
             }
         }
         Ok(())
@@ -135,7 +149,6 @@ impl LearnerLoop {
     }
 }
 
-/// Writes `version` to `path` through a temporary file, fsynced, renamed, parent fsynced.
 /// Writes `version` to `path` durably (temporary file, fsync, rename, fsync of the folder).
 pub(crate) fn write_version(path: &Path, version: u64) -> Result<()> {
     use std::io::Write;

@@ -1008,6 +1008,47 @@ async fn stopping_a_job_aborts_its_rollouts_in_flight() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
+/// A stop that comes while the learner waits for its next batch (the rollouts being
+/// generated are aborted, so that batch never arrives) still saves the last step trained as
+/// the run's last checkpoint. Generation dominates here (128 sequences of up to 100 tokens,
+/// 2 at a time, against a tiny learner step), so the stop lands during step 2's rollouts.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_between_steps_saves_the_last_step_trained() {
+    let dir = tiny("rl-stop-between", 85);
+    let data = dir.join("data.jsonl");
+    std::fs::write(&data, "{\"prompt\": \"abc\"}\n").unwrap();
+    let mut a = ServeArgs { jobs_dir: dir.clone(), ..ServeArgs::default() };
+    a.engine.max_num_seqs = 2;
+    let (s, base) = start_server(dir.clone(), a).await;
+    let job = json!({"dataset": data, "apply_chat_template": false, "num_generations": 8, "prompts_per_step": 16,
+                     "max_steps": 1000, "save_steps": 0, "output_dir": "out",
+                     "rewards": [{"type": "length", "target": 2}], "learner": {"max_completion_length": 100}});
+    let (st, out) = post(&base, "/v1/train/jobs", job).await;
+    assert_eq!(st, 201, "{out}");
+    let url = format!("{base}/v1/train/jobs/{}", out["id"].as_str().unwrap());
+    let get = || async { reqwest::get(&url).await.unwrap().json::<Value>().await.unwrap() };
+    let t0 = std::time::Instant::now();
+    while get().await["step"].as_u64() < Some(1) && t0.elapsed() < Duration::from_secs(120) {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let (st, out) = post(&base, &format!("{url}/stop").replace(&base, ""), json!({})).await;
+    assert_eq!(st, 200, "{out}");
+    let mut job = get().await;
+    while job["status"] != "stopped" && t0.elapsed() < Duration::from_secs(180) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        job = get().await;
+    }
+    let step = job["step"].as_u64().unwrap();
+    assert_eq!(job["status"], "stopped", "{job}");
+    assert!(step >= 1, "{job}");
+    let saved: Vec<u64> = std::fs::read_dir(dir.join("out"))
+        .unwrap()
+        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
+        .collect();
+    assert_eq!(saved, [step], "the last step trained is saved");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_job_gets_409_while_one_runs() {
     let dir = tiny("rl-busy", 81);
