@@ -451,11 +451,13 @@ pub(crate) fn resolve_resume(cfg: &JobConfig) -> Result<Option<PathBuf>> {
     }
 }
 
-/// What an earlier run left in `dir`: its checkpoints (oldest first), `metrics.jsonl` and
-/// `completions.jsonl` (a new run would rewrite the one and append to the other).
+/// What an earlier run left in `dir`: its checkpoints (oldest first), a non-empty
+/// `metrics.jsonl` and `completions.jsonl` (a new run would rewrite the one and append to
+/// the other; empty, as a run stopped before its first step leaves them, they hold nothing).
 pub(crate) fn earlier_run(dir: &Path) -> Vec<PathBuf> {
     let mut v: Vec<PathBuf> = checkpoints(dir).into_iter().map(|(_, p)| p).collect();
-    v.extend(["metrics.jsonl", "completions.jsonl"].map(|f| dir.join(f)).into_iter().filter(|p| p.exists()));
+    let written = |p: &PathBuf| std::fs::metadata(p).is_ok_and(|m| m.len() > 0);
+    v.extend(["metrics.jsonl", "completions.jsonl"].map(|f| dir.join(f)).into_iter().filter(written));
     v
 }
 

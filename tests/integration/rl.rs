@@ -830,6 +830,9 @@ fn a_new_run_refuses_an_output_dir_with_an_earlier_run() {
         v
     };
     let lines = || std::fs::read_to_string(out.join("metrics.jsonl")).unwrap().lines().count();
+    // An empty metrics.jsonl (a run stopped before its first step) is no earlier run.
+    std::fs::create_dir_all(&out).unwrap();
+    std::fs::write(out.join("metrics.jsonl"), "").unwrap();
     start("max_steps = 3").unwrap();
     assert_eq!(listing(), ["checkpoint-2", "checkpoint-3", "metrics.jsonl", "metrics.png", "policy_version"]);
     let e = start("max_steps = 1").err().expect("an earlier run is refused");
