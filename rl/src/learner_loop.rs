@@ -112,14 +112,15 @@ impl LearnerLoop {
             let record = self.log.step(step, metrics, &batch.samples, &batch.timing, self.entropy_collapse_fraction);
             self.ctx.metrics.learner_step(&record, &batch.samples);
             let last = task.after_step(&record, &batch, &mut self.log, &mut self.trainer)?;
-            match task.checkpoint_dir(step, self.trainer.optimizer.step, last) {
+            let state = batch.checkpoint_state.clone();
+            unsaved = match task.checkpoint_dir(step, self.trainer.optimizer.step, last) {
                 Some(dir) => {
-                    let saved = self.save(&dir, batch.checkpoint_state.clone());
-                    unsaved = None;
-                    task.saved(saved)?;
+                    task.saved(self.save(&dir, state))?;
+                    None
                 }
-                None => unsaved = Some((step, batch.checkpoint_state.clone())),
-            }
+                None => Some((step, state)),
+            };
+            // Held until the checkpoint is written: the feedback learner's slot guard.
             drop(batch);
             if last {
                 break;
@@ -129,8 +130,7 @@ impl LearnerLoop {
         // generated, whose rollouts were aborted): the last step trained is the run's last.
         if let Some((step, state)) = unsaved {
             if let Some(dir) = task.checkpoint_dir(step, self.trainer.optimizer.step, true) {
-                let saved = self.save(&dir, state);
-                task.saved(saved)?;
+                task.saved(self.save(&dir, state))?;
             }
         }
         Ok(())

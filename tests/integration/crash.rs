@@ -254,17 +254,14 @@ async fn kill_9_while_a_job_checkpoints_leaves_only_complete_checkpoints() {
     server.kill9();
 
     let mut steps = vec![];
-    for e in std::fs::read_dir(&out).unwrap() {
-        let p = e.unwrap().path();
-        let name = p.file_name().unwrap().to_string_lossy().into_owned();
-        if let Some(step) = name.strip_prefix("checkpoint-").and_then(|s| s.parse::<u64>().ok()) {
-            learner::checkpoint::check_replaceable(&p).unwrap();
-            let state = learner::checkpoint::load_state(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
-            assert_eq!(state["job_step"], json!(step), "{name}");
-            assert!(engine::Model::load(&p, &kernels::Device::Cpu).is_ok(), "{name} is half-written");
-            learner::checkpoint::load_optimizer(&p, &kernels::Device::Cpu).unwrap();
-            steps.push(step);
-        }
+    for (step, p) in tests::checkpoint_steps(&out) {
+        let name = p.display();
+        learner::checkpoint::check_replaceable(&p).unwrap();
+        let state = learner::checkpoint::load_state(&p).unwrap_or_else(|e| panic!("{name}: {e}"));
+        assert_eq!(state["job_step"], json!(step), "{name}");
+        assert!(engine::Model::load(&p, &kernels::Device::Cpu).is_ok(), "{name} is half-written");
+        learner::checkpoint::load_optimizer(&p, &kernels::Device::Cpu).unwrap();
+        steps.push(step);
     }
     assert!(!steps.is_empty(), "no checkpoint survived");
     // Resumed from the latest: no version below one served before the kill.

@@ -1044,10 +1044,7 @@ async fn a_stop_between_steps_saves_the_last_step_trained() {
     let step = job["step"].as_u64().unwrap();
     assert_eq!(job["status"], "stopped", "{job}");
     assert!(step >= 1, "{job}");
-    let saved: Vec<u64> = std::fs::read_dir(dir.join("out"))
-        .unwrap()
-        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
-        .collect();
+    let saved: Vec<u64> = tests::checkpoint_steps(&dir.join("out")).into_iter().map(|(s, _)| s).collect();
     assert_eq!(saved, [step], "the last step trained is saved");
     s.shutdown(Duration::from_secs(5)).await;
 }

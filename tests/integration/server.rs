@@ -585,10 +585,7 @@ async fn sigterm_saves_a_running_jobs_last_step() {
         panic!("rlserve did not exit within 30 s of SIGTERM");
     };
     assert!(exit.success(), "{exit}");
-    let saved: Vec<u64> = std::fs::read_dir(dir.join("out"))
-        .unwrap()
-        .filter_map(|e| e.unwrap().file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok())
-        .collect();
+    let saved: Vec<u64> = tests::checkpoint_steps(&dir.join("out")).into_iter().map(|(s, _)| s).collect();
     let lines = std::fs::read_to_string(dir.join("out/metrics.jsonl")).unwrap().lines().count() as u64;
     assert_eq!(saved, [lines], "the last step trained ({lines}) is saved");
     assert!(lines >= step, "{lines} steps, {step} seen before SIGTERM");

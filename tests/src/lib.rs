@@ -51,6 +51,19 @@ pub fn temp_dir(name: &str) -> PathBuf {
     d
 }
 
+/// The `checkpoint-<step>` folders in `dir` (a job's `output_dir`), by step, lowest first.
+pub fn checkpoint_steps(dir: &Path) -> Vec<(u64, PathBuf)> {
+    let mut v: Vec<(u64, PathBuf)> = std::fs::read_dir(dir)
+        .unwrap_or_else(|e| panic!("{}: {e}", dir.display()))
+        .filter_map(|e| {
+            let e = e.unwrap();
+            Some((e.file_name().to_str()?.strip_prefix("checkpoint-")?.parse().ok()?, e.path()))
+        })
+        .collect();
+    v.sort();
+    v
+}
+
 /// Largest absolute difference of two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
