@@ -13,8 +13,8 @@ use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tests::temp_dir;
 use tests::tiny::TinySpec;
+use tests::{eventually, get_json, temp_dir};
 
 /// The child: serves `spec` (`model`, `addr_file`, optional `feedback_dir`) until killed.
 #[test]
@@ -65,15 +65,12 @@ impl Child9 {
             .stderr(log)
             .spawn()
             .unwrap();
-        let mut me = Self { child, base: String::new() };
-        for _ in 0..600 {
-            if let Ok(addr) = std::fs::read_to_string(&addr_file) {
-                me.base = format!("http://{addr}");
-                return me;
-            }
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-        panic!("the child server did not start: {}", std::fs::read_to_string(dir.join("child.log")).unwrap());
+        let addr =
+            eventually(Duration::from_secs(30), async || std::fs::read_to_string(&addr_file).ok(), Option::is_some);
+        let Some(addr) = addr.await else {
+            panic!("the child server did not start: {}", std::fs::read_to_string(dir.join("child.log")).unwrap())
+        };
+        Self { child, base: format!("http://{addr}") }
     }
 
     /// SIGKILL, and reap.
@@ -242,14 +239,8 @@ async fn kill_9_while_a_job_checkpoints_leaves_only_complete_checkpoints() {
     let server = Child9::start(&dir, &model, None).await;
     let (st, created) = post(&server.base, "/v1/train/jobs", job(false)).await.unwrap();
     assert_eq!(st, 201, "{created}");
-    let mut before = 0;
-    for _ in 0..2000 {
-        before = before.max(served_version(&server.base).await.unwrap_or(0));
-        if before >= 6 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let served = async || served_version(&server.base).await.unwrap_or(0);
+    let before = eventually(Duration::from_secs(60), served, |&v| v >= 6).await;
     assert!(before >= 6, "the job did not step");
     server.kill9();
 
@@ -269,14 +260,9 @@ async fn kill_9_while_a_job_checkpoints_leaves_only_complete_checkpoints() {
     let (st, resumed) = post(&server.base, "/v1/train/jobs", job(true)).await.unwrap();
     assert_eq!(st, 201, "{resumed}");
     let url = format!("{}/v1/train/jobs/{}", server.base, resumed["id"].as_str().unwrap());
-    let mut status = Value::Null;
-    for _ in 0..1000 {
-        status = reqwest::get(&url).await.unwrap().json().await.unwrap();
-        if status["step"].as_u64() >= steps.iter().max().copied() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let latest = steps.iter().max().copied();
+    let status =
+        eventually(Duration::from_secs(10), async || get_json(&url).await, |s| s["step"].as_u64() >= latest).await;
     let resumed_version = status["version"].as_u64().unwrap();
     let after = served_version(&server.base).await.unwrap();
     assert!(

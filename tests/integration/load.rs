@@ -11,6 +11,7 @@ use serde_json::{json, Value};
 use server::serve::ServeArgs;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
+use tests::eventually;
 
 /// What one client saw.
 #[derive(Debug)]
@@ -98,14 +99,8 @@ async fn run_load(model: PathBuf, name: &str, clients: usize, max_tokens: usize)
     }
     let wall = t0.elapsed();
     // Every request ends (the disconnected ones aborted) and frees its KV blocks.
-    let (mut running, mut usage) = (f64::NAN, f64::NAN);
-    for _ in 0..500 {
-        (running, usage) = (metric(&base, "num_requests_running").await, metric(&base, "kv_cache_usage_perc").await);
-        if running == 0.0 && usage == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let now = async || (metric(&base, "num_requests_running").await, metric(&base, "kv_cache_usage_perc").await);
+    let (running, usage) = eventually(Duration::from_secs(10), now, |&n| n == (0.0, 0.0)).await;
     assert_eq!((running, usage), (0.0, 0.0), "requests still running / KV blocks in use after the run");
     assert_eq!(reqwest::get(format!("{base}/health")).await.unwrap().status(), 200, "the engine is alive");
     ttfts.sort();

@@ -11,8 +11,8 @@ use server::serve::{build_state, ServeArgs, Server};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
-use tests::temp_dir;
 use tests::tiny::TinySpec;
+use tests::{eventually, get_json, temp_dir};
 
 pub(crate) fn tiny(name: &str, seed: u64) -> PathBuf {
     let dir = temp_dir(name);
@@ -354,19 +354,17 @@ pub(crate) async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
     (status, r.json().await.unwrap_or(Value::Null))
 }
 
+/// Waits (at most 10 s) for the feedback learner's checkpoint in the feedback folder `log`.
+pub(crate) async fn feedback_checkpoint_written(log: &Path) {
+    let saved = async || log.join("checkpoint/trainer_state.json").exists();
+    assert!(eventually(Duration::from_secs(10), saved, |&s| s).await, "no feedback checkpoint in {}", log.display());
+}
+
 /// Posts `body` to `/v1/completions` until its tokens come from policy version `want` (at
 /// most 10 s); returns the last version seen.
 pub(crate) async fn served_version_reaches(base: &str, body: &Value, want: u64) -> u64 {
-    let mut version = 0;
-    for _ in 0..200 {
-        let (_, r) = post(base, "/v1/completions", body.clone()).await;
-        version = r["choices"][0]["versions"][0].as_u64().unwrap();
-        if version == want {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    version
+    let version = async || post(base, "/v1/completions", body.clone()).await.1["choices"][0]["versions"][0].as_u64();
+    eventually(Duration::from_secs(10), version, |&v| v == Some(want)).await.unwrap()
 }
 
 pub(crate) fn feedback_args(dir: &Path, window: usize) -> ServeArgs {
@@ -396,14 +394,8 @@ async fn a_jobs_versions_are_recorded_for_the_feedback_learners_restart() {
     let (st, out) = post(&base, "/v1/train/jobs", job).await;
     assert_eq!(st, 201, "{out}");
     let url = format!("{base}/v1/train/jobs/{}", out["id"].as_str().unwrap());
-    let mut status = Value::Null;
-    for _ in 0..400 {
-        status = reqwest::get(&url).await.unwrap().json().await.unwrap();
-        if status["status"] == "completed" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let status =
+        eventually(Duration::from_secs(10), async || get_json(&url).await, |s| s["status"] == "completed").await;
     assert_eq!((&status["status"], &status["version"]), (&json!("completed"), &json!(2)), "{status}");
     assert_eq!(std::fs::read_to_string(log.join("policy_version")).unwrap(), "2");
     s.shutdown(Duration::from_secs(5)).await;
@@ -679,12 +671,7 @@ async fn rated_responses_train_the_served_model_and_survive_a_restart() {
     assert!(Model::load(&out, &Device::Cpu).is_ok());
     let (st, _) = post(&base, "/v1/checkpoints", json!({"path": ""})).await;
     assert_eq!(st, 400);
-    for _ in 0..200 {
-        if log.join("checkpoint/trainer_state.json").exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    feedback_checkpoint_written(&log).await;
     let metrics = reqwest::get(format!("{base}/metrics")).await.unwrap().text().await.unwrap();
     assert!(metrics.contains("rlserve:feedback_accepted_total"), "{metrics}");
     s.shutdown(Duration::from_secs(5)).await;
@@ -977,35 +964,16 @@ async fn stopping_a_job_aborts_its_rollouts_in_flight() {
     let id = out["id"].as_str().unwrap();
     let engine = |v: &Value| (v["engine"]["num_requests_running"].clone(), v["engine"]["num_requests_waiting"].clone());
     let status = || async { reqwest::get(format!("{base}/v1/status")).await.unwrap().json::<Value>().await.unwrap() };
-    let mut seen = Value::Null;
-    for _ in 0..200 {
-        seen = status().await;
-        if seen["engine"]["num_requests_waiting"].as_u64() > Some(1000) {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let queued = |s: &Value| s["engine"]["num_requests_waiting"].as_u64() > Some(1000);
+    let seen = eventually(Duration::from_secs(5), status, queued).await;
     assert!(seen["engine"]["num_requests_waiting"].as_u64() > Some(1000), "the step's rollouts are queued: {seen}");
     let (st, out) = post(&base, &format!("/v1/train/jobs/{id}/stop"), json!({})).await;
     assert_eq!(st, 200, "{out}");
-    let t0 = std::time::Instant::now();
-    let mut job = Value::Null;
-    while t0.elapsed() < Duration::from_secs(20) {
-        job = reqwest::get(format!("{base}/v1/train/jobs/{id}")).await.unwrap().json().await.unwrap();
-        if job["status"] == "stopped" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let url = format!("{base}/v1/train/jobs/{id}");
+    let job = eventually(Duration::from_secs(20), async || get_json(&url).await, |j| j["status"] == "stopped").await;
     assert_eq!((&job["status"], &job["step"]), (&json!("stopped"), &json!(0)), "{job}");
-    let mut now = Value::Null;
-    for _ in 0..200 {
-        now = status().await;
-        if engine(&now) == (json!(0), json!(0)) && now["engine"]["kv_cache_usage"] == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    let idle = |now: &Value| engine(now) == (json!(0), json!(0)) && now["engine"]["kv_cache_usage"] == 0.0;
+    let now = eventually(Duration::from_secs(5), status, idle).await;
     assert_eq!(engine(&now), (json!(0), json!(0)), "the aborted requests left the engine: {now}");
     assert_eq!(now["engine"]["kv_cache_usage"], 0.0, "and freed their KV blocks: {now}");
     s.shutdown(Duration::from_secs(5)).await;
@@ -1029,18 +997,10 @@ async fn a_stop_between_steps_saves_the_last_step_trained() {
     let (st, out) = post(&base, "/v1/train/jobs", job).await;
     assert_eq!(st, 201, "{out}");
     let url = format!("{base}/v1/train/jobs/{}", out["id"].as_str().unwrap());
-    let get = || async { reqwest::get(&url).await.unwrap().json::<Value>().await.unwrap() };
-    let t0 = std::time::Instant::now();
-    while get().await["step"].as_u64() < Some(1) && t0.elapsed() < Duration::from_secs(120) {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    eventually(Duration::from_secs(120), async || get_json(&url).await, |j| j["step"].as_u64() >= Some(1)).await;
     let (st, out) = post(&base, &format!("{url}/stop").replace(&base, ""), json!({})).await;
     assert_eq!(st, 200, "{out}");
-    let mut job = get().await;
-    while job["status"] != "stopped" && t0.elapsed() < Duration::from_secs(180) {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-        job = get().await;
-    }
+    let job = eventually(Duration::from_secs(120), async || get_json(&url).await, |j| j["status"] == "stopped").await;
     let step = job["step"].as_u64().unwrap();
     assert_eq!(job["status"], "stopped", "{job}");
     assert!(step >= 1, "{job}");
@@ -1069,14 +1029,8 @@ async fn a_second_job_gets_409_while_one_runs() {
     let id = first["id"].as_str().unwrap();
     let (st, out) = post(&base, &format!("/v1/train/jobs/{id}/stop"), json!({})).await;
     assert_eq!(st, 200, "{out}");
-    let mut status = Value::Null;
-    for _ in 0..400 {
-        status = reqwest::get(format!("{base}/v1/train/jobs/{id}")).await.unwrap().json().await.unwrap();
-        if status["status"] == "stopped" {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let url = format!("{base}/v1/train/jobs/{id}");
+    let status = eventually(Duration::from_secs(20), async || get_json(&url).await, |s| s["status"] == "stopped").await;
     assert_eq!(status["status"], "stopped", "{status}");
     let r = reqwest::get(format!("{base}/v1/train/jobs/{id}/plot")).await.unwrap();
     assert_eq!(r.status(), 200);

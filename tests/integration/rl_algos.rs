@@ -2,7 +2,9 @@
 //! head; a DPO job on a JSONL of token-id pairs learns a preference that holds on held-out
 //! pairs; a `chosen`/`rejected` rating trains the served model with DPO.
 
-use super::rl::{context, feedback_args, post, run_job_in, served_version_reaches, start_server, tiny};
+use super::rl::{
+    context, feedback_args, feedback_checkpoint_written, post, run_job_in, served_version_reaches, start_server, tiny,
+};
 use engine::Model;
 use kernels::Device;
 use learner::TrainSample;
@@ -190,12 +192,7 @@ async fn a_chosen_rejected_rating_trains_the_served_model_with_dpo() {
     assert_eq!(st, 409, "a preference rates the whole response: {out}");
     let version = served_version_reaches(&base, &body, 1).await;
     assert_eq!(version, 1, "the DPO feedback learner did not update the served weights");
-    for _ in 0..200 {
-        if log.join("checkpoint/trainer_state.json").exists() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    feedback_checkpoint_written(&log).await;
     s.shutdown(Duration::from_secs(5)).await;
     // The durable log holds the pair; the trained weights prefer the chosen choice more.
     let text = std::fs::read_to_string(log.join("feedback.jsonl")).unwrap();

@@ -8,7 +8,7 @@ use server::serve::{build_state, ServeArgs, Server};
 use std::path::PathBuf;
 use std::time::Duration;
 use tests::tiny::TinySpec;
-use tests::{default_model, temp_dir};
+use tests::{default_model, eventually, get_json, temp_dir};
 
 /// A tiny Qwen2 model in its own folder (`name` keeps concurrent tests apart).
 pub(crate) fn tiny_dir(name: &str) -> PathBuf {
@@ -214,14 +214,8 @@ async fn a_client_disconnect_aborts_and_frees_blocks() {
     let (st, e) = post(&base, "/v1/completions", json!({"prompt": "x", "max_tokens": 1})).await;
     assert_eq!((st, e["error"]["type"].as_str()), (429, Some("rate_limit_error")));
     drop(body);
-    let mut usage = 1.0;
-    for _ in 0..200 {
-        usage = free_blocks(&base, "smol-disconnect").await.0;
-        if usage == 0.0 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let usage =
+        eventually(Duration::from_secs(5), async || free_blocks(&base, "smol-disconnect").await.0, |&u| u == 0.0).await;
     assert_eq!(usage, 0.0, "KV blocks freed after the disconnect");
     let (st, _) = post(&base, "/v1/completions", json!({"prompt": "x", "max_tokens": 1})).await;
     assert_eq!(st, 200);
@@ -560,26 +554,12 @@ async fn sigterm_saves_a_running_jobs_last_step() {
     let (st, out) = post(&base, "/v1/train/jobs", job).await;
     assert_eq!(st, 201, "{out}");
     let url = format!("{base}/v1/train/jobs/{}", out["id"].as_str().unwrap());
-    let mut step = 0;
-    for _ in 0..400 {
-        let status: Value = reqwest::get(&url).await.unwrap().json().await.unwrap();
-        step = status["step"].as_u64().unwrap();
-        if step >= 2 {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-    assert!(step >= 2, "the job trains");
+    let step =
+        eventually(Duration::from_secs(10), async || get_json(&url).await["step"].as_u64(), |&s| s >= Some(2)).await;
+    let step = step.filter(|&s| s >= 2).expect("the job trains");
     let kill = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
     assert!(kill.success());
-    let mut exit = None;
-    for _ in 0..600 {
-        exit = child.try_wait().unwrap();
-        if exit.is_some() {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let exit = eventually(Duration::from_secs(30), async || child.try_wait().unwrap(), Option::is_some).await;
     let Some(exit) = exit else {
         let _ = child.kill();
         panic!("rlserve did not exit within 30 s of SIGTERM");

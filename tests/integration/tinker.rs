@@ -10,6 +10,7 @@ use crate::rl::{start_server, tiny};
 use serde_json::{json, Value};
 use server::serve::ServeArgs;
 use std::time::Duration;
+use tests::eventually;
 
 struct Client {
     base: String,
@@ -150,15 +151,9 @@ async fn tinker_sessions_futures_and_the_one_training_client() {
     // Once the first session finishes, the other session can train.
     let (st, _) = c.post(&format!("sessions/{session}/finish"), json!({"reason": {"type": "success"}})).await;
     assert_eq!(st, 200);
-    let mut opened = Value::Null;
-    for _ in 0..50 {
-        opened = c.result("create_model", model(&other, "tiny")).await;
-        if opened.get("model_id").is_some() {
-            break;
-        }
-        // The finished client's worker hands the learner back when its queue is done.
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    // The finished client's worker hands the learner back when its queue is done.
+    let open = async || c.result("create_model", model(&other, "tiny")).await;
+    let opened = eventually(Duration::from_secs(5), open, |o| o.get("model_id").is_some()).await;
     assert_eq!(opened["model_id"], format!("{other}:train:0"), "{opened}");
     s.shutdown(Duration::from_secs(5)).await;
 }

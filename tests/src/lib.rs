@@ -64,6 +64,28 @@ pub fn checkpoint_steps(dir: &Path) -> Vec<(u64, PathBuf)> {
     v
 }
 
+/// Calls `probe` every 25 ms until `done` holds for its value or `timeout` has passed, and
+/// returns the last value: the caller asserts on it, so a timeout fails showing what was seen.
+pub async fn eventually<T>(
+    timeout: std::time::Duration,
+    mut probe: impl AsyncFnMut() -> T,
+    done: impl Fn(&T) -> bool,
+) -> T {
+    let t0 = std::time::Instant::now();
+    loop {
+        let v = probe().await;
+        if done(&v) || t0.elapsed() >= timeout {
+            return v;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(25)).await;
+    }
+}
+
+/// The JSON body of a `GET url` (panics when the request fails or the body is not JSON).
+pub async fn get_json(url: &str) -> serde_json::Value {
+    reqwest::get(url).await.unwrap().json().await.unwrap()
+}
+
 /// Largest absolute difference of two equally long slices.
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
