@@ -196,6 +196,16 @@ impl Ratings {
                 vec![(c, r as f32)]
             }
             (None, None, Some(p), None, None) => {
+                if n < 2 {
+                    return Err(RlError::invalid(
+                        "preferred",
+                        format!(
+                            "response `{}` has one choice: `preferred` picks one of several answers; rate this one \
+                             with `choice` and `reward`",
+                            req.id
+                        ),
+                    ));
+                }
                 if p >= n {
                     return Err(RlError::invalid(
                         "preferred",

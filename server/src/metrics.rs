@@ -5,13 +5,17 @@
 
 use engine::EngineStats;
 use metrics::{counter, gauge, histogram};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use std::sync::OnceLock;
 use std::time::Duration;
 
 /// Latency buckets in seconds (vLLM's TTFT buckets).
 const BUCKETS: &[f64] =
     &[0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0];
+
+/// Token-count buckets of the per-request histograms (vLLM's 1-2-5 series, to a million).
+const TOKEN_BUCKETS: &[f64] =
+    &[1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1e3, 2e3, 5e3, 1e4, 2e4, 5e4, 1e5, 2e5, 5e5, 1e6];
 
 /// Every fixed series' `# HELP` text (vLLM's wording where it has the series), this crate's
 /// and the `rl` crate's. The learner's per-step `rlserve:train_*` gauges are named after
@@ -30,6 +34,9 @@ const HELP: &[(&str, &str)] = &[
     ("rlserve:time_to_first_token_seconds", "Histogram of time to first token in seconds."),
     ("rlserve:inter_token_latency_seconds", "Histogram of inter-token latency in seconds."),
     ("rlserve:e2e_request_latency_seconds", "Histogram of end-to-end request latency in seconds."),
+    ("rlserve:request_success_total", "Count of successfully processed requests."),
+    ("rlserve:request_prompt_tokens", "Number of prefill tokens processed."),
+    ("rlserve:request_generation_tokens", "Number of generation tokens processed."),
     ("rlserve:engine_pause_seconds", "Seconds the engine waited for each optimizer update's write."),
     ("rlserve:train_steps_total", "Learner steps taken by training jobs and the feedback learner."),
     ("rlserve:train_tokens_total", "Tokens the learner's losses were taken over."),
@@ -57,6 +64,12 @@ impl Metrics {
             .get_or_init(|| {
                 let handle = PrometheusBuilder::new()
                     .set_buckets(BUCKETS)
+                    .and_then(|b| {
+                        let tokens = ["rlserve:request_prompt_tokens", "rlserve:request_generation_tokens"];
+                        tokens
+                            .into_iter()
+                            .try_fold(b, |b, name| b.set_buckets_for_metric(Matcher::Full(name.into()), TOKEN_BUCKETS))
+                    })
                     .expect("non-empty buckets")
                     .install_recorder()
                     .expect("installing the Prometheus recorder");
@@ -80,6 +93,22 @@ impl Metrics {
 
     pub fn e2e(&self, d: Duration) {
         histogram!("rlserve:e2e_request_latency_seconds", "model_name" => self.model.clone()).record(d.as_secs_f64());
+    }
+
+    /// One engine request (a prompt with its `n` samples) that finished: vLLM's
+    /// `request_success_total` by `finished_reason` (`stop` or `length`; an aborted one
+    /// never gets here) and its prompt and generated token counts.
+    pub fn request_finished(&self, reason: engine::FinishReason, prompt_tokens: usize, generation_tokens: usize) {
+        let reason = match reason {
+            engine::FinishReason::Stop => "stop",
+            engine::FinishReason::Length => "length",
+            engine::FinishReason::Abort => "abort",
+        };
+        counter!("rlserve:request_success_total", "model_name" => self.model.clone(), "finished_reason" => reason)
+            .increment(1);
+        histogram!("rlserve:request_prompt_tokens", "model_name" => self.model.clone()).record(prompt_tokens as f64);
+        histogram!("rlserve:request_generation_tokens", "model_name" => self.model.clone())
+            .record(generation_tokens as f64);
     }
 
     /// Engine gauges and counters, refreshed at scrape time.

@@ -75,7 +75,8 @@ function assistantView(m, i) {
   const cols = m.answers.map((a, c) => answerView(m, a, c, compare));
   const wrap = el('div', { class: compare ? 'answers compare' : 'answers' }, ...cols);
   const meta = el('div', { class: 'meta' });
-  if (m.failed) meta.append(el('span', { class: 'error' }, m.failed));
+  // A stopped answer says so in its own line (its finish label).
+  if (m.failed && m.failed !== 'stopped') meta.append(el('span', { class: 'error' }, m.failed));
   if (last && !running) {
     meta.append(el('button', { type: 'button', class: 'link', onclick: regenerate }, 'regenerate'));
   }
@@ -89,7 +90,11 @@ function answerView(m, a, c, compare) {
   if (a.versions) info.append(el('span', { class: 'version', 'data-version': a.versions[1] }, versionLabel(a.versions)));
   if (a.finish) info.append(el('span', { class: 'finish' }, a.finish === 'stop' ? '' : a.finish));
   const done = a.finish && m.id && !running;
-  if (compare) {
+  // The server keeps a response for rating once every choice has finished: a stopped or
+  // failed one was never kept, so it offers no rating buttons.
+  if (m.failed) {
+    /* nothing to rate */
+  } else if (compare) {
     const chosen = m.chosen === c;
     const btn = el('button', {
       type: 'button', class: chosen ? 'prefer chosen' : 'prefer', disabled: !done || m.chosen !== undefined,
@@ -99,7 +104,6 @@ function answerView(m, a, c, compare) {
   } else {
     const greedy = Number(state.settings.temperature ?? 0.7) < 1e-5;
     const title = greedy ? 'greedy answers (temperature 0) cannot be rated' : undefined;
-    if (m.failed && !a.text) return el('div', { class: 'answer' }, body, info);
     for (const [reward, label, name] of [[1, '▲ good', 'up'], [0, '▼ bad', 'down']]) {
       info.append(el('button', {
         type: 'button', class: a.rated === reward ? `rate ${name} rated` : `rate ${name}`, title,
@@ -179,6 +183,7 @@ async function generate() {
   };
   const m = { role: 'assistant', answers: Array.from({ length: n }, () => ({ text: '' })) };
   state.messages.push(m);
+  notice(''); // an earlier answer's error is not this one's
   running = new AbortController();
   render();
   try {

@@ -29,7 +29,10 @@ function chart(parent, key, title, xLabel, series, time) {
     scales: { x: { time } },
     // Steps are whole numbers; values keep 3 significant digits (a loss of 1e-4 is not "-0").
     axes: [
-      time ? { label: xLabel } : { label: xLabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
+      // A 10-minute window needs no date: wall-clock times, spaced so that they never overlap.
+      time
+        ? { label: xLabel, space: 80, values: (_, ticks) => ticks.map((t) => new Date(t * 1000).toLocaleTimeString([], { hour: '2-digit', minute: '2-digit', second: '2-digit', hour12: false })) }
+        : { label: xLabel, incrs: [1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000, 5000] },
       { label: unit, size: 64, values: (_, ticks) => ticks.map((v) => (v === 0 ? '0' : String(+v.toPrecision(3)))) },
     ],
     series: [{ label: xLabel }, ...series.map((s) => ({ label: s.label, stroke: s.stroke, width: 1.5, points: { show: false } }))],
@@ -204,7 +207,7 @@ async function startJob() {
 async function tick() {
   try {
     const s = await getJson('/v1/status');
-    $('status').textContent = `${s.model} · policy v${s.version}` + (s.feedback ? ` · feedback: ${s.feedback.trained} samples trained` : '');
+    $('status').textContent = `${s.model} · policy v${s.version}` + (s.feedback ? ` · feedback: ${s.feedback.ready} rated samples waiting (of ${s.feedback.batch_size}), ${s.feedback.trained} trained` : '');
     $('status').className = 'status';
     engineSample(s);
   } catch (e) {

@@ -243,6 +243,21 @@ def error_checks(with_key, without_feedback):
     retry(lambda: answer(d, rid).find_element(By.CSS_SELECTOR, "button.rate.up").click())
     wait(d, "a bad admin key shows a message", lambda: "401" in notice(d), 30)
     log(f"4. bad admin key: {notice(d)!r}")
+    # A stopped answer offers no rating (the server never kept it, a rating would be a 404),
+    # says "stopped" once, and the next answer clears the earlier error.
+    set_field(d, "max_tokens", 400)
+    d.find_element(By.ID, "input").send_keys("Tell me a long story about the sea.")
+    d.find_element(By.ID, "send").click()
+    last = lambda: d.find_elements(By.CSS_SELECTOR, ".msg.assistant")[-1]
+    wait(d, "the long answer streams", lambda: len(d.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2
+         and last().find_element(By.CSS_SELECTOR, ".markdown").text.strip())
+    assert not notice(d), f"the earlier error is still shown: {notice(d)!r}"
+    d.find_element(By.ID, "stop").click()
+    wait(d, "the answer stops", lambda: not d.find_element(By.ID, "stop").is_displayed())
+    assert not retry(lambda: last().find_elements(By.CSS_SELECTOR, "button.rate")), "a stopped answer offers rating"
+    labels = retry(lambda: [e.text for e in last().find_elements(By.CSS_SELECTOR, ".finish, .meta .error")])
+    assert labels == ["stopped"], labels
+    log("4. a stopped answer: no rating buttons, one 'stopped' label, the earlier error cleared")
     open_chat(d, without_feedback.base, 8)
     wait(d, "feedback off is stated", lambda: "feedback learning is off" in d.find_element(By.ID, "status").text, 30)
     rid = ask(d, "Hi")

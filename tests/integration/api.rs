@@ -108,8 +108,34 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
-            "messages",
-            "`messages[0].content` part of type \"text\" has no `text`",
+            "messages[0].content[0].text",
+            "`messages[0].content[0]` of type \"text\" has no `text`",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]}),
+            "messages[0].content[1].type",
+            "`messages[0].content[1]` of type \"image_url\" is not supported (only text)",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "robot", "content": "x"}]}),
+            "messages[0].role",
+            "`messages[0].role` must be one of system, user, assistant, tool, developer; got \"robot\"",
+        ),
+        ("/v1/chat/completions", json!({"max_tokens": 2}), "messages", "missing field `messages`"),
+        // A prompt over the context on its own is the field at fault, not `max_tokens`.
+        (
+            "/v1/completions",
+            json!({"prompt": vec![5; 200], "max_tokens": 1}),
+            "prompt",
+            "maximum context length is 128",
+        ),
+        (
+            "/v1/completions",
+            json!({"prompt": vec![5; 100], "max_tokens": 100}),
+            "max_tokens",
+            "(100 in the prompt, 100",
         ),
         ("/v1/completions", cmpl(json!({"suffix": "end"})), "suffix", "`suffix` is not supported"),
         // Untagged unions say what they accept (not serde's "untagged enum" wording).
@@ -184,7 +210,8 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "seed",
             "invalid type: floating point `1.5`, expected an integer",
         ),
-        ("/v1/completions", cmpl(json!({"seed": 1e20})), "seed", ", expected an integer"),
+        ("/v1/completions", cmpl(json!({"seed": 1e20})), "seed", "floating point `1e+20`, expected an integer"),
+        ("/v1/completions", cmpl(json!({"max_tokens": 1e23})), "max_tokens", "expected an integer in [0, 2^64)"),
         (
             "/v1/completions",
             cmpl(json!({"stop_token_ids": [-3]})),
@@ -198,7 +225,7 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "messages[0].content",
             "a string or a list of parts like {\"type\": \"text\", \"text\": \"...\"}",
         ),
-        ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), "messages[0]", "missing field `role`"),
+        ("/v1/chat/completions", json!({"messages": [{"content": "x"}]}), "messages[0].role", "missing field `role`"),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": null}]}),
@@ -240,6 +267,10 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
     }
     let (st, out) = post(&base, "/v1/completions", body).await;
     assert_eq!(st, 200, "{out}");
+    // Whole numbers written as floats are those integers (pydantic's lax mode, as vLLM).
+    let body = json!({"prompt": "hi", "max_tokens": 3.0, "n": 2.0, "ignore_eos": true, "seed": 7.0});
+    let (st, out) = post(&base, "/v1/completions", body).await;
+    assert_eq!((st, &out["usage"]["completion_tokens"]), (200, &json!(6)), "{out}");
     let mut body = chat(json!({}));
     for k in [
         "stream",
@@ -323,14 +354,29 @@ async fn every_streamed_chat_choice_starts_with_the_role() {
 }
 
 /// vLLM's defaults: `stream_options: {}` means `include_usage: true` (the last chunk before
-/// `[DONE]` carries the usage), and `seed: -1` is a random seed.
+/// `[DONE]` carries the usage, the others `"usage": null` as OpenAI documents), and `seed:
+/// -1` is a random seed. `continuous_usage_stats` puts the usage so far in every chunk.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn stream_options_default_to_usage_and_seed_minus_one_is_random() {
     let (s, base) = start(tiny_dir("tiny-vllm-defaults"), args("tiny-vllm-defaults")).await;
-    let body = json!({"prompt": "ab", "max_tokens": 3, "stream": true, "stream_options": {}});
-    let events = crate::server::stream(&base, "/v1/completions", body).await;
-    let last: Value = serde_json::from_str(&events[events.len() - 2]).unwrap();
-    assert_eq!(last["usage"]["completion_tokens"], 3, "{events:?}");
+    let chunks = async |options: Value| {
+        let body = json!({"prompt": "ab", "max_tokens": 3, "stream": true, "stream_options": options, "ignore_eos": true,
+                          // A chunk per token, even one that ends inside a character.
+                          "return_token_ids": true});
+        let events = crate::server::stream(&base, "/v1/completions", body).await;
+        assert_eq!(events.last().unwrap(), "[DONE]");
+        events[..events.len() - 1].iter().map(|e| serde_json::from_str::<Value>(e).unwrap()).collect::<Vec<_>>()
+    };
+    let plain = chunks(Value::Null).await;
+    assert!(plain.iter().all(|c| c.get("usage").is_none()), "{plain:?}");
+    let usage = chunks(json!({})).await;
+    let (last, others) = usage.split_last().unwrap();
+    assert_eq!((&last["choices"], &last["usage"]["completion_tokens"]), (&json!([]), &json!(3)), "{usage:?}");
+    assert!(others.iter().all(|c| c["usage"].is_null() && c.get("usage").is_some()), "{others:?}");
+    let continuous = chunks(json!({"continuous_usage_stats": true})).await;
+    let so_far: Vec<u64> = continuous.iter().map(|c| c["usage"]["completion_tokens"].as_u64().unwrap()).collect();
+    assert_eq!(so_far, [1, 2, 3, 3], "{continuous:?}");
+    assert!(continuous.iter().all(|c| c["usage"]["prompt_tokens"] == last["usage"]["prompt_tokens"]));
     let (st, out) = post(&base, "/v1/completions", json!({"prompt": "ab", "max_tokens": 3, "seed": -1})).await;
     assert_eq!(st, 200, "{out}");
     s.shutdown(Duration::from_secs(5)).await;
@@ -344,10 +390,14 @@ async fn stream_options_default_to_usage_and_seed_minus_one_is_random() {
 async fn echo_with_logprobs_scores_the_prompt() {
     let (s, base) = start(tiny_dir("tiny-echo"), args("tiny-echo")).await;
     let prompt = json!([40, 41, 42, 43, 44]);
-    let body = json!({"prompt": prompt, "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0});
+    let body = json!({"prompt": prompt, "max_tokens": 1, "echo": true, "logprobs": 1, "temperature": 0, "n": 2});
     let (st, out) = post(&base, "/v1/completions", body).await;
     assert_eq!(st, 200, "{out}");
     let lp = &out["choices"][0]["logprobs"];
+    // Every one of the `n` choices covers the echoed prompt.
+    let second = &out["choices"][1]["logprobs"];
+    assert_eq!(second["token_logprobs"].as_array().unwrap()[..5], lp["token_logprobs"].as_array().unwrap()[..5]);
+    assert_eq!(second["text_offset"], lp["text_offset"], "{out}");
     let got = lp["token_logprobs"].as_array().unwrap();
     assert_eq!(got.len(), 6, "5 prompt tokens and 1 generated: {lp}");
     assert!(got[0].is_null() && lp["top_logprobs"][0].is_null(), "{lp}");

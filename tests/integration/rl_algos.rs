@@ -170,6 +170,11 @@ async fn a_chosen_rejected_rating_trains_the_served_model_with_dpo() {
             "`chosen` 1 is out of range: the response has 1 choice",
         ),
         (
+            json!({"id": one["id"], "preferred": 0}),
+            400,
+            "has one choice: `preferred` picks one of several answers; rate this one with `choice` and `reward`",
+        ),
+        (
             json!({"id": one["id"], "choice": 0, "reward": 1.0}),
             400,
             "has one choice; the feedback learner's loss_type \"dpo\" trains on preference pairs",

@@ -102,7 +102,19 @@ async fn endpoints_answer() {
     let pl = pl["choices"][0]["prompt_logprobs"].as_array().unwrap().clone();
     assert_eq!(pl.len(), 3);
     assert!(pl[0].is_null() && pl[1]["2"]["logprob"].as_f64().unwrap() < 0.0 && pl[2]["3"].is_object());
+    let version: Value = c.get(format!("{base}/version")).send().await.unwrap().json().await.unwrap();
+    assert_eq!(version, json!({"version": env!("CARGO_PKG_VERSION")}));
     let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();
+    // vLLM's per-request series, this server's (the recorder is shared by the tests): the two
+    // completions above, 3 + 3 prompt and 4 + 1 generated tokens.
+    let series = |name: &str| -> f64 {
+        let mine = |l: &&str| l.starts_with(name) && l.contains("model_name=\"tiny-endpoints\"");
+        metrics.lines().filter(mine).map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+    };
+    assert_eq!(series("rlserve:request_success_total{"), 2.0, "{metrics}");
+    assert_eq!(series("rlserve:request_prompt_tokens_sum"), 6.0, "{metrics}");
+    assert_eq!(series("rlserve:request_generation_tokens_sum"), 5.0, "{metrics}");
+    assert!(metrics.contains("rlserve:request_generation_tokens_bucket{model_name=\"tiny-endpoints\",le=\"5\"} 2"));
     for name in [
         "rlserve:num_requests_running",
         "rlserve:kv_cache_usage_perc",
@@ -133,7 +145,19 @@ async fn streaming_equals_non_streaming_with_n_and_seed() {
     for c in choices {
         let lp = &c["logprobs"];
         assert_eq!(lp["tokens"].as_array().unwrap().len(), lp["token_logprobs"].as_array().unwrap().len());
-        assert!(lp["top_logprobs"].as_array().unwrap().iter().all(|t| t.as_object().unwrap().len() <= 2));
+        // OpenAI's "up to logprobs + 1" (vLLM's order): the chosen token first, then the 2 most
+        // likely by rank.
+        for (i, top) in lp["top_logprobs"].as_array().unwrap().iter().enumerate() {
+            let top: Vec<(&String, f64)> =
+                top.as_object().unwrap().iter().map(|(k, v)| (k, v.as_f64().unwrap())).collect();
+            // Fewer where tokens decode to the same text (such as "\u{fffd}" for part of a character).
+            assert!((1..=3).contains(&top.len()), "{top:?}");
+            assert_eq!(
+                (top[0].0.as_str(), top[0].1),
+                (lp["tokens"][i].as_str().unwrap(), lp["token_logprobs"][i].as_f64().unwrap())
+            );
+            assert!(top[1..].windows(2).all(|w| w[0].1 >= w[1].1), "ranked: {top:?}");
+        }
     }
     let mut sb = body.clone();
     sb["stream"] = json!(true);
@@ -354,7 +378,7 @@ async fn a_failed_engine_step_answers_500_or_an_sse_error_and_the_server_keeps_s
     assert!(!chunks.is_empty(), "the short prompt streamed before the failure: {events:?}");
     for c in chunks {
         let v: Value = serde_json::from_str(c).unwrap();
-        assert!(v.get("error").is_none() && v.get("usage").is_none(), "{v}");
+        assert!(v.get("error").is_none() && v["usage"].is_null(), "{v}");
         for choice in v["choices"].as_array().unwrap() {
             assert_eq!((choice["index"].as_u64(), &choice["finish_reason"]), (Some(0), &Value::Null), "{v}");
         }
@@ -453,6 +477,23 @@ async fn a_stalled_body_gets_a_408() {
     let text = String::from_utf8_lossy(&buf);
     assert!(text.starts_with("HTTP/1.1 408"), "{text}");
     assert!(text.contains("the request body stalled: nothing arrived for 10 s after 11 bytes"), "{text}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `bench serve` against a server that refuses its workload (prompts over the context) stops
+/// after one untimed request, naming the server's error, and exits non-zero (vLLM's).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bench_serve_stops_when_the_server_refuses_its_workload() {
+    let (s, base) = start(tiny_dir("bench-refused"), args("bench-refused")).await;
+    let bench =
+        ["bench", "serve", "--base-url", &base, "--num-prompts", "4", "--input-len", "500", "--output-len", "4"];
+    let bench = bench.map(String::from);
+    let run = move || std::process::Command::new(tests::rlserve_binary()).args(bench).output().unwrap();
+    let out = tokio::task::spawn_blocking(run).await.unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "{err}");
+    assert!(err.contains("the initial test request failed") && err.contains("HTTP 400"), "{err}");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("Serving Benchmark Result"));
     s.shutdown(Duration::from_secs(5)).await;
 }
 

@@ -135,18 +135,48 @@ pub fn only(obj: &Map<String, Value>, allowed: &[&[&str]], prefix: &str) -> Resu
 }
 
 /// `T` from the members of `obj` it names (others are ignored here: [`only`] checks them);
-/// a type error names the field's path.
+/// a type error names the field's path. A number with no fraction, such as `2.0`, counts as
+/// the integer it is (pydantic's lax mode, so vLLM's; Python clients send `float(n)`).
 pub fn typed<T: DeserializeOwned>(obj: &Map<String, Value>) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(&Value::Object(obj.clone())).map_err(|e| {
+    let mut v = Value::Object(obj.clone());
+    integral_floats_as_integers(&mut v);
+    serde_path_to_error::deserialize(&v).map_err(|e| {
         let path = e.path().to_string();
-        let param = (path != ".").then_some(path);
         let inner = rl::config::json_words(&e.inner().to_string());
+        // serde's path ends at the object a required member is missing from: the member is
+        // the field at fault.
+        let missing = inner.strip_prefix("missing field `").and_then(|r| r.split_once('`')).map(|(f, _)| f);
+        let param = match (path.as_str(), missing) {
+            (".", None) => None,
+            (".", Some(f)) => Some(f.to_string()),
+            (p, Some(f)) => Some(format!("{p}.{f}")),
+            (p, None) => Some(p.to_string()),
+        };
         let message = match &param {
             Some(p) => format!("invalid request: `{p}`: {inner}"),
             None => format!("invalid request: {inner}"),
         };
         ApiError::BadRequest { message, param }
     })
+}
+
+/// Rewrites every float in `v` that is a whole number within `i64` or `u64` as that integer
+/// (`2.0` → `2`); a float member still deserializes from it unchanged.
+fn integral_floats_as_integers(v: &mut Value) {
+    match v {
+        Value::Number(n) if n.is_f64() => {
+            let f = n.as_f64().unwrap_or(f64::NAN);
+            // The bounds are exact powers of two, so the casts below are exact.
+            if f.fract() == 0.0 && (-(2f64.powi(63))..2f64.powi(63)).contains(&f) {
+                *v = Value::from(f as i64);
+            } else if f.fract() == 0.0 && (0.0..2f64.powi(64)).contains(&f) {
+                *v = Value::from(f as u64);
+            }
+        }
+        Value::Array(a) => a.iter_mut().for_each(integral_floats_as_integers),
+        Value::Object(o) => o.values_mut().for_each(integral_floats_as_integers),
+        _ => {}
+    }
 }
 
 /// A body with only its own fields: `T`'s fields and nothing else.

@@ -31,7 +31,7 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                         "`messages[{i}].role` must be one of system, user, assistant, tool, developer; got {:?}",
                         m.role
                     ),
-                    Some("messages"),
+                    Some(&format!("messages[{i}].role")),
                 ));
             }
             let content = match &m.content {
@@ -46,15 +46,16 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                 Some(Content::Text(t)) => t.clone(),
                 Some(Content::Parts(parts)) => parts
                     .iter()
-                    .map(|p| match (p.kind.as_str(), &p.text) {
+                    .enumerate()
+                    .map(|(j, p)| match (p.kind.as_str(), &p.text) {
                         ("text", Some(t)) => Ok(t.as_str()),
                         ("text", None) => Err(ApiError::bad(
-                            format!("`messages[{i}].content` part of type \"text\" has no `text`"),
-                            Some("messages"),
+                            format!("`messages[{i}].content[{j}]` of type \"text\" has no `text`"),
+                            Some(&format!("messages[{i}].content[{j}].text")),
                         )),
                         _ => Err(ApiError::bad(
-                            format!("`messages[{i}].content` part of type {:?} is not supported (only text)", p.kind),
-                            Some("messages"),
+                            format!("`messages[{i}].content[{j}]` of type {:?} is not supported (only text)", p.kind),
+                            Some(&format!("messages[{i}].content[{j}].type")),
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?
@@ -190,21 +191,15 @@ async fn collect(
 }
 
 fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, created: u64) -> impl IntoResponse {
-    let include_usage = req.sampling.include_usage();
+    let usage = req.sampling.stream_usage();
     let want_logprobs = req.logprobs == Some(true);
     let want_ids = req.sampling.return_token_ids();
     let model = state.model_name.clone();
-    let envelope = move |choices: Value, usage: Option<Usage>| {
-        let mut v = json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = json!(u);
-        }
-        v
-    };
+    let envelope = move |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
     let mut started: BTreeSet<usize> = BTreeSet::new();
     let mut splitters: BTreeMap<usize, Splitter> = BTreeMap::new();
     let parser = state.reasoning_parser;
-    sse(gen, include_usage, envelope, move |_prompt, idx, out| {
+    sse(gen, usage, envelope, move |_prompt, idx, out| {
         // With a reasoning parser, the delta's text split into reasoning and content.
         let (reasoning, content) = match parser {
             Some(_) => {

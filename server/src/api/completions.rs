@@ -28,28 +28,32 @@ fn logprobs_json(tok: &Tokenizer, tokens: &[TokenOutput], offset: &mut usize) ->
 /// `logprobs`, what lm-eval's `local-completions` scores with): each prompt token with its
 /// raw log-probability given the tokens before it (`null` for the first) and its top
 /// entries, offsets from the start of the echoed text.
+///
+/// Each `top_logprobs` entry is OpenAI's "up to `logprobs` + 1" map, as vLLM builds it: the
+/// chosen token first, then the `logprobs` most likely in rank order (keys are decoded
+/// text, so a chosen token among them appears once).
 fn logprobs_json_echo(tok: &Tokenizer, prompt: &[PromptLogprob], tokens: &[TokenOutput], offset: &mut usize) -> Value {
     let text = |id: u32| tok.decode(&[id], false).unwrap_or_default();
+    let entries = prompt
+        .iter()
+        .map(|p| (p.token_id, p.logprob, &p.top_logprobs))
+        .chain(tokens.iter().map(|t| (t.token_id, Some(t.raw_logprob), &t.top_logprobs)));
     let mut out = json!({"tokens": [], "token_logprobs": [], "top_logprobs": [], "text_offset": []});
-    for p in prompt {
-        let s = text(p.token_id);
+    for (id, logprob, top) in entries {
+        let s = text(id);
         out["text_offset"].as_array_mut().unwrap().push(json!(*offset));
         *offset += s.len();
+        let top = logprob.map(|lp| {
+            let ranked = top.iter().map(|&(id, lp)| (text(id), json!(lp)));
+            let mut m = serde_json::Map::new();
+            for (k, v) in std::iter::once((s.clone(), json!(lp))).chain(ranked) {
+                m.entry(k).or_insert(v);
+            }
+            Value::Object(m)
+        });
         out["tokens"].as_array_mut().unwrap().push(json!(s));
-        out["token_logprobs"].as_array_mut().unwrap().push(json!(p.logprob));
-        let top =
-            p.logprob.map(|_| Value::Object(p.top_logprobs.iter().map(|(id, lp)| (text(*id), json!(lp))).collect()));
+        out["token_logprobs"].as_array_mut().unwrap().push(json!(logprob));
         out["top_logprobs"].as_array_mut().unwrap().push(top.unwrap_or(Value::Null));
-    }
-    for t in tokens {
-        let s = text(t.token_id);
-        out["text_offset"].as_array_mut().unwrap().push(json!(*offset));
-        *offset += s.len();
-        out["tokens"].as_array_mut().unwrap().push(json!(s));
-        out["token_logprobs"].as_array_mut().unwrap().push(json!(t.raw_logprob));
-        let top: serde_json::Map<String, Value> =
-            t.top_logprobs.iter().map(|(id, lp)| (text(*id), json!(lp))).collect();
-        out["top_logprobs"].as_array_mut().unwrap().push(Value::Object(top));
     }
     out
 }
@@ -111,7 +115,6 @@ struct Choice {
     tokens: Vec<TokenOutput>,
     finish: Option<FinishReason>,
     stop: Option<StopReason>,
-    prompt_logprobs: Option<Vec<engine::outputs::PromptLogprob>>,
 }
 
 async fn collect(
@@ -124,6 +127,8 @@ async fn collect(
     ps: Vec<Vec<u32>>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let mut choices: BTreeMap<usize, (usize, Choice)> = BTreeMap::new();
+    // Per prompt: the engine sends them once, with the first output of any of its `n` choices.
+    let mut prompt_logprobs: BTreeMap<usize, Vec<PromptLogprob>> = BTreeMap::new();
     while let Some(ev) = gen.events.next().await {
         // A failed prompt fails the response: 500; dropping `gen` aborts the other prompts.
         let ev = ev?;
@@ -133,8 +138,8 @@ async fn collect(
         c.tokens.extend(ev.out.tokens);
         c.finish = ev.out.finish_reason.or(c.finish);
         c.stop = ev.out.stop_reason.or(c.stop.take());
-        if ev.out.prompt_logprobs.is_some() {
-            c.prompt_logprobs = ev.out.prompt_logprobs;
+        if let Some(pl) = ev.out.prompt_logprobs {
+            prompt_logprobs.insert(ev.prompt, pl);
         }
     }
     let completion_tokens: usize = choices.values().map(|(_, c)| c.tokens.len()).sum();
@@ -142,7 +147,8 @@ async fn collect(
         .into_iter()
         .map(|(idx, (prompt, c))| {
             let mut text = echo.get(prompt).cloned().unwrap_or_default();
-            let scored = match (&c.prompt_logprobs, echo_logprobs(&req)) {
+            let pl = prompt_logprobs.get(&prompt);
+            let scored = match (pl, echo_logprobs(&req)) {
                 (Some(pl), true) => pl.as_slice(),
                 _ => &[],
             };
@@ -157,7 +163,7 @@ async fn collect(
                 "index": idx, "text": text, "finish_reason": finish_json(c.finish), "stop_reason": stop_json(&c.stop),
                 "logprobs": logprobs,
             });
-            if let Some(pl) = &c.prompt_logprobs {
+            if let Some(pl) = pl {
                 // vLLM's shape: one entry per prompt token, null for the first.
                 let tok = &state.tokenizer;
                 v["prompt_logprobs"] = pl.iter().map(|p| p.logprob.map(|lp| {
@@ -194,19 +200,12 @@ fn stream(
     created: u64,
     echo: Vec<String>,
 ) -> impl IntoResponse {
-    let include_usage = req.sampling.include_usage();
+    let usage = req.sampling.stream_usage();
     let model = state.model_name.clone();
-    let envelope = move |choices: Value, usage: Option<Usage>| {
-        let mut v =
-            json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
-        if let Some(u) = usage {
-            v["usage"] = json!(u);
-        }
-        v
-    };
+    let envelope = move |choices: Value| json!({"id": id, "object": "text_completion", "created": created, "model": model, "choices": choices});
     // Bytes of text sent so far per choice (for `text_offset`).
     let mut offsets: BTreeMap<usize, usize> = BTreeMap::new();
-    sse(gen, include_usage, envelope, move |prompt, idx, out| {
+    sse(gen, usage, envelope, move |prompt, idx, out| {
         let first = !offsets.contains_key(&idx);
         let offset = offsets.entry(idx).or_insert(0);
         // The first chunk of a choice carries the echoed prompt.

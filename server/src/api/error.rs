@@ -71,6 +71,8 @@ impl From<ValidationError> for ApiError {
         let param = match &e {
             ValidationError::Param { param, .. } | ValidationError::VocabId { param, .. } => Some(*param),
             ValidationError::EmptyPrompt | ValidationError::TokenId { .. } => Some("prompt"),
+            // A prompt that fills the context alone is at fault itself.
+            ValidationError::ContextLength { prompt, max, .. } if prompt >= max => Some("prompt"),
             ValidationError::ContextLength { .. } | ValidationError::TooLongForCache { .. } => Some("max_tokens"),
             ValidationError::DuplicateRequestId(_) => None,
         };

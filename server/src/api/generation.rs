@@ -2,8 +2,8 @@
 //! prompts to the engine, merging their output streams, latency metrics.
 
 use super::error::ApiError;
-use super::protocol::SamplingFields;
 use super::protocol::Usage;
+use super::protocol::{SamplingFields, StreamUsage};
 use super::{AppState, InFlight};
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use engine::outputs::EngineFault;
@@ -124,28 +124,35 @@ pub async fn submit(
 ) -> Result<Generation, ApiError> {
     let n = params.n;
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
+    let lens = prompt_lens.clone();
     let recorder = state.feedback.as_ref().map(|fb| fb.recorder(id, &prompts, &params));
     let Submitted { streams, in_flight } = submit_streams_async(state, prompts, params).await?;
     let metrics = state.metrics.clone();
     let start = Instant::now();
     let per_prompt = streams.into_iter().enumerate().map(move |(i, s)| {
         let metrics = metrics.clone();
-        stream::unfold((s, None::<Instant>), move |(mut s, last)| {
+        let prompt_len = lens[i];
+        // (stream, time of the last output, tokens generated so far over the `n` samples)
+        stream::unfold((s, None::<Instant>, 0), move |(mut s, last, generated)| {
             let metrics = metrics.clone();
             async move {
                 let out = match s.recv_item_async().await? {
                     Ok(out) => out,
-                    Err(fault) => return Some((Err(fault), (s, last))),
+                    Err(fault) => return Some((Err(fault), (s, last, generated))),
                 };
                 let now = Instant::now();
                 match last {
                     None => metrics.ttft(now - start),
                     Some(t) => metrics.itl(now - t),
                 }
+                let generated = generated + out.tokens.len();
                 if out.request_finished {
                     metrics.e2e(now - start);
+                    if let Some(reason) = out.finish_reason {
+                        metrics.request_finished(reason, prompt_len, generated);
+                    }
                 }
-                Some((Ok(Event { prompt: i, out }), (s, Some(now))))
+                Some((Ok(Event { prompt: i, out }), (s, Some(now), generated)))
             }
         })
         .boxed()
@@ -185,12 +192,12 @@ impl Generation {
 /// `data: [DONE]`: no `finish_reason`, no usage chunk, and the other prompts are aborted.
 pub fn sse<E, F>(
     gen: Generation,
-    include_usage: bool,
+    usage: StreamUsage,
     envelope: E,
     on_output: F,
 ) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
 where
-    E: Fn(Value, Option<Usage>) -> Value + Send + 'static,
+    E: Fn(Value) -> Value + Send + 'static,
     F: FnMut(usize, usize, &SeqOutput) -> Option<Value> + Send + 'static,
 {
     enum Phase {
@@ -208,6 +215,10 @@ where
     }
     let st = St { gen, phase: Phase::Events, completion_tokens: 0, envelope, on_output };
     let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    let so_far = |st: &St<E, F>| {
+        let p = st.gen.prompt_tokens();
+        Usage { prompt_tokens: p, completion_tokens: st.completion_tokens, total_tokens: p + st.completion_tokens }
+    };
     let body = stream::unfold(st, move |mut st| async move {
         loop {
             match st.phase {
@@ -222,21 +233,21 @@ where
                         st.completion_tokens += ev.out.tokens.len();
                         let idx = st.gen.choice(ev.prompt, ev.out.index);
                         if let Some(choice) = (st.on_output)(ev.prompt, idx, &ev.out) {
-                            let chunk = (st.envelope)(json!([choice]), None);
+                            let mut chunk = (st.envelope)(json!([choice]));
+                            match usage {
+                                StreamUsage::Off => {}
+                                StreamUsage::Last => chunk["usage"] = Value::Null,
+                                StreamUsage::Continuous => chunk["usage"] = json!(so_far(&st)),
+                            }
                             return Some((data(chunk), st));
                         }
                     }
-                    None => st.phase = if include_usage { Phase::Usage } else { Phase::Done },
+                    None => st.phase = if usage == StreamUsage::Off { Phase::Done } else { Phase::Usage },
                 },
                 Phase::Usage => {
                     st.phase = Phase::Done;
-                    let p = st.gen.prompt_tokens();
-                    let usage = Usage {
-                        prompt_tokens: p,
-                        completion_tokens: st.completion_tokens,
-                        total_tokens: p + st.completion_tokens,
-                    };
-                    let chunk = (st.envelope)(json!([]), Some(usage));
+                    let mut chunk = (st.envelope)(json!([]));
+                    chunk["usage"] = json!(so_far(&st));
                     return Some((data(chunk), st));
                 }
                 Phase::Done => {

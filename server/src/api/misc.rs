@@ -102,6 +102,11 @@ pub async fn health(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     }
 }
 
+/// `GET /version` (vLLM's): `{"version": "<rlserve's version>"}`.
+pub async fn version() -> axum::Json<serde_json::Value> {
+    axum::Json(serde_json::json!({"version": env!("CARGO_PKG_VERSION")}))
+}
+
 pub async fn metrics(State(s): State<Arc<AppState>>) -> impl IntoResponse {
     if let Ok(mut stats) = s.engine.stats() {
         // The weights' version now (the engine's snapshot lags until its next step, e.g.

@@ -154,6 +154,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .merge(crate::tinker::router(state.clone()))
         .merge(pages)
         .route("/health", get(misc::health))
+        .route("/version", get(misc::version))
         .route("/metrics", get(misc::metrics))
         .fallback(|req: Request| async move {
             ApiError::NotFound(format!("no route for {} {}", req.method(), req.uri().path()))

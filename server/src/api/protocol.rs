@@ -41,6 +41,20 @@ impl Stop {
 pub struct StreamOptions {
     /// Send a last chunk with the usage of the whole response.
     pub include_usage: Option<bool>,
+    /// With `include_usage`, every chunk carries the usage so far (vLLM's).
+    pub continuous_usage_stats: Option<bool>,
+}
+
+/// Where a streamed response reports its usage ([`StreamOptions`]).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum StreamUsage {
+    /// Nowhere.
+    #[default]
+    Off,
+    /// In a last chunk with no choices; every other chunk has `"usage": null` (OpenAI's).
+    Last,
+    /// In that last chunk and, so far, in every chunk (vLLM's `continuous_usage_stats`).
+    Continuous,
 }
 
 /// Sampling fields shared by completions, chat and rollouts (OpenAI names plus vLLM's extras
@@ -85,10 +99,16 @@ impl SamplingFields {
         self.return_token_ids.unwrap_or(false)
     }
 
-    /// Whether a streamed response ends with a usage chunk: `stream_options.include_usage`,
-    /// true when `stream_options` is given without it (vLLM's default).
-    pub fn include_usage(&self) -> bool {
-        self.stream_options.as_ref().is_some_and(|o| o.include_usage.unwrap_or(true))
+    /// Where a streamed response reports its usage: `stream_options.include_usage` (true when
+    /// `stream_options` is given without it, vLLM's default) and `continuous_usage_stats`.
+    pub fn stream_usage(&self) -> StreamUsage {
+        match &self.stream_options {
+            Some(o) if o.include_usage.unwrap_or(true) => match o.continuous_usage_stats {
+                Some(true) => StreamUsage::Continuous,
+                _ => StreamUsage::Last,
+            },
+            _ => StreamUsage::Off,
+        }
     }
 }
 

@@ -3,7 +3,7 @@
 //! once) under an optional `--max-concurrency`; reports request/token throughput and
 //! mean/median/p99 of TTFT, TPOT, ITL and end-to-end latency.
 
-use anyhow::{Context, Result};
+use anyhow::{bail, Context, Result};
 use clap::Args;
 use futures_util::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
@@ -128,6 +128,17 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     let model = models["data"][0]["id"].as_str().context("the server lists no model")?.to_string();
     let url = format!("{base}/v1/completions");
     let mut rng = rand::rngs::StdRng::seed_from_u64(a.workload.seed);
+    let request = |i: usize, rng: &mut rand::rngs::StdRng| {
+        let (input_len, output_len) = a.workload.lengths(i);
+        let prompt: Vec<u32> = (0..input_len).map(|_| rng.gen_range(100..20000)).collect();
+        json!({"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": true, "temperature": 1.0, "seed": a.workload.seed + i as u64, "stream": true, "stream_options": {"include_usage": true}})
+    };
+    // As vLLM's `bench serve`: one untimed request first, so that a workload the server
+    // refuses (a prompt over its context, a wrong key) stops here instead of timing failures.
+    let test = one(client.clone(), url.clone(), a.api_key.clone(), request(0, &mut rng.clone())).await;
+    if !test.ok {
+        bail!("the initial test request failed, check the benchmark's arguments against the server: {}", test.error);
+    }
     let sem = Arc::new(tokio::sync::Semaphore::new(a.max_concurrency.unwrap_or(usize::MAX >> 4)));
     let bar = ProgressBar::new(a.workload.num_prompts as u64);
     bar.set_style(
@@ -136,9 +147,7 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     let start = Instant::now();
     let mut tasks = Vec::with_capacity(a.workload.num_prompts);
     for i in 0..a.workload.num_prompts {
-        let (input_len, output_len) = a.workload.lengths(i);
-        let prompt: Vec<u32> = (0..input_len).map(|_| rng.gen_range(100..20000)).collect();
-        let body = json!({"model": model, "prompt": prompt, "max_tokens": output_len, "ignore_eos": true, "temperature": 1.0, "seed": a.workload.seed + i as u64, "stream": true, "stream_options": {"include_usage": true}});
+        let body = request(i, &mut rng);
         let permit = sem.clone().acquire_owned().await?;
         let (client, url, key, bar) = (client.clone(), url.clone(), a.api_key.clone(), bar.clone());
         tasks.push(tokio::spawn(async move {
