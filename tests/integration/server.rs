@@ -271,6 +271,20 @@ async fn bad_requests_get_the_right_status_and_envelope() {
     let cases: Vec<(&str, &str, String, u16, &str)> = vec![
         ("POST", "/v1/completions", "{\"prompt\": \"a\",".into(), 400, "malformed JSON"),
         ("POST", "/v1/completions", "not json".into(), 400, "malformed JSON"),
+        (
+            "POST",
+            "/v1/completions",
+            "{\"prompt\": \"a\", \"stop\": [\"x\"], \"max_tokens\": 2, \"max_tokens\": 3}".into(),
+            400,
+            "malformed JSON: the key `max_tokens` appears twice in one object at line 1",
+        ),
+        (
+            "POST",
+            "/v1/chat/completions",
+            "{\"messages\": [{\"role\": \"user\", \"content\": \"a\", \"role\": \"system\"}]}".into(),
+            400,
+            "the key `role` appears twice",
+        ),
         ("POST", "/v1/completions", "{}".into(), 400, "missing field `prompt`"),
         ("POST", "/v1/completions", json!({"prompt": 5}).to_string(), 400, "invalid request"),
         ("POST", "/v1/completions", json!({"prompt": "a", "max_tokens": "ten"}).to_string(), 400, "invalid type"),

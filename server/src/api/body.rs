@@ -1,4 +1,5 @@
-//! Request bodies, parsed by one set of rules for every endpoint: the body is a JSON object;
+//! Request bodies, parsed by one set of rules for every endpoint: the body is a JSON object
+//! that names each member once;
 //! an explicit `null` member is the same as an absent one; a member the endpoint does not
 //! implement is a 400 naming it (never silently ignored); a type error names the field
 //! (`param` is its path, such as `max_tokens` or `messages[0].content`).
@@ -46,9 +47,64 @@ impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
 
     async fn from_request(req: Request, _state: &S) -> Result<Self, Self::Rejection> {
         let bytes = read_body(req).await?;
-        let v: Value =
+        let UniqueKeys(v) =
             serde_json::from_slice(&bytes).map_err(|e| ApiError::bad(format!("malformed JSON: {e}"), None))?;
         T::from_value(v).map(ApiJson)
+    }
+}
+
+/// A JSON value whose objects name each member once: a repeated key is an error (`serde_json`
+/// alone keeps the last, which would silently drop the first value).
+struct UniqueKeys(Value);
+
+impl<'de> de::Deserialize<'de> for UniqueKeys {
+    fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = UniqueKeys;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON value")
+            }
+            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+                let mut obj = Map::new();
+                while let Some(k) = map.next_key::<String>()? {
+                    let UniqueKeys(v) = map.next_value()?;
+                    if obj.insert(k.clone(), v).is_some() {
+                        return Err(de::Error::custom(format!("the key `{k}` appears twice in one object")));
+                    }
+                }
+                Ok(UniqueKeys(Value::Object(obj)))
+            }
+            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+                let mut v = Vec::new();
+                while let Some(UniqueKeys(x)) = seq.next_element()? {
+                    v.push(x);
+                }
+                Ok(UniqueKeys(Value::Array(v)))
+            }
+            fn visit_bool<E>(self, b: bool) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::Bool(b)))
+            }
+            fn visit_i64<E>(self, n: i64) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::from(n)))
+            }
+            fn visit_u64<E>(self, n: u64) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::from(n)))
+            }
+            fn visit_f64<E>(self, n: f64) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::from(n)))
+            }
+            fn visit_str<E>(self, s: &str) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::String(s.to_string())))
+            }
+            fn visit_string<E>(self, s: String) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::String(s)))
+            }
+            fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+                Ok(UniqueKeys(Value::Null))
+            }
+        }
+        d.deserialize_any(V)
     }
 }
 
