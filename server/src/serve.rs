@@ -317,12 +317,29 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         reasoning_parser: args.reasoning_parser,
         ui: !args.no_ui,
         tinker: Default::default(),
+        engine_history: Default::default(),
         cross_site: crate::api::cross_site::CrossSite {
             listen_host: args.host.clone(),
             allowed_hosts: args.allowed_hosts.iter().map(|h| h.to_ascii_lowercase()).collect(),
             allowed_origins: args.allowed_origins.clone(),
         },
     }))
+}
+
+/// Calls `f` on the server's state every `period` (the first call at once) until the state
+/// is dropped.
+fn every(state: &Arc<AppState>, period: Duration, f: fn(&AppState)) {
+    let weak = Arc::downgrade(state);
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        loop {
+            tick.tick().await;
+            match weak.upgrade() {
+                Some(s) => f(&s),
+                None => break,
+            }
+        }
+    });
 }
 
 impl Server {
@@ -334,16 +351,9 @@ impl Server {
         let app = router(state.clone());
         let task = tokio::spawn(accept_loop(listener, app, rx));
         // Tinker sessions that stopped sending heartbeats release the learner.
-        let weak = Arc::downgrade(&state);
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(10)).await;
-                match weak.upgrade() {
-                    Some(s) => s.tinker.expire_sessions(),
-                    None => break,
-                }
-            }
-        });
+        every(&state, Duration::from_secs(10), |s| s.tinker.expire_sessions());
+        // The engine's recent past, for the dashboard.
+        every(&state, crate::api::misc::EngineHistory::EVERY, crate::api::misc::EngineHistory::sample);
         Ok(Server { addr, state, shutdown: Some(tx), task })
     }
 

@@ -68,7 +68,7 @@ function engineInit() {
 
 function engineSample(s) {
   const e = s.engine;
-  if (!e) return;
+  if (!e || (last && s.time <= last.time)) return;
   const d = engineData;
   const rate = (now, prev) => (last ? Math.max(0, now - prev) / Math.max(1e-3, s.time - last.time) : 0);
   d.t.push(s.time);
@@ -217,8 +217,18 @@ async function tick() {
   refreshJobs();
 }
 
-engineInit();
-keyField($('key'), tick);
-$('start-job').addEventListener('click', startJob);
-tick();
-setInterval(tick, 2000);
+// The charts open on the server's samples of the last 10 minutes, then go on live.
+async function start() {
+  engineInit();
+  try {
+    for (const s of (await getJson('/v1/status/history')).data) engineSample(s);
+  } catch (e) {
+    notice(`the engine's history is unavailable: ${e.message}`);
+  }
+  keyField($('key'), tick);
+  $('start-job').addEventListener('click', startJob);
+  tick();
+  setInterval(tick, 2000);
+}
+
+start();

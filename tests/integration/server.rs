@@ -102,6 +102,11 @@ async fn endpoints_answer() {
     let pl = pl["choices"][0]["prompt_logprobs"].as_array().unwrap().clone();
     assert_eq!(pl.len(), 3);
     assert!(pl[0].is_null() && pl[1]["2"]["logprob"].as_f64().unwrap() < 0.0 && pl[2]["3"].is_object());
+    // The engine's recent past, sampled by the server every 2 s from its start.
+    let url = format!("{base}/v1/status/history");
+    let h = eventually(Duration::from_secs(5), async || get_json(&url).await, |h| h["data"][0].is_object()).await;
+    let first = &h["data"][0];
+    assert!(first["time"].as_f64() > Some(1.7e9) && first["engine"]["kv_cache_usage"].is_number(), "{h}");
     let version: Value = c.get(format!("{base}/version")).send().await.unwrap().json().await.unwrap();
     assert_eq!(version, json!({"version": env!("CARGO_PKG_VERSION")}));
     let metrics = c.get(format!("{base}/metrics")).send().await.unwrap().text().await.unwrap();

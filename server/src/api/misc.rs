@@ -34,23 +34,63 @@ fn model_card(s: &AppState) -> Value {
 /// the feedback store's counters (`null` without `--learn-from-feedback`), and whether the
 /// RL endpoints need the admin key.
 pub async fn status(State(s): State<Arc<AppState>>) -> Json<Value> {
-    let engine = s.engine.stats().ok().map(|st| {
+    let engine = engine_json(&s);
+    let feedback = s.feedback.as_ref().map(|f| {
+        let c = f.counts();
+        json!({"accepted": c.accepted, "rejected": c.rejected, "trained": c.trained, "ready": c.ready, "batch_size": f.batch_size()})
+    });
+    Json(json!({
+        "object": "status", "model": s.model_name, "version": s.model.version(), "time": unix_seconds(),
+        "engine": engine, "feedback": feedback,
+        "admin_key_required": s.admin_key.is_some(), "admin_enabled": s.admin_enabled,
+    }))
+}
+
+/// The engine's part of [`status`] (`None` when the engine has stopped).
+fn engine_json(s: &AppState) -> Option<Value> {
+    s.engine.stats().ok().map(|st| {
         json!({
             "num_requests_running": st.num_running, "num_requests_waiting": st.num_waiting,
             "kv_cache_usage": st.kv_cache_usage(), "prompt_tokens_total": st.prefill_tokens,
             "generation_tokens_total": st.generation_tokens, "num_preemptions_total": st.num_preemptions,
         })
-    });
-    let feedback = s.feedback.as_ref().map(|f| {
-        let c = f.counts();
-        json!({"accepted": c.accepted, "rejected": c.rejected, "trained": c.trained, "ready": c.ready, "batch_size": f.batch_size()})
-    });
-    let time = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64());
-    Json(json!({
-        "object": "status", "model": s.model_name, "version": s.model.version(), "time": time,
-        "engine": engine, "feedback": feedback,
-        "admin_key_required": s.admin_key.is_some(), "admin_enabled": s.admin_enabled,
-    }))
+    })
+}
+
+/// Now, in Unix seconds.
+fn unix_seconds() -> f64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0.0, |d| d.as_secs_f64())
+}
+
+/// The engine's recent past: a `{time, engine}` sample (as in [`status`]) every
+/// [`EngineHistory::EVERY`], the last [`EngineHistory::WINDOW`] of them kept, so that the
+/// dashboard opens on the last 10 minutes instead of an empty chart.
+#[derive(Default)]
+pub struct EngineHistory(std::sync::Mutex<std::collections::VecDeque<Value>>);
+
+impl EngineHistory {
+    /// Time between samples.
+    pub const EVERY: std::time::Duration = std::time::Duration::from_secs(2);
+    /// Time kept.
+    pub const WINDOW: std::time::Duration = std::time::Duration::from_secs(600);
+
+    /// Takes a sample of `s`'s engine now and drops those older than [`Self::WINDOW`].
+    pub fn sample(s: &AppState) {
+        let Some(engine) = engine_json(s) else { return };
+        let now = unix_seconds();
+        let mut h = s.engine_history.0.lock().unwrap_or_else(|e| e.into_inner());
+        h.push_back(json!({"time": now, "engine": engine}));
+        while h.front().is_some_and(|v| v["time"].as_f64().unwrap_or(0.0) < now - Self::WINDOW.as_secs_f64()) {
+            h.pop_front();
+        }
+    }
+}
+
+/// `GET /v1/status/history`: the [`EngineHistory`] samples, oldest first, as
+/// `{"object": "list", "data": [{"time", "engine"}, ...]}`.
+pub async fn status_history(State(s): State<Arc<AppState>>) -> Json<Value> {
+    let h = s.engine_history.0.lock().unwrap_or_else(|e| e.into_inner());
+    Json(json!({"object": "list", "data": h.iter().collect::<Vec<_>>()}))
 }
 
 pub async fn tokenize(

@@ -65,6 +65,8 @@ pub struct AppState {
     pub ui: bool,
     /// The Tinker API's sessions, futures and training client (`crate::tinker`).
     pub tinker: crate::tinker::Tinker,
+    /// The engine's last 10 minutes, sampled by the server (`GET /v1/status/history`).
+    pub engine_history: misc::EngineHistory,
 }
 
 /// Counts one request in flight until dropped.
@@ -135,6 +137,7 @@ pub fn router(state: Arc<AppState>) -> Router {
         .route("/v1/models", get(misc::models))
         .route("/v1/models/{*model}", get(misc::model))
         .route("/v1/status", get(misc::status))
+        .route("/v1/status/history", get(misc::status_history))
         .route("/tokenize", post(misc::tokenize))
         .route("/detokenize", post(misc::detokenize))
         .route_layer(middleware::from_fn_with_state(state.clone(), auth));
