@@ -127,7 +127,7 @@ async fn collect(
     ps: Vec<Vec<u32>>,
 ) -> Result<axum::Json<Value>, ApiError> {
     let mut choices: BTreeMap<usize, (usize, Choice)> = BTreeMap::new();
-    // Per prompt: the engine sends them once, with the first output of any of its `n` choices.
+    // Per prompt: the engine sends them once, with the first output of the prompt's choice 0.
     let mut prompt_logprobs: BTreeMap<usize, Vec<PromptLogprob>> = BTreeMap::new();
     while let Some(ev) = gen.events.next().await {
         // A failed prompt fails the response: 500; dropping `gen` aborts the other prompts.
