@@ -68,6 +68,8 @@ async fn endpoints_answer() {
     let models: Value = c.get(format!("{base}/v1/models")).send().await.unwrap().json().await.unwrap();
     assert_eq!(models["data"][0]["id"], "tiny-endpoints");
     assert_eq!(models["data"][0]["max_model_len"], 128);
+    assert!(models["data"][0]["root"].as_str().unwrap().ends_with("server-tiny-endpoints"), "{models}");
+    assert!(models["data"][0]["parent"].is_null(), "{models}");
     // `models.retrieve`: the card by its id, or a 404 naming the served model.
     let one = c.get(format!("{base}/v1/models/tiny-endpoints")).send().await.unwrap();
     assert_eq!(one.status(), 200);

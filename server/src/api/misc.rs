@@ -23,8 +23,13 @@ pub async fn model(State(s): State<Arc<AppState>>, Path(model): Path<String>) ->
     Ok(Json(model_card(&s)))
 }
 
+/// vLLM's model card: `root` is the folder the weights were loaded from, `parent` null (no
+/// adapters).
 fn model_card(s: &AppState) -> Value {
-    json!({"id": s.model_name, "object": "model", "created": s.created, "owned_by": "rlserve", "max_model_len": s.max_model_len})
+    json!({
+        "id": s.model_name, "object": "model", "created": s.created, "owned_by": "rlserve",
+        "root": s.model_dir.display().to_string(), "parent": null, "max_model_len": s.max_model_len,
+    })
 }
 
 /// `GET /v1/status`: what the web pages show, as JSON (the numbers `/metrics` exposes as
