@@ -139,6 +139,27 @@ try:
     raise AssertionError("misaligned targets were accepted")
 except tinker.RequestFailedError as e:
     assert "shifted by one" in str(e), str(e)
+# A NaN loss input is refused; an overflowing importance ratio (a -1e4 sampler logprob as a
+# mask, times a zero advantage: inf * 0) makes the gradient NaN, and optim_step refuses it
+# without touching the served weights.
+try:
+    training.forward_backward([datum(text, weights=[float("nan")] * (len(text) - 1))], "cross_entropy").result()
+    raise AssertionError("a NaN weight was accepted")
+except tinker.RequestFailedError as e:
+    assert "is not a finite number" in str(e), str(e)
+before = training.forward([sft], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+n = len(text) - 1
+masked = datum(text, logprobs=[-1e4] * n, advantages=[0.0] * (n - 1) + [1.0])
+training.forward_backward([masked], "importance_sampling").result()
+try:
+    training.optim_step(types.AdamParams(learning_rate=1e-3)).result()
+    raise AssertionError("a NaN gradient was applied")
+except tinker.RequestFailedError as e:
+    assert "the gradient is not finite" in str(e), str(e)
+after = training.forward([sft], "cross_entropy").result().loss_fn_outputs[0]["logprobs"].tolist()
+assert after == before, "a refused optim_step changed the weights"
+training.forward_backward([sft], "cross_entropy").result()
+training.optim_step(types.AdamParams(learning_rate=1e-4)).result()
 
 service.close("success") if hasattr(service, "close") else None
 print("tinker SDK check passed")

@@ -18,6 +18,14 @@ pub enum LearnerError {
     /// bug in a loss or backward, never skipped silently.
     #[error("{0}")]
     Gradient(String),
+    /// The gradient's global norm is NaN or infinite (a non-finite loss input, or an
+    /// overflow): the update is skipped and the weights stay as they were, as
+    /// `torch.amp.GradScaler` skips such a step.
+    #[error(
+        "the gradient is not finite (global norm {norm}): no update was applied and the weights are unchanged; \
+         look for NaN, infinite or extreme values in the loss inputs (rewards, advantages, weights, logprobs)"
+    )]
+    NonFiniteGradient { norm: f64 },
     /// A checkpoint folder or file is missing or malformed.
     #[error("{path}: {msg}")]
     Checkpoint { path: PathBuf, msg: String },

@@ -2,8 +2,8 @@
 //! decay, then the bias-corrected Adam step), global-norm clipping and LR schedules.
 
 use super::{Grads, ParamKey};
-use crate::Result;
 use crate::TrainConfig;
+use crate::{LearnerError, Result};
 use engine::model::{Param, ParamId};
 use kernels::ops::{self, AdamWPart, AdamWStep, PackedWeight};
 use kernels::{Device, Tensor};
@@ -87,8 +87,14 @@ impl AdamW {
 
     /// Starts a step: global norm, clip factor (`max_grad_norm / (norm + 1e-6)` above the
     /// limit, as `torch.nn.utils.clip_grad_norm_`), step count + 1, learning rate.
+    ///
+    /// Errors: a NaN or infinite norm ([`LearnerError::NonFiniteGradient`]), before anything
+    /// changes: one bad batch must not poison the served weights.
     pub fn begin_step(&mut self, grads: &Grads, cfg: &TrainConfig) -> Result<StepScale> {
         let norm = grads.global_norm()?;
+        if !norm.is_finite() {
+            return Err(LearnerError::NonFiniteGradient { norm });
+        }
         let clip =
             if cfg.max_grad_norm > 0.0 && norm > cfg.max_grad_norm { cfg.max_grad_norm / (norm + 1e-6) } else { 1.0 };
         self.step += 1;

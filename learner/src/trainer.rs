@@ -294,6 +294,11 @@ impl TrainSample {
                 ));
             }
         }
+        for (name, x) in [("advantage", self.advantage), ("reward", self.reward)] {
+            if let Some(x) = x.filter(|x| !x.is_finite()) {
+                return Err(format!("`{name}` {x} is not a finite number"));
+            }
+        }
         if self.advantage.is_none() && self.reward.is_none() {
             return Err("give `advantage`, or `reward` (with `group` for group advantages and preference pairs)".into());
         }

@@ -559,6 +559,53 @@ fn the_served_update_is_adamw_on_the_hf_tensors() {
     }
 }
 
+/// A gradient that is not finite (one NaN entry, as an overflowing importance ratio times a
+/// zero advantage gives) is refused before anything changes: the served weights, their
+/// version and the optimizer's step count stay as they were, and the next good gradient
+/// trains (`torch.amp.GradScaler` skips such a step the same way).
+#[test]
+fn a_non_finite_gradient_changes_nothing() {
+    use learner::{LearnerError, TrainConfig, TrainSample, Trainer};
+    use tests::tiny::TinySpec;
+    let dir = tests::temp_dir("learner-non-finite");
+    TinySpec { seed: 64, ..Default::default() }.write(&dir);
+    let model = Model::load(&dir, &Device::Cpu).unwrap();
+    let mut trainer = Trainer::new(&model, TrainConfig { learning_rate: 1e-2, ..Default::default() }).unwrap();
+    let model = engine::SharedModel::new(model);
+    let sample = |advantage: f32| TrainSample {
+        prompt_ids: vec![1, 2],
+        completion_ids: vec![3, 4],
+        behavior_logprobs: vec![-5.0, -5.0],
+        advantage: Some(advantage),
+        reward: None,
+        group: None,
+        versions: None,
+        finish_reason: None,
+    };
+    let weights = || -> Vec<(String, Vec<f32>)> {
+        model.read().named_weights().unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect()
+    };
+    let before = weights();
+    let (_, grads) = trainer.gradients(&model.read(), &[sample(1.0)]).unwrap();
+    for bad in [f32::NAN, f32::INFINITY] {
+        let mut poisoned = Grads { tensors: grads.tensors.clone(), backward_seconds: 0.0 };
+        let (_, g) = poisoned.tensors.iter_mut().last().unwrap();
+        let mut v = g.to_vec().unwrap();
+        v[0] = bad;
+        *g = Tensor::from_vec(v, g.shape()).unwrap();
+        let e = trainer.update(&model, &poisoned).unwrap_err();
+        assert!(matches!(e, LearnerError::NonFiniteGradient { .. }), "{e}");
+        assert!(e.to_string().contains("no update was applied and the weights are unchanged"), "{e}");
+        assert!(weights() == before, "the weights moved");
+        assert_eq!((model.version(), trainer.optimizer.step), (0, 0));
+    }
+    trainer.update(&model, &grads).unwrap();
+    assert_eq!((model.version(), trainer.optimizer.step), (1, 1));
+    assert!(weights() != before);
+    // A sample's non-finite advantage or reward is refused when it is read (`train-step`).
+    assert_eq!(sample(f32::NAN).validate(259).unwrap_err(), "`advantage` NaN is not a finite number");
+}
+
 #[test]
 fn checkpoints_round_trip_and_load_in_the_engine() {
     use learner::{checkpoint, TrainConfig, TrainSample, Trainer};

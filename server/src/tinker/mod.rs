@@ -570,6 +570,10 @@ impl Worker {
                 "policy_version:max": u.version,
                 "pause_seconds:sum": u.pause_seconds,
             }})),
+            // A retry would meet the same gradients: they are dropped.
+            Err(e @ learner::LearnerError::NonFiniteGradient { .. }) => {
+                Outcome::user(format!("{e}; the accumulated gradients were dropped"))
+            }
             Err(e) => Outcome::server(e),
         }
     }
@@ -695,8 +699,14 @@ fn parse_datum(d: &proto::Datum, loss: &TinkerLoss, vocab: usize) -> Result<loss
             })?,
         None => return Err("loss_fn_inputs needs `target_tokens`".into()),
     };
+    // A NaN or infinite input would make the gradient non-finite (and `optim_step` refuse it).
     let floats = |k: &str| -> Result<Option<Vec<f32>>, String> {
-        get(k).transpose().map(|v| v.map(|v| v.into_iter().map(|x| x as f32).collect()))
+        let Some(v) = get(k).transpose()? else { return Ok(None) };
+        let v: Vec<f32> = v.into_iter().map(|x| x as f32).collect();
+        match v.iter().position(|x| !x.is_finite()) {
+            Some(i) => Err(format!("loss_fn_inputs `{k}`: value {} at position {i} is not a finite number", v[i])),
+            None => Ok(Some(v)),
+        }
     };
     Ok(losses::Datum {
         model_input,
@@ -1185,5 +1195,12 @@ mod tests {
         let loss = TinkerLoss::CrossEntropy;
         let e = parse_datum(&d, &loss, 10).unwrap_err();
         assert_eq!(e, "loss_fn_inputs `mask` is not read by this loss (it reads target_tokens, weights)");
+        // A weight that is not a finite number would make the gradient NaN.
+        let mut d = d;
+        d.loss_fn_inputs.remove("mask");
+        let w = dense(proto::DType::Float32, proto::f32_bytes(&[1.0, f32::NAN, 1.0]), vec![3]);
+        d.loss_fn_inputs.insert("weights".into(), w);
+        let e = parse_datum(&d, &loss, 10).unwrap_err();
+        assert_eq!(e, "loss_fn_inputs `weights`: value NaN at position 1 is not a finite number");
     }
 }
