@@ -502,19 +502,30 @@ async fn a_stalled_body_gets_a_408() {
 }
 
 /// `bench serve` against a server that refuses its workload (prompts over the context) stops
-/// after one untimed request, naming the server's error, and exits non-zero (vLLM's).
+/// after one untimed request, naming the server's error, and exits non-zero (vLLM's); it
+/// sends `--api-key` from its first request (the model list) on.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bench_serve_stops_when_the_server_refuses_its_workload() {
-    let (s, base) = start(tiny_dir("bench-refused"), args("bench-refused")).await;
-    let bench =
-        ["bench", "serve", "--base-url", &base, "--num-prompts", "4", "--input-len", "500", "--output-len", "4"];
-    let bench = bench.map(String::from);
-    let run = move || std::process::Command::new(tests::rlserve_binary()).args(bench).output().unwrap();
-    let out = tokio::task::spawn_blocking(run).await.unwrap();
-    let err = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "{err}");
+    let a = ServeArgs { api_key: Some("k".into()), ..args("bench-refused") };
+    let (s, base) = start(tiny_dir("bench-refused"), a).await;
+    let bench = |key: &[&str]| {
+        let mut v: Vec<String> = ["bench", "serve", "--base-url", &base, "--num-prompts", "4", "--input-len", "500"]
+            .map(String::from)
+            .to_vec();
+        v.extend(key.iter().map(|k| k.to_string()));
+        let run = move || std::process::Command::new(tests::rlserve_binary()).args(v).output().unwrap();
+        async move {
+            let out = tokio::task::spawn_blocking(run).await.unwrap();
+            assert!(
+                !out.status.success() && !String::from_utf8_lossy(&out.stdout).contains("Serving Benchmark Result")
+            );
+            String::from_utf8_lossy(&out.stderr).into_owned()
+        }
+    };
+    let err = bench(&[]).await;
+    assert!(err.contains("listing the served models at") && err.contains("401"), "{err}");
+    let err = bench(&["--api-key", "k"]).await;
     assert!(err.contains("the initial test request failed") && err.contains("HTTP 400"), "{err}");
-    assert!(!String::from_utf8_lossy(&out.stdout).contains("Serving Benchmark Result"));
     s.shutdown(Duration::from_secs(5)).await;
 }
 
@@ -545,6 +556,14 @@ fn cli_misuse_names_the_flag() {
     check(&["bench", "serve", "--max-concurrency", "0"], "'--max-concurrency <MAX_CONCURRENCY>': must be at least 1");
     check(&["bench", "throughput", "--concurrency", "1,0"], "'--concurrency <CONCURRENCY>': must be at least 1");
     check(&["bench", "rl", "--steps", "0"], "'--steps <STEPS>': must be at least 1");
+    check(&["bench", "throughput", "--max-num-seqs", "0"], "'--max-num-seqs <MAX_NUM_SEQS>': must be at least 1");
+    check(&["bench", "throughput", "--curve-output-len", "0"], "'--curve-output-len <CURVE_OUTPUT_LEN>': must be at");
+    check(&["bench", "serve", "--request-rate", "0"], "must be a number > 0 (or inf: all at once), got 0");
+    check(&["bench", "serve", "--request-rate", "nan"], "must be a number > 0 (or inf: all at once), got NaN");
+    check(
+        &["bench", "throughput", "--model", m, "--output-json", "/nonexistent-rlserve/x.json"],
+        "--output-json /nonexistent-rlserve/x.json: the folder /nonexistent-rlserve does not exist",
+    );
     check(
         &["bench", "latency", "--model", m, "--prompt-tokens", "1000"],
         "--prompt-tokens 1000 plus --gen-tokens 128 exceed the model's context of 128 tokens",

@@ -118,15 +118,50 @@ pub fn print_device_per_step(what: &str, counters: Option<kernels::DeviceCounter
     );
 }
 
-/// The median of `v` (the upper middle value for an even count); `v` must not be empty.
-pub fn median(mut v: Vec<f64>) -> f64 {
+/// `--output-json`'s folder, checked before a benchmark runs (not after it, when its
+/// results would be lost).
+pub fn check_output_json(path: Option<&std::path::Path>) -> Result<()> {
+    let Some(path) = path else { return Ok(()) };
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty()).unwrap_or(std::path::Path::new("."));
+    anyhow::ensure!(dir.is_dir(), "--output-json {}: the folder {} does not exist", path.display(), dir.display());
+    Ok(())
+}
+
+/// Writes `--output-json`.
+pub fn write_output_json(path: &std::path::Path, j: &serde_json::Value) -> Result<()> {
+    use anyhow::Context;
+    std::fs::write(path, serde_json::to_string_pretty(j)?).with_context(|| format!("--output-json {}", path.display()))
+}
+
+/// The median of `v` (the mean of the two middle values for an even count, as
+/// `numpy.median`); `v` must not be empty.
+pub fn median(v: Vec<f64>) -> f64 {
+    percentile(v, 0.5)
+}
+
+/// The `p`-quantile of `v` (`p` in [0, 1]) with linear interpolation between the closest
+/// ranks, `numpy.percentile`'s default (what vLLM's `bench serve` reports); `v` must not be
+/// empty.
+pub fn percentile(mut v: Vec<f64>, p: f64) -> f64 {
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let pos = p * (v.len() - 1) as f64;
+    let (lo, hi) = (pos.floor() as usize, pos.ceil() as usize);
+    v[lo] + (v[hi] - v[lo]) * (pos - lo as f64)
 }
 
 #[cfg(test)]
 mod tests {
-    use super::WorkloadArgs;
+    use super::{median, percentile, WorkloadArgs};
+
+    /// numpy's values: `np.median([4, 1, 3, 2])` = 2.5, `np.percentile([1, 2, 3, 4, 5], 99)`
+    /// = 4.96, `np.percentile([7], 99)` = 7.
+    #[test]
+    fn median_and_percentile_follow_numpy() {
+        assert_eq!(median(vec![4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(median(vec![3.0, 1.0, 2.0]), 2.0);
+        assert!((percentile(vec![1.0, 2.0, 3.0, 4.0, 5.0], 0.99) - 4.96).abs() < 1e-12);
+        assert_eq!(percentile(vec![7.0], 0.99), 7.0);
+    }
 
     fn workload(input_len: usize, output_len: usize, random_range_ratio: f64) -> WorkloadArgs {
         WorkloadArgs { num_prompts: 256, input_len, output_len, seed: 0, random_range_ratio }

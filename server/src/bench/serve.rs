@@ -22,7 +22,7 @@ pub struct BenchServeArgs {
     #[command(flatten)]
     pub workload: super::WorkloadArgs,
     /// Requests per second (Poisson arrivals); `inf` sends all at once.
-    #[arg(long, default_value = "inf")]
+    #[arg(long, default_value = "inf", value_parser = request_rate)]
     pub request_rate: f64,
     /// Most requests in flight at once.
     #[arg(long, value_parser = server::serve::positive)]
@@ -32,6 +32,15 @@ pub struct BenchServeArgs {
     /// Write the results as JSON to this file.
     #[arg(long)]
     pub output_json: Option<PathBuf>,
+}
+
+/// `--request-rate`: a number > 0, or `inf`.
+fn request_rate(s: &str) -> Result<f64, String> {
+    match s.trim().parse::<f64>() {
+        Ok(r) if r > 0.0 => Ok(r),
+        Ok(r) => Err(format!("must be a number > 0 (or inf: all at once), got {r}")),
+        Err(_) => Err(format!("{s:?} is not a number")),
+    }
 }
 
 #[derive(Default, Clone)]
@@ -45,14 +54,14 @@ struct Outcome {
     error: String,
 }
 
-/// Mean, median and p99 in milliseconds.
-fn summary(mut v: Vec<f64>) -> (f64, f64, f64) {
+/// Mean, median and p99 in milliseconds (NaN for no values: printed as `nan`, `null` in
+/// the JSON).
+fn summary(v: Vec<f64>) -> (f64, f64, f64) {
     if v.is_empty() {
-        return (0.0, 0.0, 0.0);
+        return (f64::NAN, f64::NAN, f64::NAN);
     }
-    v.sort_by(f64::total_cmp);
-    let pct = |p: f64| v[((p * (v.len() - 1) as f64).round() as usize).min(v.len() - 1)] * 1e3;
-    (v.iter().sum::<f64>() / v.len() as f64 * 1e3, pct(0.5), pct(0.99))
+    let mean = v.iter().sum::<f64>() / v.len() as f64;
+    (mean * 1e3, super::percentile(v.clone(), 0.5) * 1e3, super::percentile(v, 0.99) * 1e3)
 }
 
 async fn one(client: reqwest::Client, url: String, key: Option<String>, body: Value) -> Outcome {
@@ -111,6 +120,7 @@ async fn one(client: reqwest::Client, url: String, key: Option<String>, body: Va
 /// Runs `bench serve`.
 pub fn run(a: BenchServeArgs) -> Result<()> {
     a.workload.check()?;
+    super::check_output_json(a.output_json.as_deref())?;
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     rt.block_on(run_async(a))
 }
@@ -118,11 +128,17 @@ pub fn run(a: BenchServeArgs) -> Result<()> {
 async fn run_async(a: BenchServeArgs) -> Result<()> {
     let client = reqwest::Client::new();
     let base = a.base_url.trim_end_matches('/').to_string();
-    let models: Value = client
-        .get(format!("{base}/v1/models"))
+    let mut list = client.get(format!("{base}/v1/models"));
+    if let Some(k) = &a.api_key {
+        list = list.bearer_auth(k);
+    }
+    let models: Value = list
         .send()
         .await
-        .with_context(|| format!("contacting {base}"))?
+        .and_then(reqwest::Response::error_for_status)
+        .with_context(|| {
+            format!("listing the served models at {base}/v1/models (--base-url is the server's root, without /v1)")
+        })?
         .json()
         .await?;
     let model = models["data"][0]["id"].as_str().context("the server lists no model")?.to_string();
@@ -156,7 +172,8 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
             bar.inc(1);
             o
         }));
-        if a.request_rate.is_finite() && a.request_rate > 0.0 {
+        // No wait after the last request: it would count in the duration.
+        if a.request_rate.is_finite() && i + 1 < a.workload.num_prompts {
             let gap = -(1.0 - rng.gen::<f64>()).ln() / a.request_rate;
             tokio::time::sleep(Duration::from_secs_f64(gap)).await;
         }
@@ -180,6 +197,8 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     println!("============ Serving Benchmark Result ============");
     println!("{:<40}{:>10}", "Successful requests:", ok.len());
     println!("{:<40}{:>10}", "Failed requests:", failed.len());
+    // A figure with no value (no request succeeded, or every output had one token) is n/a.
+    let ms = |x: f64| if x.is_finite() { format!("{x:.2}") } else { "n/a".into() };
     println!("{:<40}{:>10.2}", "Benchmark duration (s):", duration);
     println!("{:<40}{:>10}", "Total input tokens:", in_tokens);
     println!("{:<40}{:>10}", "Total generated tokens:", out_tokens);
@@ -187,9 +206,9 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
     println!("{:<40}{:>10.2}", "Output token throughput (tok/s):", out_tokens as f64 / duration);
     println!("{:<40}{:>10.2}", "Total token throughput (tok/s):", (in_tokens + out_tokens) as f64 / duration);
     for (name, (mean, median, p99)) in [("TTFT", ttft), ("TPOT", tpot), ("ITL", itl), ("E2E", e2e)] {
-        println!("{:<40}{:>10.2}", format!("Mean {name} (ms):"), mean);
-        println!("{:<40}{:>10.2}", format!("Median {name} (ms):"), median);
-        println!("{:<40}{:>10.2}", format!("P99 {name} (ms):"), p99);
+        println!("{:<40}{:>10}", format!("Mean {name} (ms):"), ms(mean));
+        println!("{:<40}{:>10}", format!("Median {name} (ms):"), ms(median));
+        println!("{:<40}{:>10}", format!("P99 {name} (ms):"), ms(p99));
     }
     if let Some(e) = failed.first() {
         println!("first error: {}", e.error);
@@ -202,7 +221,10 @@ async fn run_async(a: BenchServeArgs) -> Result<()> {
             "mean_ttft_ms": ttft.0, "median_ttft_ms": ttft.1, "p99_ttft_ms": ttft.2, "mean_tpot_ms": tpot.0, "median_tpot_ms": tpot.1, "p99_tpot_ms": tpot.2,
             "mean_itl_ms": itl.0, "median_itl_ms": itl.1, "p99_itl_ms": itl.2, "mean_e2e_ms": e2e.0, "median_e2e_ms": e2e.1, "p99_e2e_ms": e2e.2,
         });
-        std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
+        super::write_output_json(path, &j)?;
+    }
+    if ok.is_empty() {
+        bail!("no request succeeded ({} failed)", failed.len());
     }
     Ok(())
 }

@@ -22,7 +22,7 @@ pub struct ThroughputArgs {
     #[command(flatten)]
     pub workload: super::WorkloadArgs,
     /// Samples per prompt (a GRPO group); the samples share the prompt's KV blocks.
-    #[arg(long, default_value_t = 1)]
+    #[arg(long, default_value_t = 1, value_parser = server::serve::positive)]
     pub n: usize,
     /// Every request gets the same prompt instead of a random one.
     #[arg(long)]
@@ -34,11 +34,14 @@ pub struct ThroughputArgs {
     #[arg(long)]
     pub no_curve: bool,
     /// Decode steps per concurrency point.
-    #[arg(long, default_value_t = 32)]
+    #[arg(long, default_value_t = 32, value_parser = server::serve::positive)]
     pub curve_output_len: usize,
-    #[arg(long, default_value_t = 64)]
+    /// Most sequences per step in the main run (each point of the concurrency curve runs
+    /// exactly its concurrency).
+    #[arg(long, default_value_t = 64, value_parser = server::serve::positive)]
     pub max_num_seqs: usize,
-    #[arg(long, default_value_t = 2048)]
+    /// Most tokens per step (prefill chunks and decodes together).
+    #[arg(long, default_value_t = 2048, value_parser = server::serve::positive)]
     pub max_num_batched_tokens: usize,
     /// Decode without CUDA graphs (vLLM's flag; the CPU has none).
     #[arg(long)]
@@ -109,7 +112,7 @@ fn run_batch(
 /// Runs `bench throughput`.
 pub fn run(a: ThroughputArgs) -> Result<()> {
     a.workload.check()?;
-    anyhow::ensure!(a.n >= 1, "--n must be >= 1");
+    super::check_output_json(a.output_json.as_deref())?;
     let (device, dir) = a.model.open()?;
     let (tok, model) = load(&dir, &device)?;
     let vocab = model.config.vocab_size as u64;
@@ -213,7 +216,7 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
             "decode_output_tokens_per_second": decode_tps, "decode_steps": r.decode_steps,
             "concurrency_curve": curve, "peak_rss_mib": rss, "threads": rayon::current_num_threads(),
         });
-        std::fs::write(path, serde_json::to_string_pretty(&j)?)?;
+        super::write_output_json(path, &j)?;
     }
     Ok(())
 }
