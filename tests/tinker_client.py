@@ -20,6 +20,10 @@ from tinker import types  # noqa: E402
 
 base_url = sys.argv[1]
 service = tinker.ServiceClient(base_url=base_url)
+# The cookbook's first call: the one model the server trains, the one it serves.
+models = [m.model_name for m in service.get_server_capabilities().supported_models]
+assert len(models) == 1, models
+print("supported models", models)
 # The server trains the model it serves; its folder names it (get_info's model_name).
 training = service.create_lora_training_client(base_model=sys.argv[2], rank=8).result()
 tokenizer = training.get_tokenizer()
@@ -139,6 +143,11 @@ try:
     raise AssertionError("misaligned targets were accepted")
 except tinker.RequestFailedError as e:
     assert "shifted by one" in str(e), str(e)
+try:
+    training.load_state("tinker://elsewhere/weights/never-saved").result()
+    raise AssertionError("a missing checkpoint loaded")
+except tinker.RequestFailedError as e:
+    assert "no checkpoint named `never-saved`" in str(e), str(e)
 # A NaN loss input is refused; an overflowing importance ratio (a -1e4 sampler logprob as a
 # mask, times a zero advantage: inf * 0) makes the gradient NaN, and optim_step refuses it
 # without touching the served weights.

@@ -81,6 +81,10 @@ async fn tinker_sessions_futures_and_the_one_training_client() {
     let v = c.result("create_model", model(&session, "tiny")).await;
     let model_id = v["model_id"].as_str().unwrap().to_string();
     assert_eq!(model_id, format!("{session}:train:0"));
+    let caps =
+        reqwest::Client::new().get(format!("{base}/api/v1/get_server_capabilities")).header("X-API-Key", "tml-sekret");
+    let caps: Value = caps.send().await.unwrap().json().await.unwrap();
+    assert_eq!(caps, json!({"supported_models": [{"model_name": "tiny"}]}));
     let (st, info) = c.post("get_info", json!({"model_id": model_id})).await;
     assert_eq!(st, 200, "{info}");
     assert_eq!(info["model_data"]["tokenizer_id"], info["model_data"]["model_name"]);

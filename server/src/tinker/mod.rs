@@ -231,6 +231,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 pub fn router(state: Arc<AppState>) -> Router<Arc<AppState>> {
     Router::new()
         .route("/api/v1/client/config", post(client_config))
+        .route("/api/v1/get_server_capabilities", get(server_capabilities))
         .route("/api/v1/client/dynamic_config", post(|| async { axum::Json(json!({})) }))
         .route("/api/v1/create_session", post(create_session))
         .route("/api/v1/session_heartbeat", post(heartbeat))
@@ -274,12 +275,18 @@ async fn auth(State(state): State<Arc<AppState>>, req: Request, next: Next) -> R
     Ok(next.run(req).await)
 }
 
+/// `GET /api/v1/get_server_capabilities` (`ServiceClient.get_server_capabilities`): the one
+/// model this server trains, the one it serves.
+async fn server_capabilities(State(state): State<Arc<AppState>>) -> axum::Json<Value> {
+    axum::Json(json!({"supported_models": [{"model_name": state.model_name}]}))
+}
+
 async fn unsupported(req: Request) -> ApiError {
     ApiError::NotFound(format!(
-        "{} {} is not part of rlserve's Tinker API (supported: client/config, create_session, session_heartbeat, \
-         telemetry, create_model, get_info, forward_backward, optim_step, save_weights, load_weights, \
-         save_weights_for_sampler, create_sampling_session, samplers/{{id}}, asample, retrieve_future, \
-         sessions/{{id}}/finish)",
+        "{} {} is not part of rlserve's Tinker API (supported: client/config, client/dynamic_config, \
+         get_server_capabilities, create_session, session_heartbeat, telemetry, create_model, get_info, \
+         forward_backward, optim_step, save_weights, load_weights, save_weights_for_sampler, \
+         create_sampling_session, samplers/{{id}}, asample, retrieve_future, sessions/{{id}}/finish)",
         req.method(),
         req.uri().path()
     ))
@@ -434,7 +441,9 @@ fn open_training_client(
             *slot = Some(other);
             return Err(Outcome::user(format!(
                 "training client `{id}` of another session is open: rlserve trains one model (the served one) at a \
-                 time; finish that session first"
+                 time; finish that session first (ServiceClient.close()), or wait: a session with no heartbeat for \
+                 {} s ends by itself",
+                SESSION_TIMEOUT.as_secs()
             )));
         }
         None => Learner::Held(state.rl.learner.try_acquire().ok_or_else(|| {
@@ -624,6 +633,9 @@ impl Worker {
             Ok(d) => d,
             Err(e) => return e,
         };
+        if !dir.is_dir() {
+            return Outcome::user(format!("`{path}`: no checkpoint named `{name}` (save_state writes them)"));
+        }
         let version = self.state.model.version() + 1;
         if let Err(e) = self.state.rl.record_version(version) {
             return Outcome::server(e);
