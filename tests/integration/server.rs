@@ -556,6 +556,11 @@ fn cli_misuse_names_the_flag() {
     check(&["bench", "serve", "--max-concurrency", "0"], "'--max-concurrency <MAX_CONCURRENCY>': must be at least 1");
     check(&["bench", "throughput", "--concurrency", "1,0"], "'--concurrency <CONCURRENCY>': must be at least 1");
     check(&["bench", "rl", "--steps", "0"], "'--steps <STEPS>': must be at least 1");
+    check(&["bench", "rl", "--num-generations", "1"], "'--num-generations <NUM_GENERATIONS>': must be at least 2");
+    check(
+        &["bench", "train", "--model", m, "--num-seqs", "2", "--num-generations", "3"],
+        "--num-generations 3 must divide --num-seqs 2",
+    );
     check(&["bench", "throughput", "--max-num-seqs", "0"], "'--max-num-seqs <MAX_NUM_SEQS>': must be at least 1");
     check(&["bench", "throughput", "--curve-output-len", "0"], "'--curve-output-len <CURVE_OUTPUT_LEN>': must be at");
     check(&["bench", "serve", "--request-rate", "0"], "must be a number > 0 (or inf: all at once), got 0");

@@ -25,7 +25,8 @@ pub struct RlBenchArgs {
     pub steps: usize,
     #[arg(long, default_value_t = 4, value_parser = server::serve::positive)]
     pub prompts_per_step: usize,
-    #[arg(long, default_value_t = 8, value_parser = server::serve::positive)]
+    /// Answers per prompt: a GRPO group, so at least 2.
+    #[arg(long, default_value_t = 8, value_parser = group_size)]
     pub num_generations: usize,
     #[arg(long, default_value_t = 32, value_parser = server::serve::positive)]
     pub max_completion_length: usize,
@@ -37,6 +38,14 @@ pub struct RlBenchArgs {
     /// TRL at `beta = 0`, which keeps no reference model.
     #[arg(long)]
     pub log_kl_to_initial: bool,
+}
+
+/// `--num-generations`: a whole number >= 2 (a group of one has no advantage).
+fn group_size(s: &str) -> std::result::Result<usize, String> {
+    match server::serve::positive(s)? {
+        1 => Err("must be at least 2 (GRPO compares a prompt's answers), got 1".into()),
+        n => Ok(n),
+    }
 }
 
 /// Runs `bench rl`.

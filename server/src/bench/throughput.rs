@@ -175,17 +175,23 @@ pub fn run(a: ThroughputArgs) -> Result<()> {
         r.output_tokens as f64 / r.secs
     );
     println!(
-        "Total num prompt tokens: {}  (prefill computed: {} tokens; the rest came from the prefix cache)",
-        r.prompt_tokens, r.prefill_tokens
+        "Total num prompt tokens: {}  (prefill computed: {} tokens; {} came from the prefix cache)",
+        r.prompt_tokens,
+        r.prefill_tokens,
+        (r.prompt_tokens as u64).saturating_sub(r.prefill_tokens)
     );
     println!("Total num output tokens: {}", r.output_tokens);
-    let decode_tps = r.decode_tokens as f64 / r.decode_secs.max(1e-9);
-    println!(
-        "Decode phase: {decode_tps:.2} output tokens/s ({} tokens in {} steps without prefill, {:.1} ms/step)",
-        r.decode_tokens,
-        r.decode_steps,
-        1e3 * r.decode_secs / r.decode_steps.max(1) as f64
-    );
+    // No decode-only step (every output one token long): no decode rate (JSON null).
+    let decode_tps = (r.decode_steps > 0).then(|| r.decode_tokens as f64 / r.decode_secs.max(1e-9));
+    match decode_tps {
+        Some(tps) => println!(
+            "Decode phase: {tps:.2} output tokens/s ({} tokens in {} steps without prefill, {:.1} ms/step)",
+            r.decode_tokens,
+            r.decode_steps,
+            1e3 * r.decode_secs / r.decode_steps as f64
+        ),
+        None => println!("Decode phase: n/a (no step without prefill)"),
+    }
     super::print_device_per_step("decode step", r.decode_counters, r.decode_steps);
     let mut curve = Vec::new();
     if !a.no_curve {

@@ -14,30 +14,32 @@ use learner::{forward, TrainConfig, TrainSample, Trainer};
 pub struct TrainBenchArgs {
     #[command(flatten)]
     pub model: ModelArgs,
-    #[arg(long, default_value_t = 8)]
+    #[arg(long, default_value_t = 8, value_parser = server::serve::positive)]
     pub num_seqs: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = server::serve::positive)]
     pub prompt_len: usize,
-    #[arg(long, default_value_t = 128)]
+    #[arg(long, default_value_t = 128, value_parser = server::serve::positive)]
     pub completion_len: usize,
     /// Sequences per prompt: groups of this many share one prompt (a GRPO group; the
-    /// learner then runs the prompt's rows once).
-    #[arg(long, default_value_t = 1)]
+    /// learner then runs the prompt's rows once); must divide `--num-seqs`.
+    #[arg(long, default_value_t = 1, value_parser = server::serve::positive)]
     pub num_generations: usize,
     /// Keep only layer inputs and recompute activations in backward, the LM head's logits
     /// in chunks of rows (`learner::Recompute::checkpointing`).
     #[arg(long)]
     pub gradient_checkpointing: bool,
     /// Timed steps (after one warm-up step); the median is reported.
-    #[arg(long, default_value_t = 2)]
+    #[arg(long, default_value_t = 2, value_parser = server::serve::positive)]
     pub steps: usize,
 }
 
 /// Runs `bench train`.
 pub fn run(a: TrainBenchArgs) -> Result<()> {
     anyhow::ensure!(
-        a.num_seqs >= 1 && a.prompt_len >= 1 && a.completion_len >= 1 && a.steps >= 1 && a.num_generations >= 1,
-        "all sizes must be >= 1"
+        a.num_seqs.is_multiple_of(a.num_generations),
+        "--num-generations {} must divide --num-seqs {}: every prompt gets a whole group",
+        a.num_generations,
+        a.num_seqs
     );
     let (device, dir) = a.model.open()?;
     let model = Model::load(&dir, &device)?;
