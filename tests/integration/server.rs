@@ -529,6 +529,50 @@ async fn bench_serve_stops_when_the_server_refuses_its_workload() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
+/// `bench latency`, `train` and `rl` write `--output-json` with the printed medians and the
+/// runs they are the medians of.
+#[test]
+fn bench_output_json_holds_the_runs_and_their_medians() {
+    let model = tiny_dir("bench-json");
+    let (m, out) = (model.to_str().unwrap(), model.join("out.json"));
+    let run = |args: &[&str]| -> Value {
+        let o = out.to_str().unwrap();
+        let r = std::process::Command::new(tests::rlserve_binary())
+            .args(["bench"].iter().chain(args).chain(&["--model", m, "--output-json", o]))
+            .output()
+            .unwrap();
+        assert!(r.status.success(), "{args:?}: {}", String::from_utf8_lossy(&r.stderr));
+        serde_json::from_str(&std::fs::read_to_string(&out).unwrap()).unwrap()
+    };
+    let median = |v: &Value| {
+        let mut v: Vec<f64> = v.as_array().unwrap().iter().map(|x| x.as_f64().unwrap()).collect();
+        v.sort_by(f64::total_cmp);
+        (v[(v.len() - 1) / 2] + v[v.len() / 2]) / 2.0
+    };
+    let j = run(&["latency", "--prompt-tokens", "8", "--gen-tokens", "4", "--repetitions", "3"]);
+    assert_eq!(j["decode_tokens_per_second_runs"].as_array().unwrap().len(), 3, "{j}");
+    assert_eq!(j["decode_tokens_per_second"].as_f64().unwrap(), median(&j["decode_tokens_per_second_runs"]));
+    assert_eq!(j["prefill_tokens_per_second"].as_f64().unwrap(), median(&j["prefill_tokens_per_second_runs"]));
+    let j = run(&["train", "--num-seqs", "2", "--prompt-len", "4", "--completion-len", "4", "--steps", "2"]);
+    let secs = j["seconds_per_step"].as_f64().unwrap();
+    assert_eq!((j["tokens_per_step"].as_u64(), secs), (Some(16), median(&j["step_seconds_runs"])), "{j}");
+    assert_eq!(j["tokens_per_second"].as_f64().unwrap(), 16.0 / secs);
+    let j = run(&[
+        "rl",
+        "--steps",
+        "2",
+        "--prompts-per-step",
+        "1",
+        "--num-generations",
+        "2",
+        "--max-completion-length",
+        "4",
+    ]);
+    let runs = j["runs"].as_array().unwrap();
+    assert_eq!(runs.iter().map(|r| r["max_staleness"].as_u64().unwrap()).collect::<Vec<_>>(), [0, 2], "{j}");
+    assert!(runs.iter().all(|r| r["steps_per_second"].as_f64() > Some(0.0)), "{j}");
+}
+
 /// CLI misuse ends with a message naming the flag and its rule (exit status 1 or clap's 2).
 #[test]
 fn cli_misuse_names_the_flag() {

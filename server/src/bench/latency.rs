@@ -26,6 +26,9 @@ pub struct BenchArgs {
     /// Decode without CUDA graphs (vLLM's flag; the CPU has none).
     #[arg(long)]
     pub enforce_eager: bool,
+    /// Write the results as JSON to this file (the medians and every repetition).
+    #[arg(long)]
+    pub output_json: Option<std::path::PathBuf>,
 }
 
 /// Runs `bench latency`.
@@ -34,6 +37,7 @@ pub fn run(a: BenchArgs) -> Result<()> {
         a.prompt_tokens >= 1 && a.gen_tokens >= 2 && a.repetitions >= 1,
         "--prompt-tokens >= 1, --gen-tokens >= 2 and --repetitions >= 1 are required"
     );
+    super::check_output_json(a.output_json.as_deref())?;
     let (device, dir) = a.model.open()?;
     let (tok, model) = load(&dir, &device)?;
     let context = model.max_positions();
@@ -74,8 +78,17 @@ pub fn run(a: BenchArgs) -> Result<()> {
     println!("| model | threads | test | t/s |");
     println!("| --- | --- | --- | --- |");
     let name = dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    println!("| {name} f32 (rlserve) | {threads} | pp{} | {:.1} |", a.prompt_tokens, median(pp));
-    println!("| {name} f32 (rlserve) | {threads} | tg{} | {:.1} |", a.gen_tokens, median(tg));
+    let (pp_median, tg_median) = (median(pp.clone()), median(tg.clone()));
+    println!("| {name} f32 (rlserve) | {threads} | pp{} | {pp_median:.1} |", a.prompt_tokens);
+    println!("| {name} f32 (rlserve) | {threads} | tg{} | {tg_median:.1} |", a.gen_tokens);
+    if let Some(path) = &a.output_json {
+        let j = serde_json::json!({
+            "model": name, "threads": threads, "prompt_tokens": a.prompt_tokens, "gen_tokens": a.gen_tokens,
+            "prefill_tokens_per_second": pp_median, "decode_tokens_per_second": tg_median,
+            "prefill_tokens_per_second_runs": pp, "decode_tokens_per_second_runs": tg,
+        });
+        super::write_output_json(path, &j)?;
+    }
     // One prefill of the first token, then gen_tokens − 1 decode steps, per repetition.
     super::print_device_per_step("generated token", decode_counters, a.gen_tokens * a.repetitions);
     if let Some(rss) = peak_rss_mib() {

@@ -38,6 +38,10 @@ pub struct RlBenchArgs {
     /// TRL at `beta = 0`, which keeps no reference model.
     #[arg(long)]
     pub log_kl_to_initial: bool,
+    /// Write the results as JSON to this file: one object per `max_staleness`, the table's
+    /// figures under their column names.
+    #[arg(long)]
+    pub output_json: Option<std::path::PathBuf>,
 }
 
 /// `--num-generations`: a whole number >= 2 (a group of one has no advantage).
@@ -50,6 +54,7 @@ fn group_size(s: &str) -> std::result::Result<usize, String> {
 
 /// Runs `bench rl`.
 pub fn run(a: RlBenchArgs) -> Result<()> {
+    super::check_output_json(a.output_json.as_deref())?;
     let (device, dir) = a.model.open()?;
     let tok = Arc::new(Tokenizer::from_dir(&dir)?);
     let rt = tokio::runtime::Runtime::new()?;
@@ -65,7 +70,7 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         "| max_staleness | steps/s | s/step after step 1 | rollout tok/s | train tok/s | pause mean (s) | pause max (s) | learner idle | engine idle | staleness max |"
     );
     println!("|---|---|---|---|---|---|---|---|---|---|");
-    let mut splits = Vec::new();
+    let (mut splits, mut rows) = (Vec::new(), Vec::new());
     for &k in &a.max_staleness {
         let model = SharedModel::new(Model::load(&dir, &device)?);
         let engine = LLMEngine::new(model.clone(), tok.clone(), EngineConfig::default())?;
@@ -107,18 +112,32 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
             (Some(a), Some(b)) if h.len() > 1 => Some((b.elapsed_seconds - a.elapsed_seconds) / (h.len() - 1) as f64),
             _ => None,
         };
+        let row = serde_json::json!({
+            "max_staleness": k,
+            "steps_per_second": h.len() as f64 / wall,
+            "seconds_per_step_after_step_1": after_first,
+            "rollout_tokens_per_second": sum(&|r| r.timing.rollout_tokens as f64) / wall,
+            "train_tokens_per_second": sum(&|r| r.learner.tokens_per_s * r.learner.step_seconds) / wall,
+            "pause_mean_seconds": pauses.iter().sum::<f64>() / pauses.len().max(1) as f64,
+            "pause_max_seconds": pauses.iter().cloned().fold(0.0, f64::max),
+            "learner_idle_fraction": sum(&|r| r.timing.learner_wait_seconds) / wall,
+            "engine_idle_fraction": sum(&|r| r.timing.admission_wait_seconds) / wall,
+            "staleness_max": h.iter().map(|r| r.learner.staleness_max).max().unwrap_or(0),
+        });
+        let f = |key: &str| row[key].as_f64().unwrap_or(f64::NAN);
         println!(
             "| {k} | {:.3} | {} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.2} | {} |",
-            h.len() as f64 / wall,
+            f("steps_per_second"),
             after_first.map_or("-".into(), |x| format!("{x:.2}")),
-            sum(&|r| r.timing.rollout_tokens as f64) / wall,
-            sum(&|r| r.learner.tokens_per_s * r.learner.step_seconds) / wall,
-            pauses.iter().sum::<f64>() / pauses.len().max(1) as f64,
-            pauses.iter().cloned().fold(0.0, f64::max),
-            sum(&|r| r.timing.learner_wait_seconds) / wall,
-            sum(&|r| r.timing.admission_wait_seconds) / wall,
-            h.iter().map(|r| r.learner.staleness_max).max().unwrap_or(0),
+            f("rollout_tokens_per_second"),
+            f("train_tokens_per_second"),
+            f("pause_mean_seconds"),
+            f("pause_max_seconds"),
+            f("learner_idle_fraction"),
+            f("engine_idle_fraction"),
+            row["staleness_max"],
         );
+        rows.push(row);
         // The split over the steps after the first (all of them when there is one).
         let rest = if h.len() > 1 { &h[1..] } else { &h[..] };
         let n = rest.len().max(1) as f64;
@@ -148,6 +167,13 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         "optimizer = gradient norm + AdamW moments + laying the step out (outside the write guard), pause = under it;"
     );
     println!("learner idle = time waiting for a batch, engine idle = generator time waiting for admission (staleness bound).");
+    if let Some(path) = &a.output_json {
+        let j = serde_json::json!({
+            "steps": a.steps, "prompts_per_step": a.prompts_per_step, "num_generations": a.num_generations,
+            "max_completion_length": a.max_completion_length, "threads": rayon::current_num_threads(), "runs": rows,
+        });
+        super::write_output_json(path, &j)?;
+    }
     Ok(())
 }
 

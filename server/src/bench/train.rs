@@ -31,6 +31,9 @@ pub struct TrainBenchArgs {
     /// Timed steps (after one warm-up step); the median is reported.
     #[arg(long, default_value_t = 2, value_parser = server::serve::positive)]
     pub steps: usize,
+    /// Write the results as JSON to this file (the medians and every timed step).
+    #[arg(long)]
+    pub output_json: Option<std::path::PathBuf>,
 }
 
 /// Runs `bench train`.
@@ -41,6 +44,7 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         a.num_generations,
         a.num_seqs
     );
+    super::check_output_json(a.output_json.as_deref())?;
     let (device, dir) = a.model.open()?;
     let model = Model::load(&dir, &device)?;
     let vocab = model.config.vocab_size as u64;
@@ -76,7 +80,7 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
             phases.push([m.forward_seconds, m.backward_seconds, m.optimizer_seconds, m.pause_seconds]);
         }
     }
-    let secs = median(times);
+    let secs = median(times.clone());
     let phase = |j: usize| median(phases.iter().map(|p| p[j]).collect());
     println!(
         "train step: {} seqs × ({} + {}) tokens, {} per prompt, {} threads",
@@ -94,8 +98,20 @@ pub fn run(a: TrainBenchArgs) -> Result<()> {
         phase(2),
         phase(3)
     );
-    if let Some(rss) = peak_rss_mib() {
+    let rss = peak_rss_mib();
+    if let Some(rss) = rss {
         println!("peak RSS: {rss:.0} MiB");
+    }
+    if let Some(path) = &a.output_json {
+        let j = serde_json::json!({
+            "num_seqs": a.num_seqs, "prompt_len": a.prompt_len, "completion_len": a.completion_len,
+            "num_generations": a.num_generations, "gradient_checkpointing": a.gradient_checkpointing,
+            "threads": rayon::current_num_threads(), "tokens_per_step": tokens,
+            "seconds_per_step": secs, "tokens_per_second": tokens as f64 / secs, "step_seconds_runs": times,
+            "forward_seconds": phase(0), "backward_seconds": phase(1), "optimizer_seconds": phase(2),
+            "pause_seconds": phase(3), "peak_rss_mib": rss,
+        });
+        super::write_output_json(path, &j)?;
     }
     Ok(())
 }
