@@ -517,13 +517,28 @@ fn learns_a_toy_reward(architecture: &'static str) {
     assert!(end > 0.9 && 1.0 - end < (1.0 - start) / 10.0, "{architecture}: P(first token < 128) went {start} → {end}");
 }
 
+/// A sample of prompt `[1, 2]` and a two-token `completion` sampled at μ = −5 per token,
+/// with `advantage`.
+fn two_token_sample(completion: Vec<u32>, advantage: f32) -> learner::TrainSample {
+    learner::TrainSample {
+        prompt_ids: vec![1, 2],
+        completion_ids: completion,
+        behavior_logprobs: vec![-5.0, -5.0],
+        advantage: Some(advantage),
+        reward: None,
+        group: None,
+        versions: None,
+        finish_reason: None,
+    }
+}
+
 /// The served update (steps laid out like the fused, packed weights in one pass, the tied
 /// LM head's step shared with the embedding, applied in place) equals AdamW on the HF
 /// tensors bitwise, over two steps (the moments carried), tied and untied, with q/k/v
 /// biases and without.
 #[test]
 fn the_served_update_is_adamw_on_the_hf_tensors() {
-    use learner::{optim::AdamW, TrainConfig, TrainSample, Trainer};
+    use learner::{optim::AdamW, TrainConfig, Trainer};
     use tests::tiny::TinySpec;
     for (tied, architecture) in [(true, "LlamaForCausalLM"), (false, "Qwen2ForCausalLM")] {
         let what = format!("tied {tied}, {architecture}");
@@ -537,17 +552,8 @@ fn the_served_update_is_adamw_on_the_hf_tensors() {
         let model = engine::SharedModel::new(model);
         let mut reference = AdamW::default();
         for (step, advantage) in [(1, 1.0), (2, -0.5)] {
-            let sample = |c: Vec<u32>| TrainSample {
-                prompt_ids: vec![1, 2],
-                completion_ids: c,
-                behavior_logprobs: vec![-5.0, -5.0],
-                advantage: Some(advantage),
-                reward: None,
-                group: None,
-                versions: None,
-                finish_reason: None,
-            };
-            let (_, grads) = trainer.step(&model, &[sample(vec![3, 4]), sample(vec![5, 6])]).unwrap();
+            let batch = [two_token_sample(vec![3, 4], advantage), two_token_sample(vec![5, 6], advantage)];
+            let (_, grads) = trainer.step(&model, &batch).unwrap();
             reference.step(&mut params, &grads, &cfg).unwrap();
             let served = model.read().named_weights().unwrap();
             assert_eq!(served.len(), params.len(), "{what}");
@@ -565,23 +571,14 @@ fn the_served_update_is_adamw_on_the_hf_tensors() {
 /// trains (`torch.amp.GradScaler` skips such a step the same way).
 #[test]
 fn a_non_finite_gradient_changes_nothing() {
-    use learner::{LearnerError, TrainConfig, TrainSample, Trainer};
+    use learner::{LearnerError, TrainConfig, Trainer};
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-non-finite");
     TinySpec { seed: 64, ..Default::default() }.write(&dir);
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     let mut trainer = Trainer::new(&model, TrainConfig { learning_rate: 1e-2, ..Default::default() }).unwrap();
     let model = engine::SharedModel::new(model);
-    let sample = |advantage: f32| TrainSample {
-        prompt_ids: vec![1, 2],
-        completion_ids: vec![3, 4],
-        behavior_logprobs: vec![-5.0, -5.0],
-        advantage: Some(advantage),
-        reward: None,
-        group: None,
-        versions: None,
-        finish_reason: None,
-    };
+    let sample = |advantage: f32| two_token_sample(vec![3, 4], advantage);
     let weights = || -> Vec<(String, Vec<f32>)> {
         model.read().named_weights().unwrap().into_iter().map(|(n, t)| (n, t.to_vec().unwrap())).collect()
     };
@@ -608,22 +605,13 @@ fn a_non_finite_gradient_changes_nothing() {
 
 #[test]
 fn checkpoints_round_trip_and_load_in_the_engine() {
-    use learner::{checkpoint, TrainConfig, TrainSample, Trainer};
+    use learner::{checkpoint, TrainConfig, Trainer};
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-ckpt-model");
     TinySpec { seed: 62, tied: false, ..Default::default() }.write(&dir);
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     let mut trainer = Trainer::new(&model, TrainConfig { learning_rate: 1e-2, ..Default::default() }).unwrap();
-    let batch = vec![TrainSample {
-        prompt_ids: vec![1, 2],
-        completion_ids: vec![3, 4],
-        behavior_logprobs: vec![-5.0, -5.0],
-        advantage: Some(1.0),
-        reward: None,
-        group: None,
-        versions: None,
-        finish_reason: None,
-    }];
+    let batch = vec![two_token_sample(vec![3, 4], 1.0)];
     let initial = model.named_weights().unwrap();
     let model = engine::SharedModel::new(model);
     trainer.step(&model, &batch).unwrap();

@@ -54,7 +54,9 @@ impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
 }
 
 /// A JSON value whose objects name each member once: a repeated key is an error (`serde_json`
-/// alone keeps the last, which would silently drop the first value).
+/// alone keeps the last, which would silently drop the first value). A number with no
+/// fraction, such as `2.0`, is read as the integer it is (pydantic's lax mode, so vLLM's;
+/// Python clients send `float(n)`); a float field still reads it unchanged.
 struct UniqueKeys(Value);
 
 impl<'de> de::Deserialize<'de> for UniqueKeys {
@@ -92,7 +94,15 @@ impl<'de> de::Deserialize<'de> for UniqueKeys {
                 Ok(UniqueKeys(Value::from(n)))
             }
             fn visit_f64<E>(self, n: f64) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::from(n)))
+                // The bounds are exact powers of two, so the casts are exact.
+                let whole = n.fract() == 0.0;
+                Ok(UniqueKeys(if whole && (-(2f64.powi(63))..2f64.powi(63)).contains(&n) {
+                    Value::from(n as i64)
+                } else if whole && (0.0..2f64.powi(64)).contains(&n) {
+                    Value::from(n as u64)
+                } else {
+                    Value::from(n)
+                }))
             }
             fn visit_str<E>(self, s: &str) -> Result<UniqueKeys, E> {
                 Ok(UniqueKeys(Value::String(s.to_string())))
@@ -191,12 +201,9 @@ pub fn only(obj: &Map<String, Value>, allowed: &[&[&str]], prefix: &str) -> Resu
 }
 
 /// `T` from the members of `obj` it names (others are ignored here: [`only`] checks them);
-/// a type error names the field's path. A number with no fraction, such as `2.0`, counts as
-/// the integer it is (pydantic's lax mode, so vLLM's; Python clients send `float(n)`).
+/// a type error names the field's path.
 pub fn typed<T: DeserializeOwned>(obj: &Map<String, Value>) -> Result<T, ApiError> {
-    let mut v = Value::Object(obj.clone());
-    integral_floats_as_integers(&mut v);
-    serde_path_to_error::deserialize(&v).map_err(|e| {
+    serde_path_to_error::deserialize(&Value::Object(obj.clone())).map_err(|e| {
         let path = e.path().to_string();
         let inner = rl::config::json_words(&e.inner().to_string());
         // serde's path ends at the object a required member is missing from: the member is
@@ -214,25 +221,6 @@ pub fn typed<T: DeserializeOwned>(obj: &Map<String, Value>) -> Result<T, ApiErro
         };
         ApiError::BadRequest { message, param }
     })
-}
-
-/// Rewrites every float in `v` that is a whole number within `i64` or `u64` as that integer
-/// (`2.0` → `2`); a float member still deserializes from it unchanged.
-fn integral_floats_as_integers(v: &mut Value) {
-    match v {
-        Value::Number(n) if n.is_f64() => {
-            let f = n.as_f64().unwrap_or(f64::NAN);
-            // The bounds are exact powers of two, so the casts below are exact.
-            if f.fract() == 0.0 && (-(2f64.powi(63))..2f64.powi(63)).contains(&f) {
-                *v = Value::from(f as i64);
-            } else if f.fract() == 0.0 && (0.0..2f64.powi(64)).contains(&f) {
-                *v = Value::from(f as u64);
-            }
-        }
-        Value::Array(a) => a.iter_mut().for_each(integral_floats_as_integers),
-        Value::Object(o) => o.values_mut().for_each(integral_floats_as_integers),
-        _ => {}
-    }
 }
 
 /// A body with only its own fields: `T`'s fields and nothing else.
