@@ -54,7 +54,7 @@ struct Outcome {
     error: String,
 }
 
-/// Mean, median and p99 in milliseconds (NaN for no values: printed as `nan`, `null` in
+/// Mean, median and p99 in milliseconds (NaN for no values: printed as `n/a`, `null` in
 /// the JSON).
 fn summary(v: Vec<f64>) -> (f64, f64, f64) {
     if v.is_empty() {
