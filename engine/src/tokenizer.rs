@@ -9,7 +9,7 @@
 //!   it the text is plain text through and through.
 
 use crate::chat_encode::{plain_tokenizers, unescape, Piece, Specials};
-use crate::chat_template::{ChatMessage, ChatTemplate};
+use crate::chat_template::{ChatMessage, ChatTemplate, FunctionCall, ToolCall};
 use crate::error::{ModelError, Result};
 use std::path::Path;
 
@@ -46,11 +46,19 @@ pub struct ChatOptions {
     /// `enable_thinking`); they cannot replace the template's own (`messages`,
     /// `add_generation_prompt`, `bos_token`, `eos_token`).
     pub template_kwargs: serde_json::Map<String, serde_json::Value>,
+    /// Tool definitions for the template's `tools` (OpenAI's `tools`, each `{"type":
+    /// "function", "function": {...}}` as given); `None` renders `tools` as `none`.
+    pub tools: Option<Vec<serde_json::Value>>,
 }
 
 impl Default for ChatOptions {
     fn default() -> Self {
-        Self { add_generation_prompt: true, continue_final_message: false, template_kwargs: Default::default() }
+        Self {
+            add_generation_prompt: true,
+            continue_final_message: false,
+            template_kwargs: Default::default(),
+            tools: None,
+        }
     }
 }
 
@@ -152,15 +160,30 @@ impl Tokenizer {
     /// template writes (as HF `apply_chat_template(tokenize=True)`).
     pub fn encode_chat(&self, messages: &[ChatMessage], opts: ChatOptions) -> Result<Vec<u32>> {
         let mut table = vec![];
+        let mut escape = |s: &str| self.specials.escape(s, &mut table);
         let escaped: Vec<ChatMessage> = messages
             .iter()
             .map(|m| ChatMessage {
                 role: m.role.clone(),
-                content: self.specials.escape(&m.content, &mut table),
-                name: m.name.as_ref().map(|n| self.specials.escape(n, &mut table)),
+                content: escape(&m.content),
+                name: m.name.as_deref().map(&mut escape),
+                tool_calls: m
+                    .tool_calls
+                    .iter()
+                    .map(|c| ToolCall {
+                        id: escape(&c.id),
+                        kind: escape(&c.kind),
+                        function: FunctionCall {
+                            name: escape(&c.function.name),
+                            arguments: escape_json(&c.function.arguments, &mut escape),
+                        },
+                    })
+                    .collect(),
+                tool_call_id: m.tool_call_id.as_deref().map(&mut escape),
             })
             .collect();
-        let rendered = self.render_chat(&escaped, opts)?;
+        let tools = opts.tools.as_ref().map(|t| t.iter().map(|v| escape_json(v, &mut escape)).collect());
+        let rendered = self.render_chat(&escaped, ChatOptions { tools, ..opts })?;
         let (text, protected) = unescape(&rendered, &table);
         let mut ids = vec![];
         for piece in self.specials.split(&text, &protected) {
@@ -182,7 +205,14 @@ impl Tokenizer {
                 "`continue_final_message` and `add_generation_prompt` cannot both be true".into(),
             ));
         }
-        let text = self.template()?.render(messages, opts.add_generation_prompt, &opts.template_kwargs)?;
+        let template = self.template()?;
+        if opts.tools.is_some() && !template.uses_tools() {
+            return Err(ModelError::ChatTemplate(
+                "`tools` were given but this model's chat template does not render tools".into(),
+            ));
+        }
+        let text =
+            template.render(messages, opts.tools.as_deref(), opts.add_generation_prompt, &opts.template_kwargs)?;
         if !opts.continue_final_message {
             return Ok(text);
         }
@@ -231,7 +261,7 @@ impl Tokenizer {
     /// Renders `messages` with the model's chat template (text only; [`Self::encode_chat`]
     /// is the way to token ids). Errors when the model has none.
     pub fn apply_chat_template(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        self.template()?.render(messages, add_generation_prompt, &Default::default())
+        self.template()?.render(messages, None, add_generation_prompt, &Default::default())
     }
 
     fn template(&self) -> Result<&crate::chat_template::ChatTemplate> {
@@ -240,8 +270,25 @@ impl Tokenizer {
             .ok_or_else(|| ModelError::ChatTemplate("the model's tokenizer_config.json has no chat_template".into()))
     }
 
+    /// Whether the model's chat template renders `tools` (false without a template).
+    pub fn template_uses_tools(&self) -> bool {
+        self.chat_template.as_ref().is_some_and(ChatTemplate::uses_tools)
+    }
+
     /// The wrapped HF tokenizer.
     pub fn inner(&self) -> &tokenizers::Tokenizer {
         &self.inner
+    }
+}
+
+/// `v` with every string and object key passed through `escape` (tool definitions and call
+/// arguments are message text too: a special-token string in them stays plain text).
+fn escape_json(v: &serde_json::Value, escape: &mut impl FnMut(&str) -> String) -> serde_json::Value {
+    use serde_json::Value;
+    match v {
+        Value::String(s) => Value::String(escape(s)),
+        Value::Array(a) => Value::Array(a.iter().map(|x| escape_json(x, escape)).collect()),
+        Value::Object(o) => Value::Object(o.iter().map(|(k, x)| (escape(k), escape_json(x, escape))).collect()),
+        other => other.clone(),
     }
 }

@@ -155,6 +155,15 @@ pub struct ServeArgs {
     /// `content` (vLLM's `--reasoning-parser`; streamed too).
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<crate::api::reasoning::ReasoningParser>,
+    /// Read tool calls out of chat answers when a request has `tools` (`tool_choice:
+    /// "auto"`, the default with tools): `hermes` for Qwen2.5, Qwen3 and Hermes models
+    /// (vLLM's `--tool-call-parser`).
+    #[arg(long, value_enum)]
+    pub tool_call_parser: Option<crate::api::tools::ToolParser>,
+    /// vLLM's switch for `tool_choice: "auto"`; here `--tool-call-parser` alone turns it on,
+    /// and this flag only insists that one is given.
+    #[arg(long, requires = "tool_call_parser")]
+    pub enable_auto_tool_choice: bool,
     /// Do not serve the web pages (the chat at `/`, the dashboard at `/dashboard`); the API
     /// is unchanged.
     #[arg(long)]
@@ -244,6 +253,9 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
     // files), whatever the working directory is then.
     let dir = &given.canonicalize().with_context(|| format!("model folder {}", given.display()))?;
     let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+    if args.tool_call_parser.is_some() && !tokenizer.template_uses_tools() {
+        tracing::warn!("--tool-call-parser: this model's chat template does not render tools; requests with `tools` will be refused");
+    }
     let admin_enabled = args.admin_key.is_some() || is_loopback(&args.host);
     if args.feedback.learn_from_feedback && !admin_enabled {
         anyhow::bail!(
@@ -315,6 +327,7 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
         feedback,
         jobs_dir: args.jobs_dir.clone(),
         reasoning_parser: args.reasoning_parser,
+        tool_parser: args.tool_call_parser,
         ui: !args.no_ui,
         tinker: Default::default(),
         engine_history: Default::default(),

@@ -76,15 +76,28 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
     let tools = json!([{"type": "function", "function": {"name": "f", "parameters": {}}}]);
     // (path, body, param, message fragment)
     let cases = vec![
-        ("/v1/chat/completions", chat(json!({"tools": tools})), "tools", "`tools` is not supported by this server"),
-        ("/v1/chat/completions", chat(json!({"tool_choice": "auto"})), "tool_choice", "`tool_choice` is not supported"),
+        // Tools: "auto" (their default) needs a parser; rendered only by a template that
+        // renders them (this one does not).
+        ("/v1/chat/completions", chat(json!({"tools": tools})), "tool_choice", "`--tool-call-parser hermes`"),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tools": tools, "tool_choice": "none"})),
+            "tools",
+            "this model's chat template does not render tools",
+        ),
+        ("/v1/chat/completions", chat(json!({"tool_choice": "auto"})), "tool_choice", "`tool_choice` needs `tools`"),
+        (
+            "/v1/chat/completions",
+            chat(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]})),
+            "tools[0].function.parameters",
+            "invalid type: integer `3`, expected a map",
+        ),
         (
             "/v1/chat/completions",
             chat(json!({"response_format": {"type": "json_object"}})),
             "response_format",
             "`response_format` is not supported",
         ),
-        ("/v1/chat/completions", chat(json!({"parallel_tool_calls": false})), "parallel_tool_calls", "not supported"),
         ("/v1/chat/completions", chat(json!({"echo": true})), "echo", "`echo` is not supported"),
         ("/v1/chat/completions", chat(json!({"frobnicate": 1})), "frobnicate", "`frobnicate` is not supported"),
         (
@@ -95,9 +108,23 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
         ),
         (
             "/v1/chat/completions",
-            json!({"messages": [{"role": "assistant", "content": "x", "tool_calls": []}]}),
+            json!({"messages": [{"role": "user", "content": "x", "tool_calls": []}]}),
             "messages[0].tool_calls",
-            "not supported",
+            "`messages[0].tool_calls` is only for assistant messages, not user",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "assistant", "tool_calls": [
+                {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{\"a\": "}}]}]}),
+            "messages[0].tool_calls[0].function.arguments",
+            "must be a JSON string of the arguments: EOF while parsing",
+        ),
+        (
+            "/v1/chat/completions",
+            json!({"messages": [{"role": "assistant", "tool_calls": [
+                {"type": "function", "function": {"name": "f", "arguments": "{}"}}]}]}),
+            "messages[0].tool_calls[0].id",
+            "missing field `id`",
         ),
         (
             "/v1/chat/completions",
@@ -141,7 +168,12 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
         // Untagged unions say what they accept (not serde's "untagged enum" wording).
         ("/v1/completions", cmpl(json!({"stop": 5})), "stop", "a string or a list of strings"),
         ("/v1/completions", json!({"prompt": ["a", 1]}), "prompt", "a list of token ids or a list of token-id lists"),
-        ("/v1/rollouts", json!({"prompts": [[-1]]}), "prompts[0]", "a list of token ids or {\"messages\": [...]}"),
+        (
+            "/v1/rollouts",
+            json!({"prompts": [[-1]]}),
+            "prompts[0]",
+            "a list of token ids or {\"messages\": [...], \"tools\": [...]}",
+        ),
         ("/v1/completions", cmpl(json!({"best_of": 2})), "best_of", "`best_of` is not supported"),
         ("/v1/completions", cmpl(json!({"top_logprobs": 2})), "top_logprobs", "`top_logprobs` is not supported"),
         (
@@ -152,7 +184,18 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
         ),
         ("/v1/rollouts", json!({"prompts": ["a"], "tools": tools}), "tools", "`tools` is not supported"),
         ("/v1/rollouts", json!({"prompts": [{"messages": [], "extra": 1}]}), "prompts[0].extra", "not supported"),
-        ("/tokenize", json!({"prompt": "a", "tools": tools}), "tools", "not supported"),
+        (
+            "/tokenize",
+            json!({"prompt": "a", "tools": tools}),
+            "tools",
+            "`tools` applies to `messages`, not to `prompt`",
+        ),
+        (
+            "/tokenize",
+            json!({"prompt": "a", "chat_template_kwargs": {"x": 1}}),
+            "chat_template_kwargs",
+            "applies to `messages`",
+        ),
         ("/v1/feedback", json!({"id": "x", "choice": 0, "reward": 1, "note": "hi"}), "note", "not supported"),
         // vLLM's combinations: no stream_options or prompt_logprobs without / with a stream.
         ("/v1/completions", cmpl(json!({"stream_options": {}})), "stream_options", "only be set when `stream` is true"),
@@ -456,18 +499,25 @@ async fn chat_template_kwargs_reach_the_template() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
-/// A tiny model that answers `<think>r</think>c` and stops, whatever the prompt: `<think>`
-/// and `</think>` are added tokens (ids 259, 260; not special, so they stay in the text as
-/// Qwen3's do), the layers add nothing (`o_proj` and `down_proj` are zero), so the last
-/// hidden state is the current token's embedding and the next token a function of the
-/// current one: each token of the chain `\n → <think> → r → </think> → c → <|im_end|>`
-/// has an embedding along its own axis, which the LM-head row of its successor reads.
+/// A tiny model that answers `<think>r</think>c` and stops, whatever the prompt
+/// ([`chain_model`]; `<think>` and `</think>` are ids 259 and 260, not special, so they stay
+/// in the text as Qwen3's do).
 fn thinking_model(name: &str) -> std::path::PathBuf {
+    chain_model(name, &["<think>", "</think>"], &["\n", "<think>", "r", "</think>", "c", "<|im_end|>"])
+}
+
+/// A tiny model that writes `chain[1..]` after a prompt ending in `chain[0]` and stops,
+/// whatever the prompt: `added` become added tokens (ids 259, …; not special), the layers
+/// add nothing (`o_proj` and `down_proj` are zero), so the last hidden state is the current
+/// token's embedding and the next token a function of the current one: each token of the
+/// chain has an embedding along its own axis, which the LM-head row of its successor reads.
+/// Every chain token but the last must be distinct, and a single token.
+fn chain_model(name: &str, added: &[&str], chain: &[&str]) -> std::path::PathBuf {
     let dir = tests::temp_dir(name);
     let spec = tests::tiny::TinySpec { tied: false, ..Default::default() };
     let mut w = spec.weights();
     let h = spec.hidden;
-    let vocab = tests::tiny::VOCAB + 2;
+    let vocab = tests::tiny::VOCAB + added.len();
     for (name, (shape, v)) in w.iter_mut() {
         if name.ends_with("o_proj.weight") || name.ends_with("down_proj.weight") {
             v.fill(0.0);
@@ -482,11 +532,16 @@ fn thinking_model(name: &str) -> std::path::PathBuf {
     }
     spec.write_weights(&dir, w.clone());
     let mut tok = tokenizers::Tokenizer::from_file(dir.join("tokenizer.json")).unwrap();
-    tok.add_tokens(&[tokenizers::AddedToken::from("<think>", false), tokenizers::AddedToken::from("</think>", false)]);
+    let tokens: Vec<_> = added.iter().map(|t| tokenizers::AddedToken::from(*t, false)).collect();
+    tok.add_tokens(&tokens);
     tok.save(dir.join("tokenizer.json"), false).unwrap();
-    let id = |t: &str| tok.token_to_id(t).unwrap_or_else(|| tok.encode(t, false).unwrap().get_ids()[0]) as usize;
-    let chain = [id("\n"), id("<think>"), id("r"), id("</think>"), id("c"), id("<|im_end|>")];
-    assert_eq!((chain[1], chain[3]), (259, 260));
+    let id = |t: &str| {
+        let ids = tok.encode(t, false).unwrap().get_ids().to_vec();
+        assert_eq!(ids.len(), 1, "{t:?} is one token");
+        ids[0] as usize
+    };
+    let chain: Vec<usize> = chain.iter().map(|t| id(t)).collect();
+    assert!(chain.len() <= h, "one axis per chain token");
     let embed = &mut w.get_mut("model.embed_tokens.weight").unwrap().1;
     for (axis, pair) in chain.windows(2).enumerate() {
         let row = &mut embed[pair[0] * h..(pair[0] + 1) * h];
@@ -581,5 +636,151 @@ async fn the_reasoning_parser_leaves_answers_without_thinking_alone() {
             .collect();
         assert_eq!(text, msg["content"].as_str().unwrap(), "{events:?}");
     }
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+/// A tiny model whose chat template is the tool fixture's
+/// (tests/fixtures/tool_chat/template.jinja) and which answers `Checking.` and two Hermes
+/// tool calls, whatever the prompt ([`chain_model`]).
+fn tool_model(name: &str) -> std::path::PathBuf {
+    const CALL_1: &str = "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": 1.0}}\n</tool_call>";
+    const CALL_2: &str = "\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": [1, 2]}}\n</tool_call>";
+    let dir = chain_model(name, &["Checking.", CALL_1, CALL_2], &["\n", "Checking.", CALL_1, CALL_2, "<|im_end|>"]);
+    let path = dir.join("tokenizer_config.json");
+    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    cfg["chat_template"] = json!(std::fs::read_to_string(tests::fixture("tool_chat/template.jinja")).unwrap());
+    std::fs::write(&path, cfg.to_string()).unwrap();
+    // Room for the fixture's longest conversation (one token per byte).
+    let path = dir.join("config.json");
+    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    config["max_position_embeddings"] = json!(4096);
+    std::fs::write(&path, config.to_string()).unwrap();
+    dir
+}
+
+/// The fixture's conversations (tests/fixtures/make_tool_chat_reference.py) as an OpenAI
+/// client sends them: call arguments as JSON strings.
+fn tool_fixture_cases() -> Vec<(Value, Value, Value, String)> {
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(tests::fixture("tool_chat/reference.json")).unwrap()).unwrap();
+    let cases = r["cases"].as_array().unwrap().iter();
+    cases
+        .map(|c| {
+            let mut msgs = c["messages"].clone();
+            for m in msgs.as_array_mut().unwrap() {
+                for call in m["tool_calls"].as_array_mut().into_iter().flatten() {
+                    call["function"]["arguments"] = json!(call["function"]["arguments"].to_string());
+                }
+            }
+            (msgs, c["tools"].clone(), c["add_generation_prompt"].clone(), c["text"].as_str().unwrap().to_string())
+        })
+        .collect()
+}
+
+/// Over HTTP, tools and tool-call conversations reach the template as transformers renders
+/// them (the fixture's text; a schema's `1.0` stays a float), for `/tokenize`, chat and
+/// rollouts alike (the same prompt ids).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_conversations_reach_the_template_as_hf_renders_them() {
+    let a = server::serve::ServeArgs { tool_call_parser: Some(server::api::tools::ToolParser::Hermes), ..args("t") };
+    let (s, base) = start(tool_model("tiny-tool-render"), a).await;
+    for (msgs, tools, agp, text) in tool_fixture_cases() {
+        let body = json!({"messages": msgs, "tools": tools, "add_generation_prompt": agp});
+        let (st, t) = post(&base, "/tokenize", body).await;
+        assert_eq!(st, 200, "{t}");
+        let (_, d) = post(&base, "/detokenize", json!({"tokens": t["tokens"]})).await;
+        assert_eq!(d["prompt"].as_str().unwrap(), text);
+        if agp == json!(true) {
+            let body = json!({"messages": msgs, "tools": tools, "max_tokens": 1, "return_token_ids": true});
+            let (st, out) = post(&base, "/v1/chat/completions", body).await;
+            assert_eq!((st, &out["prompt_token_ids"]), (200, &t["tokens"]), "{out}");
+            let prompt =
+                if tools.is_null() { json!({"messages": msgs}) } else { json!({"messages": msgs, "tools": tools}) };
+            let (st, r) = post(&base, "/v1/rollouts", json!({"prompts": [prompt], "max_tokens": 1})).await;
+            assert_eq!((st, &r["rollouts"][0]["prompt_token_ids"]), (200, &t["tokens"]), "{r}");
+        }
+    }
+    let bad = json!({"prompts": [{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "f"}]}]});
+    let (st, e) = post(&base, "/v1/rollouts", bad).await;
+    assert_eq!((st, &e["error"]["param"]), (400, &json!("prompts[0].tools[0].type")), "{e}");
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `--tool-call-parser hermes` on an answer of text and two calls ([`tool_model`]): the
+/// text is `content`, the calls `tool_calls` (arguments as Python's `json.dumps`), and
+/// `finish_reason` is `tool_calls`; the streamed deltas add up to the same message;
+/// `parallel_tool_calls: false` keeps the first call; a cut-off answer stays `length`;
+/// `tool_choice: "none"` returns the raw text; the answer fed back with tool results renders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tool_calls_are_parsed_out_of_answers_whole_and_streamed() {
+    let a = server::serve::ServeArgs { tool_call_parser: Some(server::api::tools::ToolParser::Hermes), ..args("t") };
+    let (s, base) = start(tool_model("tiny-tool-calls"), a).await;
+    let tools = json!([{"type": "function", "function": {"name": "now"}},
+                       {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]);
+    let body = |extra: Value| {
+        let mut b = json!({"messages": [{"role": "user", "content": "time?"}], "tools": tools, "max_tokens": 10,
+                           "temperature": 0.0});
+        b.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        b
+    };
+    let now = json!({"name": "now", "arguments": "{\"tz\": 1.0}"});
+    let add = json!({"name": "add", "arguments": "{\"a\": [1, 2]}"});
+    let (st, out) = post(&base, "/v1/chat/completions", body(json!({}))).await;
+    assert_eq!(st, 200, "{out}");
+    let choice = &out["choices"][0];
+    let message = &choice["message"];
+    assert_eq!((&message["content"], &choice["finish_reason"]), (&json!("Checking."), &json!("tool_calls")), "{out}");
+    let calls = message["tool_calls"].as_array().unwrap();
+    assert_eq!(calls.iter().map(|c| c["function"].clone()).collect::<Vec<_>>(), vec![now.clone(), add.clone()]);
+    for c in calls {
+        assert_eq!(c["type"], "function");
+        assert!(c["id"].as_str().unwrap().starts_with("chatcmpl-tool-"), "{c}");
+    }
+    assert_ne!(calls[0]["id"], calls[1]["id"]);
+
+    // Streamed: content deltas and calls by index add up to the same message.
+    let events = stream(&base, "/v1/chat/completions", body(json!({"stream": true}))).await;
+    let (mut content, mut streamed, mut finish) = (String::new(), Vec::<Value>::new(), Value::Null);
+    for e in events.iter().filter(|e| *e != "[DONE]") {
+        let v: Value = serde_json::from_str(e).unwrap();
+        let c = &v["choices"][0];
+        content += c["delta"]["content"].as_str().unwrap_or("");
+        for call in c["delta"]["tool_calls"].as_array().into_iter().flatten() {
+            assert_eq!(call["index"], json!(streamed.len()), "{call}");
+            streamed.push(call["function"].clone());
+        }
+        if !c["finish_reason"].is_null() {
+            finish = c["finish_reason"].clone();
+        }
+    }
+    assert_eq!(
+        (content.as_str(), streamed, finish),
+        ("Checking.", vec![now.clone(), add.clone()], json!("tool_calls"))
+    );
+
+    let (_, out) = post(&base, "/v1/chat/completions", body(json!({"parallel_tool_calls": false}))).await;
+    assert_eq!(out["choices"][0]["message"]["tool_calls"].as_array().unwrap().len(), 1, "{out}");
+    let (_, out) = post(&base, "/v1/chat/completions", body(json!({"max_tokens": 2}))).await;
+    let choice = &out["choices"][0];
+    assert_eq!((&choice["finish_reason"], &choice["message"]["tool_calls"][0]["function"]), (&json!("length"), &now));
+    let (_, out) = post(&base, "/v1/chat/completions", body(json!({"tool_choice": "none"}))).await;
+    let message = &out["choices"][0]["message"];
+    assert!(message["tool_calls"].is_null(), "{out}");
+    assert!(message["content"].as_str().unwrap().starts_with("Checking.<tool_call>\n{\"name\": \"now\""), "{out}");
+    assert_eq!(out["choices"][0]["finish_reason"], "stop");
+
+    // The assistant turn and the tool results go back in, as an OpenAI client sends them.
+    let mut answer = post(&base, "/v1/chat/completions", body(json!({}))).await.1["choices"][0]["message"].clone();
+    answer.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+    let ids: Vec<Value> = answer["tool_calls"].as_array().unwrap().iter().map(|c| c["id"].clone()).collect();
+    let msgs = json!([{"role": "user", "content": "time?"}, answer,
+        {"role": "tool", "tool_call_id": ids[0], "content": "09:00"}, {"role": "tool", "tool_call_id": ids[1], "content": "3"}]);
+    let (st, t) = post(&base, "/tokenize", json!({"messages": msgs, "tools": tools})).await;
+    assert_eq!(st, 200, "{t}");
+    let (_, d) = post(&base, "/detokenize", json!({"tokens": t["tokens"]})).await;
+    let text = d["prompt"].as_str().unwrap();
+    let turn = "<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": 1.0}}\n</tool_call>";
+    assert!(text.contains(turn), "{text}");
+    assert!(text.contains(&format!("<tool_response id=\"{}\">\n3\n</tool_response>", ids[1].as_str().unwrap())));
     s.shutdown(Duration::from_secs(5)).await;
 }

@@ -220,3 +220,69 @@ async fn the_same_ids_reach_tokenize_the_engine_rollouts_and_the_learner() {
     assert_eq!(logged["choices"][0]["prompt_ids"], json!(ids), "the learner's sample has the same ids");
     s.shutdown(Duration::from_secs(5)).await;
 }
+
+/// The fixture's tool template on the tiny tokenizer.
+fn tool_tok(name: &str) -> Tokenizer {
+    tiny_tok(name, &std::fs::read_to_string(tests::fixture("tool_chat/template.jinja")).unwrap())
+}
+
+/// The cases of tests/fixtures/make_tool_chat_reference.py (transformers' renderer).
+fn tool_cases() -> Vec<Value> {
+    let r: Value =
+        serde_json::from_str(&std::fs::read_to_string(tests::fixture("tool_chat/reference.json")).unwrap()).unwrap();
+    r["cases"].as_array().unwrap().clone()
+}
+
+/// Tools, tool calls with parsed arguments and tool responses render as transformers renders
+/// them (`tojson` as Python's `json.dumps`, with `indent` and `sort_keys`; key order kept), and
+/// the ids spell that text with the template's markers as the only control ids.
+#[test]
+fn tool_conversations_render_as_transformers_renders_them() {
+    let tok = tool_tok("chat-tok-tools");
+    assert!(tok.template_uses_tools() && !tiny_tok("chat-tok-notools", CHAT_TEMPLATE).template_uses_tools());
+    for case in tool_cases() {
+        let msgs: Vec<ChatMessage> = serde_json::from_value(case["messages"].clone()).unwrap();
+        let tools: Option<Vec<Value>> = serde_json::from_value(case["tools"].clone()).unwrap();
+        let opts = ChatOptions {
+            add_generation_prompt: case["add_generation_prompt"].as_bool().unwrap(),
+            tools,
+            ..Default::default()
+        };
+        let want = case["text"].as_str().unwrap();
+        assert_eq!(tok.render_chat(&msgs, opts.clone()).unwrap(), want);
+        let ids = tok.encode_chat(&msgs, opts).unwrap();
+        assert_eq!(tok.decode(&ids, false).unwrap(), want);
+        let markers = ids.iter().filter(|&&i| i == 257 || i == 258).count();
+        assert_eq!(markers, want.matches("<|im_start|>").count() + want.matches("<|im_end|>").count());
+    }
+}
+
+/// Tool definitions, call names, arguments and call ids are message text: a special-token
+/// string in them is plain text. A template that does not render tools refuses them.
+#[test]
+fn special_strings_in_tools_and_calls_are_plain_text() {
+    let tok = tool_tok("chat-tok-tool-inject");
+    let tools = vec![json!({"type": "function", "function": {"name": "f", "description": INJECTION,
+        "parameters": {"type": "object", "properties": {INJECTION: {"type": "string"}}}}})];
+    let mut call: ChatMessage = serde_json::from_value(json!({"role": "assistant", "content": "", "tool_calls": [
+        {"id": "<|im_end|>", "type": "function", "function": {"name": INJECTION, "arguments": {"q": INJECTION}}}]}))
+    .unwrap();
+    let reply: ChatMessage =
+        serde_json::from_value(json!({"role": "tool", "content": "ok", "tool_call_id": INJECTION})).unwrap();
+    let msgs = vec![ChatMessage::new("user", "hi"), call.clone(), reply];
+    let opts = ChatOptions { tools: Some(tools.clone()), ..Default::default() };
+    let ids = tok.encode_chat(&msgs, opts.clone()).unwrap();
+    let text = tok.render_chat(&msgs, opts.clone()).unwrap();
+    assert_eq!(tok.decode(&ids, false).unwrap(), text);
+    // The template's markers: system, user, assistant, tool response (as user), generation
+    // prompt open; four turns close. The injected strings add none.
+    assert_eq!((ids.iter().filter(|&&i| i == 257).count(), ids.iter().filter(|&&i| i == 258).count()), (5, 4));
+    assert!(text.matches("<|im_end|>").count() > 4, "the injected strings are in the text");
+    // Without tool definitions the same conversation renders; with a template that ignores
+    // them they are refused rather than dropped.
+    call.tool_calls.clear();
+    tok.encode_chat(&[ChatMessage::new("user", "hi"), call], ChatOptions::default()).unwrap();
+    let plain_tok = tiny_tok("chat-tok-tools-ignored", CHAT_TEMPLATE);
+    let e = plain_tok.encode_chat(&user("hi"), opts).unwrap_err().to_string();
+    assert!(e.contains("`tools` were given but this model's chat template does not render tools"), "{e}");
+}

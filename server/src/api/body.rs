@@ -56,65 +56,84 @@ impl<S: Send + Sync, T: Body> FromRequest<S> for ApiJson<T> {
 /// A JSON value whose objects name each member once: a repeated key is an error (`serde_json`
 /// alone keeps the last, which would silently drop the first value). A number with no
 /// fraction, such as `2.0`, is read as the integer it is (pydantic's lax mode, so vLLM's;
-/// Python clients send `float(n)`); a float field still reads it unchanged.
+/// Python clients send `float(n)`); a float field still reads it unchanged. Free-form JSON
+/// that reaches the chat template ([`EXACT_MEMBERS`]) keeps its numbers as written, so a
+/// tool schema's `1.0` renders as `1.0`, as in Python.
 struct UniqueKeys(Value);
+
+/// Members whose values are kept exactly as written (see [`UniqueKeys`]).
+const EXACT_MEMBERS: [&str; 2] = ["tools", "chat_template_kwargs"];
+
+/// Reads a [`UniqueKeys`] value; `exact` inside an [`EXACT_MEMBERS`] member.
+#[derive(Clone, Copy)]
+struct Parse {
+    exact: bool,
+}
 
 impl<'de> de::Deserialize<'de> for UniqueKeys {
     fn deserialize<D: de::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = UniqueKeys;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON value")
-            }
-            fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
-                let mut obj = Map::new();
-                while let Some(k) = map.next_key::<String>()? {
-                    let UniqueKeys(v) = map.next_value()?;
-                    if obj.insert(k.clone(), v).is_some() {
-                        return Err(de::Error::custom(format!("the key `{k}` appears twice in one object")));
-                    }
-                }
-                Ok(UniqueKeys(Value::Object(obj)))
-            }
-            fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
-                let mut v = Vec::new();
-                while let Some(UniqueKeys(x)) = seq.next_element()? {
-                    v.push(x);
-                }
-                Ok(UniqueKeys(Value::Array(v)))
-            }
-            fn visit_bool<E>(self, b: bool) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::Bool(b)))
-            }
-            fn visit_i64<E>(self, n: i64) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::from(n)))
-            }
-            fn visit_u64<E>(self, n: u64) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::from(n)))
-            }
-            fn visit_f64<E>(self, n: f64) -> Result<UniqueKeys, E> {
-                // The bounds are exact powers of two, so the casts are exact.
-                let whole = n.fract() == 0.0;
-                Ok(UniqueKeys(if whole && (-(2f64.powi(63))..2f64.powi(63)).contains(&n) {
-                    Value::from(n as i64)
-                } else if whole && (0.0..2f64.powi(64)).contains(&n) {
-                    Value::from(n as u64)
-                } else {
-                    Value::from(n)
-                }))
-            }
-            fn visit_str<E>(self, s: &str) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::String(s.to_string())))
-            }
-            fn visit_string<E>(self, s: String) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::String(s)))
-            }
-            fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
-                Ok(UniqueKeys(Value::Null))
+        de::DeserializeSeed::deserialize(Parse { exact: false }, d)
+    }
+}
+
+impl<'de> de::DeserializeSeed<'de> for Parse {
+    type Value = UniqueKeys;
+    fn deserialize<D: de::Deserializer<'de>>(self, d: D) -> Result<UniqueKeys, D::Error> {
+        d.deserialize_any(self)
+    }
+}
+
+impl<'de> Visitor<'de> for Parse {
+    type Value = UniqueKeys;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_map<A: de::MapAccess<'de>>(self, mut map: A) -> Result<UniqueKeys, A::Error> {
+        let mut obj = Map::new();
+        while let Some(k) = map.next_key::<String>()? {
+            let exact = self.exact || EXACT_MEMBERS.contains(&k.as_str());
+            let UniqueKeys(v) = map.next_value_seed(Parse { exact })?;
+            if obj.insert(k.clone(), v).is_some() {
+                return Err(de::Error::custom(format!("the key `{k}` appears twice in one object")));
             }
         }
-        d.deserialize_any(V)
+        Ok(UniqueKeys(Value::Object(obj)))
+    }
+    fn visit_seq<A: de::SeqAccess<'de>>(self, mut seq: A) -> Result<UniqueKeys, A::Error> {
+        let mut v = Vec::new();
+        while let Some(UniqueKeys(x)) = seq.next_element_seed(self)? {
+            v.push(x);
+        }
+        Ok(UniqueKeys(Value::Array(v)))
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::Bool(b)))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::from(n)))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::from(n)))
+    }
+    fn visit_f64<E>(self, n: f64) -> Result<UniqueKeys, E> {
+        // The bounds are exact powers of two, so the casts are exact.
+        let whole = n.fract() == 0.0 && !self.exact;
+        Ok(UniqueKeys(if whole && (-(2f64.powi(63))..2f64.powi(63)).contains(&n) {
+            Value::from(n as i64)
+        } else if whole && (0.0..2f64.powi(64)).contains(&n) {
+            Value::from(n as u64)
+        } else {
+            Value::from(n)
+        }))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::String(s.to_string())))
+    }
+    fn visit_string<E>(self, s: String) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::String(s)))
+    }
+    fn visit_unit<E>(self) -> Result<UniqueKeys, E> {
+        Ok(UniqueKeys(Value::Null))
     }
 }
 
@@ -203,23 +222,31 @@ pub fn only(obj: &Map<String, Value>, allowed: &[&[&str]], prefix: &str) -> Resu
 /// `T` from the members of `obj` it names (others are ignored here: [`only`] checks them);
 /// a type error names the field's path.
 pub fn typed<T: DeserializeOwned>(obj: &Map<String, Value>) -> Result<T, ApiError> {
-    serde_path_to_error::deserialize(&Value::Object(obj.clone())).map_err(|e| {
+    typed_at(&Value::Object(obj.clone()), "")
+}
+
+/// `T` from `v`, a value at `prefix` in the body (`""` for the body itself, `tools[0]`
+/// inside); a type error names the field's whole path.
+pub fn typed_at<T: DeserializeOwned>(v: &Value, prefix: &str) -> Result<T, ApiError> {
+    serde_path_to_error::deserialize(v).map_err(|e| {
         let path = e.path().to_string();
         let inner = rl::config::json_words(&e.inner().to_string());
         // serde's path ends at the object a required member is missing from: the member is
         // the field at fault.
         let missing = inner.strip_prefix("missing field `").and_then(|r| r.split_once('`')).map(|(f, _)| f);
-        let param = match (path.as_str(), missing) {
-            (".", None) => None,
-            (".", Some(f)) => Some(f.to_string()),
-            (p, Some(f)) => Some(format!("{p}.{f}")),
-            (p, None) => Some(p.to_string()),
+        let join = |a: &str, b: &str| match (a, b) {
+            ("", b) => b.to_string(),
+            (a, "") => a.to_string(),
+            (a, b) if b.starts_with('[') => format!("{a}{b}"),
+            (a, b) => format!("{a}.{b}"),
         };
-        let message = match &param {
-            Some(p) => format!("invalid request: `{p}`: {inner}"),
-            None => format!("invalid request: {inner}"),
+        let at = join(prefix, if path == "." { "" } else { &path });
+        let param = join(&at, missing.unwrap_or(""));
+        let message = match param.as_str() {
+            "" => format!("invalid request: {inner}"),
+            p => format!("invalid request: `{p}`: {inner}"),
         };
-        ApiError::BadRequest { message, param }
+        ApiError::BadRequest { message, param: (!param.is_empty()).then_some(param) }
     })
 }
 
@@ -272,8 +299,8 @@ pub fn fields<T: DeserializeOwned>() -> &'static [&'static str] {
 }
 
 /// Chat messages inside a body (`messages` of chat and tokenize, rollout prompts): each an
-/// object of `role`, `content` and `name` (nulls removed), a list content's parts objects
-/// of `type` and `text`. `path` names the list (`messages`, `prompts[2].messages`).
+/// object of `role`, `content`, `name`, `tool_calls` and `tool_call_id` (nulls removed), a
+/// list content's parts objects of `type` and `text`. `path` names the list (`messages`, `prompts[2].messages`).
 pub fn check_messages(v: &mut Value, path: &str) -> Result<(), ApiError> {
     let Value::Array(msgs) = v else { return Ok(()) };
     for (i, m) in msgs.iter_mut().enumerate() {

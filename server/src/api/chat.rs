@@ -5,16 +5,18 @@ use super::error::ApiError;
 use super::generation::{
     finish_json, response_id, sampling_params, set_token_fields, sse, stop_json, submit, unix_now, Generation,
 };
-use super::protocol::{ChatFormat, ChatMessageIn, ChatRequest, Content, Usage};
+use super::protocol::{ChatFormat, ChatMessageIn, ChatRequest, Content, ToolCallIn, Usage};
 use super::reasoning::Splitter;
+use super::tools::{tool_choice, ToolChoice, ToolSplitter};
 use super::AppState;
 use axum::extract::State;
 use axum::response::{IntoResponse, Response};
+use engine::chat_template::{FunctionCall, ToolCall};
 use engine::sampling::MAX_LOGPROBS;
 use engine::{ChatMessage, FinishReason, StopReason, TokenOutput, Tokenizer};
 use futures_util::StreamExt;
 use serde_json::{json, Value};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 /// Flattens messages (string or text-part contents) for the chat template.
@@ -61,9 +63,52 @@ pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
                     .collect::<Result<Vec<_>, _>>()?
                     .join(""),
             };
-            Ok(ChatMessage { role: m.role.clone(), content, name: m.name.clone() })
+            if m.tool_calls.is_some() && m.role != "assistant" {
+                return Err(ApiError::bad(
+                    format!("`messages[{i}].tool_calls` is only for assistant messages, not {}", m.role),
+                    Some(&format!("messages[{i}].tool_calls")),
+                ));
+            }
+            if m.tool_call_id.is_some() && m.role != "tool" {
+                return Err(ApiError::bad(
+                    format!("`messages[{i}].tool_call_id` is only for tool messages, not {}", m.role),
+                    Some(&format!("messages[{i}].tool_call_id")),
+                ));
+            }
+            let tool_calls: Result<Vec<_>, _> =
+                m.tool_calls.iter().flatten().enumerate().map(|(j, c)| tool_call(i, j, c)).collect();
+            Ok(ChatMessage {
+                role: m.role.clone(),
+                content,
+                name: m.name.clone(),
+                tool_calls: tool_calls?,
+                tool_call_id: m.tool_call_id.clone(),
+            })
         })
         .collect()
+}
+
+/// Call `j` of message `i` as templates read it: `arguments` parsed from its JSON string
+/// (vLLM's preprocessing; floats stay floats, as Python's `json.loads` keeps them).
+fn tool_call(i: usize, j: usize, c: &ToolCallIn) -> Result<ToolCall, ApiError> {
+    let at = format!("messages[{i}].tool_calls[{j}]");
+    if c.kind != "function" {
+        return Err(ApiError::bad(
+            format!("`{at}.type` must be \"function\", got {:?}", c.kind),
+            Some(&format!("{at}.type")),
+        ));
+    }
+    let arguments = serde_json::from_str(&c.function.arguments).map_err(|e| {
+        ApiError::bad(
+            format!("`{at}.function.arguments` must be a JSON string of the arguments: {e}"),
+            Some(&format!("{at}.function.arguments")),
+        )
+    })?;
+    Ok(ToolCall {
+        id: c.id.clone(),
+        kind: c.kind.clone(),
+        function: FunctionCall { name: c.function.name.clone(), arguments },
+    })
 }
 
 /// Renders and tokenizes the conversation: only the template's markers are special tokens,
@@ -83,6 +128,12 @@ pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], format: &ChatFormat)
         return Err(ApiError::bad(
             format!("`chat_template_kwargs.{k}` would replace the template's own `{k}`"),
             Some("chat_template_kwargs"),
+        ));
+    }
+    if format.tools.is_some() && !tok.template_uses_tools() {
+        return Err(ApiError::bad(
+            "`tools` were given but this model's chat template does not render tools",
+            Some("tools"),
         ));
     }
     let msgs = messages(msgs)?;
@@ -117,6 +168,8 @@ pub async fn chat_completions(
     ApiJson(req): ApiJson<ChatRequest>,
 ) -> Result<Response, ApiError> {
     state.check_model(req.model.as_deref())?;
+    let tools =
+        tool_choice(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls, state.tool_parser)?;
     let prompt = chat_prompt(&state.tokenizer, &req.messages, &req.format())?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     if let Some(k) = req.top_logprobs.filter(|&k| k > MAX_LOGPROBS) {
@@ -134,9 +187,70 @@ pub async fn chat_completions(
     let gen = submit(&state, vec![prompt.clone()], params, &id).await?;
     let created = unix_now();
     if req.sampling.stream() {
-        return Ok(stream(state, req, gen, id, created).into_response());
+        return Ok(stream(state, req, tools, gen, id, created).into_response());
     }
-    collect(state, req, gen, id, created, prompt).await.map(IntoResponse::into_response)
+    collect(state, req, tools, gen, id, created, prompt).await.map(IntoResponse::into_response)
+}
+
+/// One choice's text on its way into a message: the reasoning split (`--reasoning-parser`),
+/// then the tool-call parse of the content (`tool_choice: "auto"`); whole answers and
+/// streams go through the same steps.
+struct Answer {
+    reasoning: Option<Splitter>,
+    tools: Option<ToolSplitter>,
+}
+
+/// What a piece of an answer became.
+#[derive(Default)]
+struct AnswerDelta {
+    reasoning: String,
+    content: String,
+    calls: Vec<super::tools::ParsedCall>,
+}
+
+impl Answer {
+    fn new(state: &AppState, tools: ToolChoice) -> Self {
+        Self {
+            reasoning: state.reasoning_parser.map(|_| Splitter::default()),
+            tools: match tools {
+                ToolChoice::Auto { parallel } => Some(ToolSplitter::new(parallel)),
+                ToolChoice::None => None,
+            },
+        }
+    }
+
+    /// Takes the next text; `last` when the choice has finished.
+    fn push(&mut self, text: &str, last: bool) -> AnswerDelta {
+        let (mut reasoning, mut content) = (String::new(), text.to_string());
+        if let Some(s) = &mut self.reasoning {
+            (reasoning, content) = s.push(text);
+            if last {
+                let (r, c) = s.finish();
+                reasoning.push_str(&r);
+                content.push_str(&c);
+            }
+        }
+        let mut calls = vec![];
+        if let Some(t) = &mut self.tools {
+            let mut p = t.push(&content);
+            if last {
+                let end = t.finish();
+                p.content.push_str(&end.content);
+                p.calls.extend(end.calls);
+            }
+            (content, calls) = (p.content, p.calls);
+        }
+        AnswerDelta { reasoning, content, calls }
+    }
+
+    /// `finish_reason`: `tool_calls` when the answer called a tool and stopped by itself (a
+    /// cut-off answer stays `length`).
+    fn finish_json(&self, f: Option<FinishReason>) -> Value {
+        match (f, &self.tools) {
+            (Some(FinishReason::Stop), Some(t)) if t.called() => json!("tool_calls"),
+            _ => finish_json(f),
+        }
+    }
 }
 
 /// One choice of a non-streamed answer as its outputs arrive: text, tokens, finish and stop reasons.
@@ -145,6 +259,7 @@ type ChoiceSoFar = (String, Vec<TokenOutput>, Option<FinishReason>, Option<StopR
 async fn collect(
     state: Arc<AppState>,
     req: ChatRequest,
+    tools: ToolChoice,
     mut gen: Generation,
     id: String,
     created: u64,
@@ -164,15 +279,20 @@ async fn collect(
     let out: Vec<Value> = choices
         .into_iter()
         .map(|(idx, (text, tokens, f, s))| {
-            let message = match state.reasoning_parser {
-                Some(_) => match Splitter::split(&text) {
-                    (Some(r), c) => json!({"role": "assistant", "content": c, "reasoning_content": r}),
-                    (None, c) => json!({"role": "assistant", "content": c}),
-                },
-                None => json!({"role": "assistant", "content": text}),
-            };
+            let mut answer = Answer::new(&state, tools);
+            let d = answer.push(&text, true);
+            let mut message = json!({"role": "assistant", "content": d.content});
+            if answer.reasoning.as_ref().is_some_and(Splitter::thinks) {
+                message["reasoning_content"] = json!(d.reasoning);
+            }
+            if !d.calls.is_empty() {
+                message["tool_calls"] = d.calls.iter().map(|c| c.to_json(None)).collect();
+                if d.content.is_empty() {
+                    message["content"] = Value::Null;
+                }
+            }
             let mut v = json!({
-                "index": idx, "message": message, "finish_reason": finish_json(f), "stop_reason": stop_json(&s),
+                "index": idx, "message": message, "finish_reason": answer.finish_json(f), "stop_reason": stop_json(&s),
                 "logprobs": if req.logprobs == Some(true) { logprobs_json(&state.tokenizer, &tokens) } else { Value::Null },
             });
             if req.sampling.return_token_ids() {
@@ -190,49 +310,48 @@ async fn collect(
     Ok(axum::Json(body))
 }
 
-fn stream(state: Arc<AppState>, req: ChatRequest, gen: Generation, id: String, created: u64) -> impl IntoResponse {
+fn stream(
+    state: Arc<AppState>,
+    req: ChatRequest,
+    tools: ToolChoice,
+    gen: Generation,
+    id: String,
+    created: u64,
+) -> impl IntoResponse {
     let usage = req.sampling.stream_usage();
     let want_logprobs = req.logprobs == Some(true);
     let want_ids = req.sampling.return_token_ids();
     let model = state.model_name.clone();
     let envelope = move |choices: Value| json!({"id": id, "object": "chat.completion.chunk", "created": created, "model": model, "choices": choices});
-    let mut started: BTreeSet<usize> = BTreeSet::new();
-    let mut splitters: BTreeMap<usize, Splitter> = BTreeMap::new();
-    let parser = state.reasoning_parser;
+    // Per choice: its parsers and how many calls it has streamed (each call's `index`).
+    let mut answers: BTreeMap<usize, (Answer, usize)> = BTreeMap::new();
     sse(gen, usage, envelope, move |_prompt, idx, out| {
-        // With a reasoning parser, the delta's text split into reasoning and content.
-        let (reasoning, content) = match parser {
-            Some(_) => {
-                let s = splitters.entry(idx).or_default();
-                let (mut r, mut c) = s.push(&out.text);
-                if out.finish_reason.is_some() {
-                    let (r2, c2) = s.finish();
-                    r.push_str(&r2);
-                    c.push_str(&c2);
-                }
-                (r, c)
-            }
-            None => (String::new(), out.text.clone()),
-        };
+        let first = !answers.contains_key(&idx);
+        let (answer, calls_sent) = answers.entry(idx).or_insert_with(|| (Answer::new(&state, tools), 0));
+        let d = answer.push(&out.text, out.finish_reason.is_some());
         // The first chunk of every choice announces the role, whatever else it carries (a
         // choice may finish before producing any text).
-        let first = started.insert(idx);
-        let mut delta = match (first, content.is_empty() && reasoning.is_empty()) {
-            (true, _) => json!({"role": "assistant", "content": content}),
-            (false, false) => json!({"content": content}),
-            // Tokens whose text is not out yet (an incomplete UTF-8 character) still carry
-            // their logprobs, ids and versions.
+        let mut delta = match (first, d.content.is_empty() && d.reasoning.is_empty() && d.calls.is_empty()) {
+            (true, _) => json!({"role": "assistant", "content": d.content}),
+            (false, false) => json!({"content": d.content}),
+            // Tokens whose text is not out yet (an incomplete UTF-8 character, a tag being
+            // parsed) still carry their logprobs, ids and versions.
             (false, true) if out.finish_reason.is_some() || want_logprobs || want_ids => json!({}),
             (false, true) => return None,
         };
-        if !reasoning.is_empty() {
-            delta["reasoning_content"] = json!(reasoning);
-            if content.is_empty() && !first {
-                delta.as_object_mut().expect("an object").remove("content");
-            }
+        if d.content.is_empty() && !first {
+            delta.as_object_mut().expect("an object").remove("content");
+        }
+        if !d.reasoning.is_empty() {
+            delta["reasoning_content"] = json!(d.reasoning);
+        }
+        if !d.calls.is_empty() {
+            let calls: Vec<Value> = d.calls.iter().enumerate().map(|(k, c)| c.to_json(Some(*calls_sent + k))).collect();
+            *calls_sent += calls.len();
+            delta["tool_calls"] = json!(calls);
         }
         let logprobs = if want_logprobs { logprobs_json(&state.tokenizer, &out.tokens) } else { Value::Null };
-        let mut choice = json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
+        let mut choice = json!({"index": idx, "delta": delta, "logprobs": logprobs, "finish_reason": answer.finish_json(out.finish_reason), "stop_reason": stop_json(&out.stop_reason)});
         if want_ids {
             set_token_fields(&mut choice, &out.tokens);
         }

@@ -103,6 +103,17 @@ pub async fn tokenize(
     ApiJson(req): ApiJson<TokenizeRequest>,
 ) -> Result<Json<Value>, ApiError> {
     s.check_model(req.model.as_deref())?;
+    if req.prompt.is_some() {
+        let chat_only = [
+            ("add_generation_prompt", req.add_generation_prompt.is_some()),
+            ("continue_final_message", req.continue_final_message.is_some()),
+            ("chat_template_kwargs", req.chat_template_kwargs.is_some()),
+            ("tools", req.tools.is_some()),
+        ];
+        if let Some((k, _)) = chat_only.iter().find(|(_, set)| *set) {
+            return Err(ApiError::bad(format!("`{k}` applies to `messages`, not to `prompt`"), Some(k)));
+        }
+    }
     let tokens = match (&req.prompt, &req.messages) {
         (Some(p), None) => s
             .tokenizer
@@ -114,7 +125,9 @@ pub async fn tokenize(
                 continue_final_message: req.continue_final_message,
                 add_special_tokens: req.add_special_tokens,
                 chat_template_kwargs: req.chat_template_kwargs.clone(),
+                tools: req.tools.clone(),
             };
+            super::tools::check_tools(req.tools.as_deref(), "tools")?;
             chat_prompt(&s.tokenizer, m, &format)?
         }
         _ => return Err(ApiError::bad("give exactly one of `prompt` or `messages`", Some("prompt"))),

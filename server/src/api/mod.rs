@@ -11,6 +11,7 @@ pub mod misc;
 pub mod protocol;
 pub mod reasoning;
 pub mod rl;
+pub mod tools;
 
 use crate::metrics::Metrics;
 use axum::extract::{DefaultBodyLimit, Request, State};
@@ -59,6 +60,8 @@ pub struct AppState {
     pub jobs_dir: PathBuf,
     /// `--reasoning-parser`: chat answers split into `reasoning_content` and `content`.
     pub reasoning_parser: Option<reasoning::ReasoningParser>,
+    /// `--tool-call-parser`: how `tool_choice: "auto"` reads calls out of chat answers.
+    pub tool_parser: Option<tools::ToolParser>,
     /// Which hosts and origins may reach the server ([`cross_site`]).
     pub cross_site: cross_site::CrossSite,
     /// Whether the web pages are served (`crate::ui`; `--no-ui` turns them off).

@@ -167,12 +167,34 @@ pub struct ContentPart {
 }
 
 /// One chat message of a request: `role` (system, user, assistant, tool, developer),
-/// `content` and the optional participant `name` (to the template as `message.name`).
+/// `content`, the optional participant `name` (to the template as `message.name`), an
+/// assistant turn's `tool_calls` and a tool turn's `tool_call_id`.
 #[derive(Debug, Clone, Deserialize)]
 pub struct ChatMessageIn {
     pub role: String,
     pub content: Option<Content>,
     pub name: Option<String>,
+    pub tool_calls: Option<Vec<ToolCallIn>>,
+    pub tool_call_id: Option<String>,
+}
+
+/// One call of an assistant message: `{"id", "type": "function", "function": {"name",
+/// "arguments"}}`, `arguments` a JSON string (OpenAI's).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ToolCallIn {
+    pub id: String,
+    #[serde(rename = "type")]
+    pub kind: String,
+    pub function: FunctionCallIn,
+}
+
+/// The function part of a [`ToolCallIn`].
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionCallIn {
+    pub name: String,
+    pub arguments: String,
 }
 
 /// How a conversation is turned into a prompt (vLLM's chat options).
@@ -188,6 +210,9 @@ pub struct ChatFormat {
     /// Extra chat-template variables (vLLM's `chat_template_kwargs`, e.g. Qwen3's
     /// `{"enable_thinking": false}`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Tool definitions for the template (OpenAI's `tools`, checked by
+    /// [`super::tools::tool_choice`]).
+    pub tools: Option<Vec<Value>>,
 }
 
 impl ChatFormat {
@@ -197,6 +222,7 @@ impl ChatFormat {
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
             continue_final_message: self.continue_final_message.unwrap_or(false),
             template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
+            tools: self.tools.clone(),
         }
     }
 }
@@ -214,6 +240,13 @@ pub struct ChatRequest {
     pub continue_final_message: Option<bool>,
     pub add_special_tokens: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Tool definitions (OpenAI's; see [`super::tools`]).
+    pub tools: Option<Vec<Value>>,
+    /// `"none"`, `"auto"` (the default with `tools`); `"required"` and a named function are
+    /// refused ([`super::tools::tool_choice`]).
+    pub tool_choice: Option<Value>,
+    /// `false` keeps only an answer's first call (default true).
+    pub parallel_tool_calls: Option<bool>,
     #[serde(skip)]
     pub sampling: SamplingFields,
 }
@@ -226,6 +259,7 @@ impl ChatRequest {
             continue_final_message: self.continue_final_message,
             add_special_tokens: self.add_special_tokens,
             chat_template_kwargs: self.chat_template_kwargs.clone(),
+            tools: self.tools.clone(),
         }
     }
 }
@@ -259,6 +293,8 @@ pub struct TokenizeRequest {
     pub add_generation_prompt: Option<bool>,
     pub continue_final_message: Option<bool>,
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
+    /// Tool definitions rendered with `messages` (as chat's `tools`).
+    pub tools: Option<Vec<Value>>,
 }
 
 impl Body for TokenizeRequest {

@@ -108,6 +108,11 @@ impl Splitter {
         }
     }
 
+    /// Whether the answer opened with `<think>` (known once its start has been read).
+    pub fn thinks(&self) -> bool {
+        self.thinks
+    }
+
     /// A whole answer's `(reasoning, content)`; `None` reasoning when it does not think.
     pub fn split(text: &str) -> (Option<String>, String) {
         let mut s = Splitter::default();

@@ -19,13 +19,15 @@ use serde_json::{json, Value};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// One prompt of a rollout request: text, token ids, or chat messages.
+/// One prompt of a rollout request: text, token ids, or chat messages with optional tool
+/// definitions for the template (as chat's `tools`; the rollouts are raw text and ids, no
+/// call is parsed out of them).
 #[derive(Debug, Clone, Deserialize)]
-#[serde(untagged, expecting = "a string, a list of token ids or {\"messages\": [...]}")]
+#[serde(untagged, expecting = "a string, a list of token ids or {\"messages\": [...], \"tools\": [...]}")]
 pub enum RolloutPrompt {
     Text(String),
     Tokens(Vec<u32>),
-    Chat { messages: Vec<ChatMessageIn> },
+    Chat { messages: Vec<ChatMessageIn>, tools: Option<Vec<Value>> },
 }
 
 /// `POST /v1/rollouts`.
@@ -54,7 +56,7 @@ impl Body for RolloutRequest {
             for (i, p) in ps.iter_mut().enumerate() {
                 let Value::Object(po) = p else { continue };
                 po.retain(|_, v| !v.is_null());
-                only(po, &[&["messages"]], &format!("prompts[{i}]."))?;
+                only(po, &[&["messages", "tools"]], &format!("prompts[{i}]."))?;
                 if let Some(m) = po.get_mut("messages") {
                     check_messages(m, &format!("prompts[{i}].messages"))?;
                 }
@@ -80,7 +82,6 @@ pub async fn rollouts(
         return Err(ApiError::bad("`stream` is not supported for rollouts", Some("stream")));
     }
     let tok = &state.tokenizer;
-    let chat = ChatFormat::default();
     let prompts = req
         .prompts
         .iter()
@@ -88,14 +89,19 @@ pub async fn rollouts(
         .map(|(i, p)| {
             let ids = match p {
                 RolloutPrompt::Tokens(ids) => ids.clone(),
-                RolloutPrompt::Chat { messages } => chat_prompt(tok, messages, &chat)?,
+                RolloutPrompt::Chat { messages, tools } => {
+                    super::tools::check_tools(tools.as_deref(), &format!("prompts[{i}].tools"))?;
+                    chat_prompt(tok, messages, &ChatFormat { tools: tools.clone(), ..Default::default() })?
+                }
                 RolloutPrompt::Text(t) if req.apply_chat_template == Some(true) => {
                     let msgs = [ChatMessageIn {
                         role: "user".into(),
                         content: Some(super::protocol::Content::Text(t.clone())),
                         name: None,
+                        tool_calls: None,
+                        tool_call_id: None,
                     }];
-                    chat_prompt(tok, &msgs, &chat)?
+                    chat_prompt(tok, &msgs, &ChatFormat::default())?
                 }
                 RolloutPrompt::Text(t) => {
                     tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?
