@@ -291,6 +291,7 @@ impl LLMEngine {
                 detok: Default::default(),
                 prompt_logprobs: vec![],
                 finish: None,
+                first_scheduled: None,
             });
         }
         self.requests.insert(request_id.into(), RequestState { n: params.n, finished: 0, prompt_ready: false });
@@ -469,6 +470,7 @@ impl LLMEngine {
             stop_reason: finish.and_then(|f| f.1),
             prompt_logprobs,
             request_finished: false,
+            first_scheduled: seq.first_scheduled,
         }
     }
 

@@ -60,6 +60,10 @@ pub struct SeqOutput {
     pub prompt_logprobs: Option<Vec<PromptLogprob>>,
     /// True on the last output of the request (all `n` samples finished).
     pub request_finished: bool,
+    /// When the scheduler first admitted this sample ([`crate::sequence::Sequence`]'s):
+    /// the request's queue time ends there (the server's per-request time metrics).
+    #[serde(skip)]
+    pub first_scheduled: Option<std::time::Instant>,
 }
 
 /// Why the engine could not finish a request: the step that ran its sequences failed (a

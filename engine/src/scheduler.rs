@@ -117,7 +117,8 @@ impl Scheduler {
             if let Some(d) = donor {
                 self.fork_tail(w, d, cached, blocks.block_size());
             }
-            let seq = self.waiting.remove(w).expect("index in range");
+            let mut seq = self.waiting.remove(w).expect("index in range");
+            seq.first_scheduled.get_or_insert_with(std::time::Instant::now);
             budget -= n;
             self.running.push(seq);
             out.push(Scheduled { seq: self.running.len() - 1, num_tokens: n });

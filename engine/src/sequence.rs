@@ -31,6 +31,9 @@ pub struct Sequence {
     pub detok: Detokenizer,
     pub prompt_logprobs: Vec<PromptLogprob>,
     pub finish: Option<(FinishReason, Option<StopReason>)>,
+    /// When the scheduler first admitted the sequence (kept across preemptions): the end of
+    /// its queue time (vLLM's `scheduled_ts`).
+    pub first_scheduled: Option<std::time::Instant>,
 }
 
 impl Sequence {

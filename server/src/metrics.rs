@@ -37,6 +37,10 @@ const HELP: &[(&str, &str)] = &[
     ("rlserve:request_success_total", "Count of successfully processed requests."),
     ("rlserve:request_prompt_tokens", "Number of prefill tokens processed."),
     ("rlserve:request_generation_tokens", "Number of generation tokens processed."),
+    ("rlserve:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request."),
+    ("rlserve:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request."),
+    ("rlserve:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request."),
+    ("rlserve:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request."),
     ("rlserve:engine_pause_seconds", "Seconds the engine waited for each optimizer update's write."),
     ("rlserve:train_steps_total", "Learner steps taken by training jobs and the feedback learner."),
     ("rlserve:train_tokens_total", "Tokens the learner's losses were taken over."),
@@ -49,6 +53,17 @@ const HELP: &[(&str, &str)] = &[
     ("rlserve:feedback_trained_samples_total", "Feedback samples the learner has trained on."),
     ("rlserve:feedback_samples_ready", "Feedback samples waiting for the next learner batch."),
 ];
+
+/// The phases of one finished engine request (vLLM's per-request intervals): `queue` from
+/// arrival to the scheduler's first admission, `prefill` from there to the first token,
+/// `decode` from the first token to the last, `inference` = prefill + decode.
+#[derive(Debug, Clone, Copy)]
+pub struct RequestTimes {
+    pub queue: Duration,
+    pub prefill: Duration,
+    pub decode: Duration,
+    pub inference: Duration,
+}
 
 /// The process-wide recorder (installed once) and this server's `model_name` label.
 #[derive(Clone)]
@@ -109,6 +124,15 @@ impl Metrics {
         histogram!("rlserve:request_prompt_tokens", "model_name" => self.model.clone()).record(prompt_tokens as f64);
         histogram!("rlserve:request_generation_tokens", "model_name" => self.model.clone())
             .record(generation_tokens as f64);
+    }
+
+    /// One finished engine request's phases: vLLM's `request_{queue,prefill,decode,inference}_time_seconds`.
+    pub fn request_times(&self, t: RequestTimes) {
+        let m = || self.model.clone();
+        histogram!("rlserve:request_queue_time_seconds", "model_name" => m()).record(t.queue.as_secs_f64());
+        histogram!("rlserve:request_prefill_time_seconds", "model_name" => m()).record(t.prefill.as_secs_f64());
+        histogram!("rlserve:request_decode_time_seconds", "model_name" => m()).record(t.decode.as_secs_f64());
+        histogram!("rlserve:request_inference_time_seconds", "model_name" => m()).record(t.inference.as_secs_f64());
     }
 
     /// Engine gauges and counters, refreshed at scrape time.

@@ -122,6 +122,16 @@ async fn endpoints_answer() {
     assert_eq!(series("rlserve:request_prompt_tokens_sum"), 6.0, "{metrics}");
     assert_eq!(series("rlserve:request_generation_tokens_sum"), 5.0, "{metrics}");
     assert!(metrics.contains("rlserve:request_generation_tokens_bucket{model_name=\"tiny-endpoints\",le=\"5\"} 2"));
+    // Each request's phases: queue + prefill + decode is its end-to-end latency, and
+    // inference is prefill + decode (the same instants, so up to f64 rounding of the sums).
+    let phase = |p: &str| series(&format!("rlserve:request_{p}_time_seconds_sum"));
+    for p in ["queue", "prefill", "decode", "inference"] {
+        assert_eq!(series(&format!("rlserve:request_{p}_time_seconds_count")), 2.0, "{p}: {metrics}");
+    }
+    let e2e = series("rlserve:e2e_request_latency_seconds_sum");
+    assert!((phase("prefill") + phase("decode") - phase("inference")).abs() < 1e-9, "{metrics}");
+    assert!((phase("queue") + phase("inference") - e2e).abs() < 1e-9, "{metrics}");
+    assert!(phase("prefill") > 0.0 && phase("decode") > 0.0, "{metrics}");
     for name in [
         "rlserve:num_requests_running",
         "rlserve:kv_cache_usage_perc",

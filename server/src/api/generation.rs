@@ -5,6 +5,7 @@ use super::error::ApiError;
 use super::protocol::Usage;
 use super::protocol::{SamplingFields, StreamUsage};
 use super::{AppState, InFlight};
+use crate::metrics::RequestTimes;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
 use engine::outputs::EngineFault;
 use engine::sampling::MAX_LOGIT_BIAS;
@@ -114,6 +115,17 @@ pub async fn submit_streams_async(
     Ok(Submitted { streams, in_flight })
 }
 
+/// Where one prompt's outputs are: the times the per-request metrics are taken from.
+#[derive(Default)]
+struct Progress {
+    /// The earliest admission by the scheduler among the prompt's samples.
+    scheduled: Option<Instant>,
+    first_token: Option<Instant>,
+    last: Option<Instant>,
+    /// Tokens generated so far over the `n` samples.
+    generated: usize,
+}
+
 /// [`submit_streams_async`], merged into one event stream with latency metrics. With
 /// feedback learning on, the finished response is kept under `id` for `POST /v1/feedback`.
 pub async fn submit(
@@ -126,33 +138,47 @@ pub async fn submit(
     let prompt_lens: Vec<usize> = prompts.iter().map(Vec::len).collect();
     let lens = prompt_lens.clone();
     let recorder = state.feedback.as_ref().map(|fb| fb.recorder(id, &prompts, &params));
+    // The request's arrival: before the engine has it, so its admission is after this.
+    let start = Instant::now();
     let Submitted { streams, in_flight } = submit_streams_async(state, prompts, params).await?;
     let metrics = state.metrics.clone();
-    let start = Instant::now();
     let per_prompt = streams.into_iter().enumerate().map(move |(i, s)| {
         let metrics = metrics.clone();
         let prompt_len = lens[i];
-        // (stream, time of the last output, tokens generated so far over the `n` samples)
-        stream::unfold((s, None::<Instant>, 0), move |(mut s, last, generated)| {
+        stream::unfold((s, Progress::default()), move |(mut s, mut p)| {
             let metrics = metrics.clone();
             async move {
                 let out = match s.recv_item_async().await? {
                     Ok(out) => out,
-                    Err(fault) => return Some((Err(fault), (s, last, generated))),
+                    Err(fault) => return Some((Err(fault), (s, p))),
                 };
                 let now = Instant::now();
-                match last {
+                match p.last {
                     None => metrics.ttft(now - start),
                     Some(t) => metrics.itl(now - t),
                 }
-                let generated = generated + out.tokens.len();
+                p.first_token.get_or_insert(now);
+                p.last = Some(now);
+                p.generated += out.tokens.len();
+                p.scheduled = match (p.scheduled, out.first_scheduled) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
                 if out.request_finished {
                     metrics.e2e(now - start);
                     if let Some(reason) = out.finish_reason {
-                        metrics.request_finished(reason, prompt_len, generated);
+                        metrics.request_finished(reason, prompt_len, p.generated);
                     }
+                    let scheduled = p.scheduled.unwrap_or(start).max(start);
+                    let first_token = p.first_token.unwrap_or(now);
+                    metrics.request_times(RequestTimes {
+                        queue: scheduled - start,
+                        prefill: first_token.saturating_duration_since(scheduled),
+                        decode: now - first_token,
+                        inference: now - scheduled,
+                    });
                 }
-                Some((Ok(Event { prompt: i, out }), (s, Some(now), generated)))
+                Some((Ok(Event { prompt: i, out }), (s, p)))
             }
         })
         .boxed()
