@@ -92,8 +92,16 @@ fn ids(v: Option<&serde_json::Value>) -> Vec<u32> {
 
 impl Tokenizer {
     /// Loads `tokenizer.json` and, when present, `tokenizer_config.json`,
-    /// `generation_config.json` and `config.json` of `dir`.
+    /// `generation_config.json` and `config.json` of `dir`. The chat template is
+    /// `chat_template.jinja` when the folder has one (as transformers ≥ 4.50 saves it, and as
+    /// HF loads it: the file wins), else `tokenizer_config.json`'s `chat_template`.
     pub fn from_dir(dir: &Path) -> Result<Self> {
+        Self::from_dir_with_template(dir, None)
+    }
+
+    /// [`Self::from_dir`] with `chat_template` (a template's source) in place of the
+    /// folder's (vLLM's `--chat-template`).
+    pub fn from_dir_with_template(dir: &Path, chat_template: Option<&str>) -> Result<Self> {
         let path = dir.join("tokenizer.json");
         let inner = tokenizers::Tokenizer::from_file(&path)
             .map_err(|e| ModelError::Tokenizer { path: path.clone(), msg: e.to_string() })?;
@@ -102,7 +110,14 @@ impl Tokenizer {
         let model_cfg = read_json(&dir.join("config.json"))?.unwrap_or_default();
         let bos = token_str(cfg.get("bos_token"));
         let eos = token_str(cfg.get("eos_token"));
+        let file = dir.join("chat_template.jinja");
+        let file = match file.exists() {
+            true => Some(std::fs::read_to_string(&file).map_err(|e| ModelError::io(&file, e))?),
+            false => None,
+        };
         let template = match cfg.get("chat_template") {
+            _ if chat_template.is_some() => chat_template.map(String::from),
+            _ if file.is_some() => file,
             Some(serde_json::Value::String(s)) => Some(s.clone()),
             // A list of named templates: use "default".
             Some(serde_json::Value::Array(a)) => a

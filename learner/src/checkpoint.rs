@@ -26,16 +26,18 @@ use std::path::{Path, PathBuf};
 pub const MARKER: &str = "rlserve_checkpoint.json";
 
 /// The model folder's files a checkpoint copies.
-const COPIED: [&str; 4] = ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"];
+const COPIED: [&str; 5] =
+    ["config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json", "chat_template.jinja"];
 
 /// Every file name a checkpoint may hold.
-const FILES: [&str; 9] = [
+const FILES: [&str; 10] = [
     MARKER,
     value_head::FILE,
     "config.json",
     "generation_config.json",
     "tokenizer.json",
     "tokenizer_config.json",
+    "chat_template.jinja",
     "model.safetensors",
     "optimizer.safetensors",
     "trainer_state.json",

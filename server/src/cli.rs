@@ -130,6 +130,9 @@ impl ModelArgs {
 
 #[derive(Args)]
 pub struct ServeCommand {
+    /// The model folder, as `vllm serve MODEL` takes it (the same as `--model`).
+    #[arg(value_name = "MODEL", conflicts_with = "model")]
+    pub model_folder: Option<PathBuf>,
     #[command(flatten)]
     pub model: ModelArgs,
     #[command(flatten)]

@@ -43,6 +43,7 @@ fn run(args: cli::Cli) -> Result<()> {
         }
         cli::Command::Serve(mut s) => {
             init_tracing();
+            s.model.model = s.model.model.or(s.model_folder.take());
             let (device, dir) = s.model.open()?;
             s.serve.device = Some(device);
             let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;

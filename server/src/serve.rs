@@ -155,6 +155,11 @@ pub struct ServeArgs {
     /// `content` (vLLM's `--reasoning-parser`; streamed too).
     #[arg(long, value_enum)]
     pub reasoning_parser: Option<crate::api::reasoning::ReasoningParser>,
+    /// The chat template to use instead of the model folder's: a file, or the template
+    /// itself (vLLM's `--chat-template`; e.g. a tool-calling template). Checkpoints keep the
+    /// folder's own.
+    #[arg(long, value_name = "FILE_OR_TEMPLATE")]
+    pub chat_template: Option<String>,
     /// Read tool calls out of chat answers when a request has `tools` (`tool_choice:
     /// "auto"`, the default with tools): `hermes` for Qwen2.5, Qwen3 and Hermes models
     /// (vLLM's `--tool-call-parser`).
@@ -247,12 +252,26 @@ pub struct Server {
     task: tokio::task::JoinHandle<std::io::Result<()>>,
 }
 
+/// `--chat-template`'s source: the file it names, or itself when it is a template (has
+/// `{{` or `{%`), as vLLM reads it.
+fn read_chat_template(arg: &str) -> Result<String> {
+    let path = Path::new(arg);
+    if path.is_file() {
+        return std::fs::read_to_string(path).with_context(|| format!("--chat-template {arg}"));
+    }
+    if arg.contains("{{") || arg.contains("{%") {
+        return Ok(arg.to_string());
+    }
+    anyhow::bail!("--chat-template {arg}: no such file, and not a template (no `{{{{` or `{{%`)")
+}
+
 /// Loads the model in `dir` and builds the shared state (engine thread started).
 pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
     // One absolute path for everything that reads the folder later (checkpoints copy its
     // files), whatever the working directory is then.
     let dir = &given.canonicalize().with_context(|| format!("model folder {}", given.display()))?;
-    let tokenizer = Arc::new(Tokenizer::from_dir(dir)?);
+    let template = args.chat_template.as_deref().map(read_chat_template).transpose()?;
+    let tokenizer = Arc::new(Tokenizer::from_dir_with_template(dir, template.as_deref())?);
     if args.tool_call_parser.is_some() && !tokenizer.template_uses_tools() {
         tracing::warn!("--tool-call-parser: this model's chat template does not render tools; requests with `tools` will be refused");
     }

@@ -639,23 +639,27 @@ async fn the_reasoning_parser_leaves_answers_without_thinking_alone() {
     s.shutdown(Duration::from_secs(5)).await;
 }
 
-/// A tiny model whose chat template is the tool fixture's
-/// (tests/fixtures/tool_chat/template.jinja) and which answers `Checking.` and two Hermes
-/// tool calls, whatever the prompt ([`chain_model`]).
+/// A tiny model that answers `Checking.` and two Hermes tool calls, whatever the prompt
+/// ([`chain_model`]); [`tool_args`] serve it with the tool fixture's chat template.
 fn tool_model(name: &str) -> std::path::PathBuf {
     const CALL_1: &str = "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": 1.0}}\n</tool_call>";
     const CALL_2: &str = "\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": [1, 2]}}\n</tool_call>";
     let dir = chain_model(name, &["Checking.", CALL_1, CALL_2], &["\n", "Checking.", CALL_1, CALL_2, "<|im_end|>"]);
-    let path = dir.join("tokenizer_config.json");
-    let mut cfg: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    cfg["chat_template"] = json!(std::fs::read_to_string(tests::fixture("tool_chat/template.jinja")).unwrap());
-    std::fs::write(&path, cfg.to_string()).unwrap();
     // Room for the fixture's longest conversation (one token per byte).
     let path = dir.join("config.json");
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     config["max_position_embeddings"] = json!(4096);
     std::fs::write(&path, config.to_string()).unwrap();
     dir
+}
+
+/// `--tool-call-parser hermes --chat-template tests/fixtures/tool_chat/template.jinja`.
+fn tool_args() -> server::serve::ServeArgs {
+    server::serve::ServeArgs {
+        tool_call_parser: Some(server::api::tools::ToolParser::Hermes),
+        chat_template: Some(tests::fixture("tool_chat/template.jinja").to_str().unwrap().into()),
+        ..args("t")
+    }
 }
 
 /// The fixture's conversations (tests/fixtures/make_tool_chat_reference.py) as an OpenAI
@@ -682,7 +686,7 @@ fn tool_fixture_cases() -> Vec<(Value, Value, Value, String)> {
 /// rollouts alike (the same prompt ids).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_conversations_reach_the_template_as_hf_renders_them() {
-    let a = server::serve::ServeArgs { tool_call_parser: Some(server::api::tools::ToolParser::Hermes), ..args("t") };
+    let a = tool_args();
     let (s, base) = start(tool_model("tiny-tool-render"), a).await;
     for (msgs, tools, agp, text) in tool_fixture_cases() {
         let body = json!({"messages": msgs, "tools": tools, "add_generation_prompt": agp});
@@ -713,7 +717,7 @@ async fn tool_conversations_reach_the_template_as_hf_renders_them() {
 /// `tool_choice: "none"` returns the raw text; the answer fed back with tool results renders.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tool_calls_are_parsed_out_of_answers_whole_and_streamed() {
-    let a = server::serve::ServeArgs { tool_call_parser: Some(server::api::tools::ToolParser::Hermes), ..args("t") };
+    let a = tool_args();
     let (s, base) = start(tool_model("tiny-tool-calls"), a).await;
     let tools = json!([{"type": "function", "function": {"name": "now"}},
                        {"type": "function", "function": {"name": "add", "parameters": {"type": "object"}}}]);

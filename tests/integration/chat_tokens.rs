@@ -286,3 +286,17 @@ fn special_strings_in_tools_and_calls_are_plain_text() {
     let e = plain_tok.encode_chat(&user("hi"), opts).unwrap_err().to_string();
     assert!(e.contains("`tools` were given but this model's chat template does not render tools"), "{e}");
 }
+
+/// The template's source, as HF picks it: `chat_template.jinja` in the folder wins over
+/// `tokenizer_config.json`'s `chat_template`, and an explicit one (`--chat-template`) over both.
+#[test]
+fn chat_template_jinja_wins_and_an_explicit_template_over_it() {
+    let dir = temp_dir("chat-tok-jinja-file");
+    write_tokenizer(&dir);
+    let render = |tok: &Tokenizer| tok.apply_chat_template(&user("hi"), false).unwrap();
+    assert_eq!(render(&Tokenizer::from_dir(&dir).unwrap()), "<|im_start|>user\nhi<|im_end|>\n");
+    std::fs::write(dir.join("chat_template.jinja"), "{% for m in messages %}[{{ m.content }}]{% endfor %}").unwrap();
+    assert_eq!(render(&Tokenizer::from_dir(&dir).unwrap()), "[hi]");
+    let given = Tokenizer::from_dir_with_template(&dir, Some("{{ messages | length }}")).unwrap();
+    assert_eq!(render(&given), "1");
+}

@@ -609,6 +609,8 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     use tests::tiny::TinySpec;
     let dir = tests::temp_dir("learner-ckpt-model");
     TinySpec { seed: 62, tied: false, ..Default::default() }.write(&dir);
+    // A template in `chat_template.jinja` (transformers ≥ 4.50's way) travels with it.
+    std::fs::write(dir.join("chat_template.jinja"), "{{ messages | length }}").unwrap();
     let model = Model::load(&dir, &Device::Cpu).unwrap();
     let mut trainer = Trainer::new(&model, TrainConfig { learning_rate: 1e-2, ..Default::default() }).unwrap();
     let batch = vec![two_token_sample(vec![3, 4], 1.0)];
@@ -619,6 +621,9 @@ fn checkpoints_round_trip_and_load_in_the_engine() {
     let out = tests::temp_dir("learner-ckpt").join("step-1");
     checkpoint::save(&out, &dir, &model.read(), &trainer.optimizer, serde_json::json!({"position": 7})).unwrap();
     assert!(!out.with_extension("partial").exists());
+    let msgs = [engine::ChatMessage::new("user", "hi")];
+    let tok = engine::Tokenizer::from_dir(&out).unwrap();
+    assert_eq!(tok.apply_chat_template(&msgs, false).unwrap(), "1");
     // The engine loads the checkpoint and sees exactly the trained weights, which moved.
     let loaded = Model::load(&out, &Device::Cpu).unwrap();
     let trained = model.read().named_weights().unwrap();

@@ -605,6 +605,14 @@ fn cli_misuse_names_the_flag() {
         "--model /nonexistent-rlserve-model: not a folder",
     );
     check(&["serve", "--model", m, "--num-blocks", "0"], "'--num-blocks <NUM_BLOCKS>': must be at least 1, got 0");
+    // vLLM's positional model folder is `--model`, checked alike; not both.
+    check(&["serve", "/nonexistent-rlserve-model"], "--model /nonexistent-rlserve-model: not a folder");
+    check(&["serve", m, "--model", m], "cannot be used with");
+    check(
+        &["serve", "--model", m, "--chat-template", "/nonexistent.jinja"],
+        "--chat-template /nonexistent.jinja: no such file, and not a template",
+    );
+    check(&["serve", "--model", m, "--chat-template", "{% if %}"], "chat template");
     check(
         &["serve", "--model", m, "--max-model-len", "x"],
         "'--max-model-len <MAX_MODEL_LEN>': \"x\" is not a whole number",
