@@ -557,6 +557,8 @@ fn chain_model(name: &str, added: &[&str], chain: &[&str]) -> std::path::PathBuf
     tok.save(dir.join("tokenizer.json"), false).unwrap();
     let mut config: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
     config["vocab_size"] = json!(vocab);
+    // Room for the tool fixture's longest conversation (one token per byte).
+    config["max_position_embeddings"] = json!(4096);
     std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
     dir
 }
@@ -644,13 +646,7 @@ async fn the_reasoning_parser_leaves_answers_without_thinking_alone() {
 fn tool_model(name: &str) -> std::path::PathBuf {
     const CALL_1: &str = "<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": 1.0}}\n</tool_call>";
     const CALL_2: &str = "\n<tool_call>\n{\"name\": \"add\", \"arguments\": {\"a\": [1, 2]}}\n</tool_call>";
-    let dir = chain_model(name, &["Checking.", CALL_1, CALL_2], &["\n", "Checking.", CALL_1, CALL_2, "<|im_end|>"]);
-    // Room for the fixture's longest conversation (one token per byte).
-    let path = dir.join("config.json");
-    let mut config: Value = serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
-    config["max_position_embeddings"] = json!(4096);
-    std::fs::write(&path, config.to_string()).unwrap();
-    dir
+    chain_model(name, &["Checking.", CALL_1, CALL_2], &["\n", "Checking.", CALL_1, CALL_2, "<|im_end|>"])
 }
 
 /// `--tool-call-parser hermes --chat-template tests/fixtures/tool_chat/template.jinja`.
@@ -786,5 +782,42 @@ async fn tool_calls_are_parsed_out_of_answers_whole_and_streamed() {
     let turn = "<|im_start|>assistant\nChecking.\n<tool_call>\n{\"name\": \"now\", \"arguments\": {\"tz\": 1.0}}\n</tool_call>";
     assert!(text.contains(turn), "{text}");
     assert!(text.contains(&format!("<tool_response id=\"{}\">\n3\n</tool_response>", ids[1].as_str().unwrap())));
+    s.shutdown(Duration::from_secs(5)).await;
+}
+
+/// `--tool-call-parser llama3_json` on an answer that is one `{"name", "parameters"}` object
+/// ([`chain_model`]): a call with no content, whole and streamed alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn llama3_json_calls_are_parsed_out_of_answers() {
+    const CALL: &str = "{\"name\": \"now\", \"parameters\": {\"tz\": 1.0}}";
+    let dir = chain_model("tiny-tool-llama3", &[CALL], &["\n", CALL, "<|im_end|>"]);
+    let a =
+        server::serve::ServeArgs { tool_call_parser: Some(server::api::tools::ToolParser::Llama3Json), ..tool_args() };
+    let (s, base) = start(dir, a).await;
+    let body = json!({"messages": [{"role": "user", "content": "t?"}], "max_tokens": 4, "temperature": 0.0,
+                      "tools": [{"type": "function", "function": {"name": "now"}}]});
+    let (st, out) = post(&base, "/v1/chat/completions", body.clone()).await;
+    assert_eq!(st, 200, "{out}");
+    let choice = &out["choices"][0];
+    let now = json!({"name": "now", "arguments": "{\"tz\": 1.0}"});
+    assert_eq!(
+        (&choice["message"]["content"], &choice["finish_reason"]),
+        (&Value::Null, &json!("tool_calls")),
+        "{out}"
+    );
+    assert_eq!(choice["message"]["tool_calls"][0]["function"], now, "{out}");
+    let mut streamed = body;
+    streamed["stream"] = json!(true);
+    let events = stream(&base, "/v1/chat/completions", streamed).await;
+    let calls: Vec<Value> = events
+        .iter()
+        .filter(|e| *e != "[DONE]")
+        .flat_map(|e| {
+            let v: Value = serde_json::from_str(e).unwrap();
+            v["choices"][0]["delta"]["tool_calls"].as_array().cloned().unwrap_or_default()
+        })
+        .map(|c| c["function"].clone())
+        .collect();
+    assert_eq!(calls, vec![now]);
     s.shutdown(Duration::from_secs(5)).await;
 }

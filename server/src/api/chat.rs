@@ -213,7 +213,7 @@ impl Answer {
         Self {
             reasoning: state.reasoning_parser.map(|_| Splitter::default()),
             tools: match tools {
-                ToolChoice::Auto { parallel } => Some(ToolSplitter::new(parallel)),
+                ToolChoice::Auto { parser, parallel } => Some(ToolSplitter::new(parser, parallel)),
                 ToolChoice::None => None,
             },
         }

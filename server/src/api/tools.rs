@@ -7,14 +7,20 @@
 //! `serve --tool-call-parser hermes`. `"required"` and a named function would need guided
 //! decoding to force a call, which rlserve does not have: a 400 says so.
 //!
-//! Answer side, the `hermes` parser (Qwen2.5, Qwen3, Hermes; vLLM's `hermes` parser): each
-//! `<tool_call>{"name": …, "arguments": …}</tool_call>` block becomes a call whose
-//! `arguments` is the object written back as Python's `json.dumps` writes it; text before the
-//! first call is `content` (`null` when empty), whitespace between and after calls is
-//! dropped, other text stays content, and a block that is not such JSON stays content as
-//! written. One [`ToolSplitter`] does it for whole answers and streams alike, so a streamed
-//! answer's deltas add up to the whole message. Token ids, log-probs and what feedback
-//! trains on are the generated tokens, calls included.
+//! Answer side, two of vLLM's parsers; in both a call's `arguments` is the object written
+//! back as Python's `json.dumps` writes it:
+//! - `hermes` (Qwen2.5, Qwen3, Hermes): each `<tool_call>{"name": …, "arguments": …}</tool_call>`
+//!   block becomes a call; text before the first call is `content` (`null` when empty),
+//!   whitespace between and after calls is dropped, other text stays content, and a block
+//!   that is not such JSON stays content as written.
+//! - `llama3_json` (Llama 3.1–3.3): an answer that opens with `{` (or `<|python_tag|>`) and is
+//!   nothing but JSON objects `{"name": …, "parameters": …}` (or `"arguments"`) separated by
+//!   `;` is calls and no content; any other answer is all content. Such an answer is held
+//!   until it ends, since only the end tells.
+//!
+//! One [`ToolSplitter`] does it for whole answers and streams alike, so a streamed answer's
+//! deltas add up to the whole message. Token ids, log-probs and what feedback trains on are
+//! the generated tokens, calls included.
 
 use super::body::typed_at;
 use super::error::ApiError;
@@ -23,12 +29,17 @@ use serde_json::{json, Value};
 
 const OPEN: &str = "<tool_call>";
 const CLOSE: &str = "</tool_call>";
+/// Llama 3.1's marker before a call (in the text when special tokens are not skipped).
+const PYTHON_TAG: &str = "<|python_tag|>";
 
 /// The parsers `--tool-call-parser` accepts (vLLM's names).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum ToolParser {
     /// `<tool_call>{"name": …, "arguments": {…}}</tool_call>` (Qwen2.5, Qwen3, Hermes 2/3).
     Hermes,
+    /// A whole answer of `{"name": …, "parameters": {…}}` objects (Llama 3.1–3.3).
+    #[value(name = "llama3_json")]
+    Llama3Json,
 }
 
 /// One tool definition of `tools`, checked (the template gets the JSON as given).
@@ -63,8 +74,8 @@ struct FunctionDef {
 pub enum ToolChoice {
     /// Return text (no tools, or `tool_choice: "none"`).
     None,
-    /// Parse calls out of the answer; `parallel` false keeps the first call only.
-    Auto { parallel: bool },
+    /// Parse calls out of the answer with `parser`; `parallel` false keeps the first call only.
+    Auto { parser: ToolParser, parallel: bool },
 }
 
 /// Checks tool definitions, each `{"type": "function", "function": {"name",
@@ -103,11 +114,13 @@ pub fn tool_choice(
     match (choice, tools.is_some()) {
         ("none", _) => Ok(ToolChoice::None),
         (_, false) => Err(bad("`tool_choice` needs `tools`")),
-        ("auto", true) if parser.is_none() => Err(bad(
-            "\"auto\" tool choice needs a tool-call parser: start the server with `--tool-call-parser hermes` \
-             (or send `tool_choice: \"none\"`)",
-        )),
-        ("auto", true) => Ok(ToolChoice::Auto { parallel: parallel.unwrap_or(true) }),
+        ("auto", true) => match parser {
+            Some(parser) => Ok(ToolChoice::Auto { parser, parallel: parallel.unwrap_or(true) }),
+            None => Err(bad(
+                "\"auto\" tool choice needs a tool-call parser: start the server with `--tool-call-parser hermes` \
+                 (or `llama3_json`), or send `tool_choice: \"none\"`",
+            )),
+        },
         ("required", true) => Err(bad(
             "`tool_choice: \"required\"` forces a call, which needs guided decoding; rlserve has none: use \"auto\"",
         )),
@@ -134,13 +147,48 @@ impl ParsedCall {
         v
     }
 
-    /// A block's body as a call: a JSON object with a string `name` and an `arguments`.
+    /// A Hermes block's body as a call: a JSON object with a string `name` and an `arguments`.
     fn parse(body: &str) -> Option<Self> {
-        let v: Value = serde_json::from_str(body.trim()).ok()?;
+        Self::from_value(&serde_json::from_str(body.trim()).ok()?, "arguments")
+    }
+
+    /// A call object: a string `name` and the arguments under `key`.
+    fn from_value(v: &Value, key: &str) -> Option<Self> {
         let name = v.get("name")?.as_str()?.to_string();
-        let arguments = engine::chat_template::py_json(v.get("arguments")?, None);
+        let arguments = engine::chat_template::py_json(v.get(key)?, None);
         Some(Self { name, arguments })
     }
+
+    /// A whole `llama3_json` answer as calls: `<|python_tag|>`? then JSON objects, each with a
+    /// `name` and `parameters` (or `arguments`), separated by `;` and whitespace. `None` when
+    /// the answer is anything else.
+    fn parse_llama3(text: &str) -> Option<Vec<Self>> {
+        let text = text.trim_start();
+        let mut rest = text.strip_prefix(PYTHON_TAG).unwrap_or(text).trim_start();
+        let mut calls = vec![];
+        while !rest.is_empty() {
+            if !calls.is_empty() {
+                rest = rest.strip_prefix(';')?.trim_start();
+            }
+            let mut values = serde_json::Deserializer::from_str(rest).into_iter::<Value>();
+            let v = values.next()?.ok()?;
+            let key = if v.get("parameters").is_some() { "parameters" } else { "arguments" };
+            calls.push(Self::from_value(&v, key)?);
+            rest = rest[values.byte_offset()..].trim_start();
+        }
+        (!calls.is_empty()).then_some(calls)
+    }
+}
+
+/// Where a `llama3_json` answer is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Llama3 {
+    /// Only whitespace or the beginning of `<|python_tag|>` so far.
+    Start,
+    /// It opened like a call: held to the end.
+    Held,
+    /// It did not: content, streamed.
+    Content,
 }
 
 /// What one step of a [`ToolSplitter`] produced: content text and completed calls.
@@ -150,10 +198,13 @@ pub struct Parsed {
     pub calls: Vec<ParsedCall>,
 }
 
-/// An incremental Hermes parser of one answer's content: text that could still begin a
+/// An incremental parser of one answer's content. Hermes: text that could still begin a
 /// `<tool_call>`, an open block, and whitespace after a call are held until they are placed.
+/// `llama3_json`: an answer that opens like a call is held to its end.
 #[derive(Debug, Clone)]
 pub struct ToolSplitter {
+    parser: ToolParser,
+    llama3: Llama3,
     parallel: bool,
     held: String,
     in_call: bool,
@@ -164,8 +215,9 @@ pub struct ToolSplitter {
 }
 
 impl ToolSplitter {
-    pub fn new(parallel: bool) -> Self {
-        Self { parallel, held: String::new(), in_call: false, calls: 0, pending: String::new() }
+    pub fn new(parser: ToolParser, parallel: bool) -> Self {
+        let held = String::new();
+        Self { parser, llama3: Llama3::Start, parallel, held, in_call: false, calls: 0, pending: String::new() }
     }
 
     /// Whether a call was found.
@@ -176,6 +228,9 @@ impl ToolSplitter {
     /// Takes the next content delta.
     pub fn push(&mut self, delta: &str) -> Parsed {
         self.held.push_str(delta);
+        if self.parser == ToolParser::Llama3Json {
+            return self.push_llama3();
+        }
         let mut out = Parsed::default();
         loop {
             if self.in_call {
@@ -206,10 +261,38 @@ impl ToolSplitter {
     pub fn finish(&mut self) -> Parsed {
         let mut out = Parsed::default();
         let held = std::mem::take(&mut self.held);
+        if self.parser == ToolParser::Llama3Json {
+            match ParsedCall::parse_llama3(&held).filter(|_| self.llama3 == Llama3::Held) {
+                Some(calls) => {
+                    self.calls = calls.len();
+                    out.calls = calls.into_iter().take(if self.parallel { usize::MAX } else { 1 }).collect();
+                }
+                None => out.content = held,
+            }
+            return out;
+        }
         if std::mem::take(&mut self.in_call) {
             self.close(&held, false, &mut out);
         } else {
             self.text(&held, &mut out);
+        }
+        out
+    }
+
+    /// `llama3_json`: hold the answer while its start could open a call and, once it does,
+    /// to its end; otherwise it is content from then on.
+    fn push_llama3(&mut self) -> Parsed {
+        let mut out = Parsed::default();
+        if self.llama3 == Llama3::Start {
+            let start = self.held.trim_start();
+            if start.starts_with('{') || start.starts_with(PYTHON_TAG) {
+                self.llama3 = Llama3::Held;
+            } else if !start.is_empty() && !PYTHON_TAG.starts_with(start) {
+                self.llama3 = Llama3::Content;
+            }
+        }
+        if self.llama3 == Llama3::Content {
+            out.content = std::mem::take(&mut self.held);
         }
         out
     }
@@ -241,8 +324,8 @@ impl ToolSplitter {
     }
 
     /// A whole answer's content and calls.
-    pub fn split(text: &str, parallel: bool) -> Parsed {
-        let mut s = Self::new(parallel);
+    pub fn split(text: &str, parser: ToolParser, parallel: bool) -> Parsed {
+        let mut s = Self::new(parser, parallel);
         let mut p = s.push(text);
         let end = s.finish();
         p.content.push_str(&end.content);
@@ -264,16 +347,21 @@ mod tests {
     /// by hand from vLLM's hermes parser's rules (arguments as `json.dumps` writes them).
     #[test]
     fn splits_whole_and_streamed_answers_alike() {
+        check_parser(ToolParser::Hermes);
+        check_parser(ToolParser::Llama3Json);
+    }
+
+    fn check_parser(parser: ToolParser) {
         let check = |text: &str, parallel: bool, content: &str, calls: Vec<ParsedCall>| {
             let want = Parsed { content: content.into(), calls };
-            assert_eq!(ToolSplitter::split(text, parallel), want, "{text:?}");
+            assert_eq!(ToolSplitter::split(text, parser, parallel), want, "{text:?}");
             let cuts: Vec<Vec<usize>> = (0..=text.len())
                 .filter(|&i| text.is_char_boundary(i))
                 .map(|i| vec![i])
                 .chain([text.char_indices().map(|(i, _)| i).collect()])
                 .collect();
             for cut in cuts {
-                let mut s = ToolSplitter::new(parallel);
+                let mut s = ToolSplitter::new(parser, parallel);
                 let (mut got, mut last) = (Parsed::default(), 0);
                 for &at in cut.iter().chain([&text.len()]) {
                     let p = s.push(&text[last..at]);
@@ -287,6 +375,26 @@ mod tests {
                 assert_eq!(got, want, "{text:?} cut at {cut:?}");
             }
         };
+        if parser == ToolParser::Llama3Json {
+            let weather = call("get_weather", r#"{"city": "Zürich", "days": [1, 2.0]}"#);
+            let a = r#"{"name": "get_weather", "parameters": {"city":"Zürich","days":[1,2.0]}}"#;
+            check(a, true, "", vec![weather.clone()]);
+            check(&format!(" <|python_tag|>{a}; {a}\n"), true, "", vec![weather.clone(), weather.clone()]);
+            check(&format!("{a};{a}"), false, "", vec![weather.clone()]);
+            check("{\"name\": \"now\", \"arguments\": {}}", true, "", vec![call("now", "{}")]);
+            check(
+                "Just text {\"name\": \"now\", \"arguments\": {}}",
+                true,
+                "Just text {\"name\": \"now\", \"arguments\": {}}",
+                vec![],
+            );
+            check(&format!("{a} and more"), true, &format!("{a} and more"), vec![]);
+            check("{\"name\": \"f\"}", true, "{\"name\": \"f\"}", vec![]);
+            check(&format!("{a} {a}"), true, &format!("{a} {a}"), vec![]);
+            check("<|python_ta", true, "<|python_ta", vec![]);
+            check("  ", true, "  ", vec![]);
+            return;
+        }
         let a = r#"<tool_call>
 {"name": "get_weather", "arguments": {"city":"Zürich","days":[1,2.0]}}
 </tool_call>"#;
@@ -309,8 +417,11 @@ mod tests {
         let tools = [json!({"type": "function", "function": {"name": "f", "parameters": {"type": "object"}}})];
         let hermes = Some(ToolParser::Hermes);
         let ok = |t: Option<&[Value]>, c: Option<Value>, p| tool_choice(t, c.as_ref(), p, hermes).unwrap();
-        assert_eq!(ok(Some(&tools), None, None), ToolChoice::Auto { parallel: true });
-        assert_eq!(ok(Some(&tools), Some(json!("auto")), Some(false)), ToolChoice::Auto { parallel: false });
+        assert_eq!(ok(Some(&tools), None, None), ToolChoice::Auto { parser: ToolParser::Hermes, parallel: true });
+        assert_eq!(
+            ok(Some(&tools), Some(json!("auto")), Some(false)),
+            ToolChoice::Auto { parser: ToolParser::Hermes, parallel: false }
+        );
         assert_eq!(ok(Some(&tools), Some(json!("none")), None), ToolChoice::None);
         assert_eq!(ok(None, None, None), ToolChoice::None);
         assert_eq!(ok(None, Some(json!("none")), None), ToolChoice::None);
