@@ -11,7 +11,8 @@ use std::io;
 
 /// One chat message (`role`: system / user / assistant / tool), with OpenAI's optional
 /// participant `name`, which reaches the template as `message.name` (most templates ignore
-/// it), an assistant turn's `tool_calls` and a tool turn's `tool_call_id`.
+/// it), an assistant turn's `tool_calls` and `reasoning_content`, a tool turn's
+/// `tool_call_id`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ChatMessage {
     pub role: String,
@@ -24,11 +25,15 @@ pub struct ChatMessage {
     /// The call a `tool` turn answers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thinking apart from its content (Qwen3's template reads it).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub reasoning_content: Option<String>,
 }
 
 impl ChatMessage {
     pub fn new(role: &str, content: &str) -> Self {
-        Self { role: role.into(), content: content.into(), name: None, tool_calls: vec![], tool_call_id: None }
+        let (name, tool_calls, tool_call_id, reasoning_content) = (None, vec![], None, None);
+        Self { role: role.into(), content: content.into(), name, tool_calls, tool_call_id, reasoning_content }
     }
 }
 

@@ -195,6 +195,7 @@ impl Tokenizer {
                     })
                     .collect(),
                 tool_call_id: m.tool_call_id.as_deref().map(&mut escape),
+                reasoning_content: m.reasoning_content.as_deref().map(&mut escape),
             })
             .collect();
         let tools = opts.tools.as_ref().map(|t| t.iter().map(|v| escape_json(v, &mut escape)).collect());

@@ -256,6 +256,9 @@ pub struct Server {
 /// `{{` or `{%`), as vLLM reads it.
 fn read_chat_template(arg: &str) -> Result<String> {
     let path = Path::new(arg);
+    if path.is_dir() {
+        anyhow::bail!("--chat-template {arg}: a folder, not a template file");
+    }
     if path.is_file() {
         return std::fs::read_to_string(path).with_context(|| format!("--chat-template {arg}"));
     }
@@ -271,7 +274,11 @@ pub fn build_state(given: &Path, args: &ServeArgs) -> Result<Arc<AppState>> {
     // files), whatever the working directory is then.
     let dir = &given.canonicalize().with_context(|| format!("model folder {}", given.display()))?;
     let template = args.chat_template.as_deref().map(read_chat_template).transpose()?;
-    let tokenizer = Arc::new(Tokenizer::from_dir_with_template(dir, template.as_deref())?);
+    let tokenizer = Tokenizer::from_dir_with_template(dir, template.as_deref());
+    let tokenizer = Arc::new(match &args.chat_template {
+        Some(arg) => tokenizer.with_context(|| format!("--chat-template {arg}"))?,
+        None => tokenizer?,
+    });
     if args.tool_call_parser.is_some() && !tokenizer.template_uses_tools() {
         tracing::warn!("--tool-call-parser: this model's chat template does not render tools; requests with `tools` will be refused");
     }

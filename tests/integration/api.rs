@@ -86,6 +86,7 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "this model's chat template does not render tools",
         ),
         ("/v1/chat/completions", chat(json!({"tool_choice": "auto"})), "tool_choice", "`tool_choice` needs `tools`"),
+        ("/v1/chat/completions", chat(json!({"tools": [], "tool_choice": "auto"})), "tool_choice", "needs `tools`"),
         (
             "/v1/chat/completions",
             chat(json!({"tools": [{"type": "function", "function": {"name": "f", "parameters": 3}}]})),
@@ -136,13 +137,13 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": [{"type": "text"}]}]}),
             "messages[0].content[0].text",
-            "`messages[0].content[0]` of type \"text\" has no `text`",
+            "`messages[0].content[0].text` is missing (a \"text\" part)",
         ),
         (
             "/v1/chat/completions",
             json!({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}]}),
             "messages[0].content[1].type",
-            "`messages[0].content[1]` of type \"image_url\" is not supported (only text)",
+            "`messages[0].content[1].type` \"image_url\" is not supported (only text)",
         ),
         (
             "/v1/chat/completions",
@@ -184,6 +185,14 @@ async fn unsupported_fields_nulls_ranges_and_types_name_their_field() {
         ),
         ("/v1/rollouts", json!({"prompts": ["a"], "tools": tools}), "tools", "`tools` is not supported"),
         ("/v1/rollouts", json!({"prompts": [{"messages": [], "extra": 1}]}), "prompts[0].extra", "not supported"),
+        // A rollout prompt's errors name it.
+        (
+            "/v1/rollouts",
+            json!({"prompts": ["a", {"messages": [{"role": "user", "content": "x"}, {"role": "tool"}]}]}),
+            "prompts[1].messages[1].content",
+            "`prompts[1].messages[1].content` is required for a tool message",
+        ),
+        ("/v1/rollouts", json!({"prompts": [{"messages": []}]}), "prompts[0].messages", "must hold at least one"),
         (
             "/tokenize",
             json!({"prompt": "a", "tools": tools}),
@@ -700,6 +709,18 @@ async fn tool_conversations_reach_the_template_as_hf_renders_them() {
             assert_eq!((st, &r["rollouts"][0]["prompt_token_ids"]), (200, &t["tokens"]), "{r}");
         }
     }
+    // Numbers in tools render as Python writes them (exact float parsing, whole floats kept).
+    let tools =
+        json!([{"type": "function", "function": {"name": "f", "parameters": {"x": 123456789.12345679, "y": 2.0}}}]);
+    let (_, t) =
+        post(&base, "/tokenize", json!({"messages": [{"role": "user", "content": "x"}], "tools": tools})).await;
+    let (_, d) = post(&base, "/detokenize", json!({"tokens": t["tokens"]})).await;
+    assert!(d["prompt"].as_str().unwrap().contains("{\"x\": 123456789.12345679, \"y\": 2.0}"), "{d}");
+    // Text parts are joined by a newline, as vLLM joins them.
+    let parts = json!([{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]);
+    let (_, p) = post(&base, "/tokenize", json!({"messages": parts})).await;
+    let (_, j) = post(&base, "/tokenize", json!({"messages": [{"role": "user", "content": "a\nb"}]})).await;
+    assert_eq!(p["tokens"], j["tokens"]);
     let bad = json!({"prompts": [{"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "f"}]}]});
     let (st, e) = post(&base, "/v1/rollouts", bad).await;
     assert_eq!((st, &e["error"]["param"]), (400, &json!("prompts[0].tools[0].type")), "{e}");
@@ -772,6 +793,10 @@ async fn tool_calls_are_parsed_out_of_answers_whole_and_streamed() {
     // The assistant turn and the tool results go back in, as an OpenAI client sends them.
     let mut answer = post(&base, "/v1/chat/completions", body(json!({}))).await.1["choices"][0]["message"].clone();
     answer.as_object_mut().unwrap().retain(|_, v| !v.is_null());
+    // As the OpenAI client accumulates streamed calls: each keeps its `index`.
+    for (k, c) in answer["tool_calls"].as_array_mut().unwrap().iter_mut().enumerate() {
+        c["index"] = json!(k);
+    }
     let ids: Vec<Value> = answer["tool_calls"].as_array().unwrap().iter().map(|c| c["id"].clone()).collect();
     let msgs = json!([{"role": "user", "content": "time?"}, answer,
         {"role": "tool", "tool_call_id": ids[0], "content": "09:00"}, {"role": "tool", "tool_call_id": ids[1], "content": "3"}]);

@@ -285,6 +285,13 @@ fn special_strings_in_tools_and_calls_are_plain_text() {
     let plain_tok = tiny_tok("chat-tok-tools-ignored", CHAT_TEMPLATE);
     let e = plain_tok.encode_chat(&user("hi"), opts).unwrap_err().to_string();
     assert!(e.contains("`tools` were given but this model's chat template does not render tools"), "{e}");
+    // An assistant turn's `reasoning_content` (Qwen3's template reads it) is text too.
+    let tok =
+        tiny_tok("chat-tok-reasoning", "{% for m in messages %}<|im_start|>{{ m.reasoning_content }}{% endfor %}");
+    let mut thought = ChatMessage::new("assistant", "");
+    thought.reasoning_content = Some(INJECTION.into());
+    let ids = tok.encode_chat(&[thought], ChatOptions { add_generation_prompt: false, ..Default::default() }).unwrap();
+    assert_eq!(symbols(&tok, &ids), want(&[("<|im_start|>", true), (INJECTION, false)]));
 }
 
 /// The template's source, as HF picks it: `chat_template.jinja` in the folder wins over

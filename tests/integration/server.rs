@@ -38,7 +38,7 @@ pub(crate) async fn post(base: &str, path: &str, body: Value) -> (u16, Value) {
 pub(crate) async fn stream(base: &str, path: &str, body: Value) -> Vec<String> {
     let r = reqwest::Client::new().post(format!("{base}{path}")).json(&body).send().await.unwrap();
     assert_eq!(r.status(), 200);
-    assert!(r.headers()["content-type"].to_str().unwrap().starts_with("text/event-stream"));
+    assert_eq!(r.headers()["content-type"], "text/event-stream; charset=utf-8");
     let text = r.text().await.unwrap();
     text.lines().filter_map(|l| l.strip_prefix("data: ")).map(String::from).collect()
 }

@@ -19,91 +19,89 @@ use serde_json::{json, Value};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 
-/// Flattens messages (string or text-part contents) for the chat template.
-pub fn messages(msgs: &[ChatMessageIn]) -> Result<Vec<ChatMessage>, ApiError> {
+/// Flattens messages (string or text-part contents, text parts joined by `\n` as vLLM joins
+/// them) for the chat template. `path` is where the prompt sits in the body (`""` for chat and
+/// `/tokenize`, `prompts[2].` in rollouts): every error's `param` starts with it.
+pub fn messages(msgs: &[ChatMessageIn], path: &str) -> Result<Vec<ChatMessage>, ApiError> {
     if msgs.is_empty() {
-        return Err(ApiError::bad("`messages` must hold at least one message", Some("messages")));
+        let at = format!("{path}messages");
+        return Err(ApiError::bad(format!("`{at}` must hold at least one message"), Some(&at)));
     }
     msgs.iter()
         .enumerate()
         .map(|(i, m)| {
+            let at = format!("{path}messages[{i}]");
+            let bad =
+                |field: &str, why: String| ApiError::bad(format!("`{at}{field}` {why}"), Some(&format!("{at}{field}")));
             if !["system", "user", "assistant", "tool", "developer"].contains(&m.role.as_str()) {
-                return Err(ApiError::bad(
-                    format!(
-                        "`messages[{i}].role` must be one of system, user, assistant, tool, developer; got {:?}",
-                        m.role
-                    ),
-                    Some(&format!("messages[{i}].role")),
-                ));
+                let why = format!("must be one of system, user, assistant, tool, developer; got {:?}", m.role);
+                return Err(bad(".role", why));
             }
             let content = match &m.content {
                 // Only an assistant turn may go without content (OpenAI's rule).
                 None if m.role == "assistant" => String::new(),
-                None => {
-                    return Err(ApiError::bad(
-                        format!("`messages[{i}].content` is required for a {} message", m.role),
-                        Some(&format!("messages[{i}].content")),
-                    ))
-                }
+                None => return Err(bad(".content", format!("is required for a {} message", m.role))),
                 Some(Content::Text(t)) => t.clone(),
                 Some(Content::Parts(parts)) => parts
                     .iter()
                     .enumerate()
                     .map(|(j, p)| match (p.kind.as_str(), &p.text) {
                         ("text", Some(t)) => Ok(t.as_str()),
-                        ("text", None) => Err(ApiError::bad(
-                            format!("`messages[{i}].content[{j}]` of type \"text\" has no `text`"),
-                            Some(&format!("messages[{i}].content[{j}].text")),
-                        )),
-                        _ => Err(ApiError::bad(
-                            format!("`messages[{i}].content[{j}]` of type {:?} is not supported (only text)", p.kind),
-                            Some(&format!("messages[{i}].content[{j}].type")),
+                        ("text", None) => {
+                            Err(bad(&format!(".content[{j}].text"), "is missing (a \"text\" part)".into()))
+                        }
+                        _ => Err(bad(
+                            &format!(".content[{j}].type"),
+                            format!("{:?} is not supported (only text)", p.kind),
                         )),
                     })
                     .collect::<Result<Vec<_>, _>>()?
-                    .join(""),
+                    .join("\n"),
             };
-            if m.tool_calls.is_some() && m.role != "assistant" {
-                return Err(ApiError::bad(
-                    format!("`messages[{i}].tool_calls` is only for assistant messages, not {}", m.role),
-                    Some(&format!("messages[{i}].tool_calls")),
-                ));
-            }
-            if m.tool_call_id.is_some() && m.role != "tool" {
-                return Err(ApiError::bad(
-                    format!("`messages[{i}].tool_call_id` is only for tool messages, not {}", m.role),
-                    Some(&format!("messages[{i}].tool_call_id")),
-                ));
-            }
-            let tool_calls: Result<Vec<_>, _> =
-                m.tool_calls.iter().flatten().enumerate().map(|(j, c)| tool_call(i, j, c)).collect();
+            let only = |field: &str, set: bool, role: &str| match set && m.role != role {
+                true => Err(bad(field, format!("is only for {role} messages, not {}", m.role))),
+                false => Ok(()),
+            };
+            only(".tool_calls", m.tool_calls.is_some(), "assistant")?;
+            only(".reasoning_content", m.reasoning_content.is_some(), "assistant")?;
+            only(".tool_call_id", m.tool_call_id.is_some(), "tool")?;
+            let tool_calls: Result<Vec<_>, _> = m
+                .tool_calls
+                .iter()
+                .flatten()
+                .enumerate()
+                .map(|(j, c)| tool_call(&format!("{at}.tool_calls[{j}]"), c))
+                .collect();
             Ok(ChatMessage {
                 role: m.role.clone(),
                 content,
                 name: m.name.clone(),
                 tool_calls: tool_calls?,
                 tool_call_id: m.tool_call_id.clone(),
+                reasoning_content: m.reasoning_content.clone(),
             })
         })
         .collect()
 }
 
-/// Call `j` of message `i` as templates read it: `arguments` parsed from its JSON string
-/// (vLLM's preprocessing; floats stay floats, as Python's `json.loads` keeps them).
-fn tool_call(i: usize, j: usize, c: &ToolCallIn) -> Result<ToolCall, ApiError> {
-    let at = format!("messages[{i}].tool_calls[{j}]");
+/// The call at `at` as templates read it: `arguments` parsed from its JSON string (vLLM's
+/// preprocessing; floats stay floats, as Python's `json.loads` keeps them; `""` is `{}`).
+fn tool_call(at: &str, c: &ToolCallIn) -> Result<ToolCall, ApiError> {
     if c.kind != "function" {
         return Err(ApiError::bad(
             format!("`{at}.type` must be \"function\", got {:?}", c.kind),
             Some(&format!("{at}.type")),
         ));
     }
-    let arguments = serde_json::from_str(&c.function.arguments).map_err(|e| {
-        ApiError::bad(
-            format!("`{at}.function.arguments` must be a JSON string of the arguments: {e}"),
-            Some(&format!("{at}.function.arguments")),
-        )
-    })?;
+    let arguments = match c.function.arguments.trim() {
+        "" => json!({}),
+        text => serde_json::from_str(text).map_err(|e| {
+            ApiError::bad(
+                format!("`{at}.function.arguments` must be a JSON string of the arguments: {e}"),
+                Some(&format!("{at}.function.arguments")),
+            )
+        })?,
+    };
     Ok(ToolCall {
         id: c.id.clone(),
         kind: c.kind.clone(),
@@ -114,7 +112,13 @@ fn tool_call(i: usize, j: usize, c: &ToolCallIn) -> Result<ToolCall, ApiError> {
 /// Renders and tokenizes the conversation: only the template's markers are special tokens,
 /// message contents are plain text ([`Tokenizer::encode_chat`]). The one path from messages
 /// to ids for chat, `/tokenize` and rollouts, so the learner trains on these very ids.
-pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], format: &ChatFormat) -> Result<Vec<u32>, ApiError> {
+/// `path` prefixes every error's `param` ([`messages`]).
+pub fn chat_prompt(
+    tok: &Tokenizer,
+    msgs: &[ChatMessageIn],
+    format: &ChatFormat,
+    path: &str,
+) -> Result<Vec<u32>, ApiError> {
     let opts = format.options();
     if opts.continue_final_message && opts.add_generation_prompt {
         return Err(ApiError::bad(
@@ -130,18 +134,20 @@ pub fn chat_prompt(tok: &Tokenizer, msgs: &[ChatMessageIn], format: &ChatFormat)
             Some("chat_template_kwargs"),
         ));
     }
-    if format.tools.is_some() && !tok.template_uses_tools() {
+    if opts.tools.is_some() && !tok.template_uses_tools() {
+        let at = format!("{path}tools");
         return Err(ApiError::bad(
-            "`tools` were given but this model's chat template does not render tools",
-            Some("tools"),
+            format!("`{at}` were given but this model's chat template does not render tools"),
+            Some(&at),
         ));
     }
-    let msgs = messages(msgs)?;
+    let msgs = messages(msgs, path)?;
     let mut ids = vec![];
     if format.add_special_tokens == Some(true) && tok.add_bos_token {
         ids.extend(tok.bos_token_id);
     }
-    ids.extend(tok.encode_chat(&msgs, opts).map_err(|e| ApiError::bad(e.to_string(), Some("messages")))?);
+    let at = format!("{path}messages");
+    ids.extend(tok.encode_chat(&msgs, opts).map_err(|e| ApiError::bad(e.to_string(), Some(&at)))?);
     Ok(ids)
 }
 
@@ -170,7 +176,7 @@ pub async fn chat_completions(
     state.check_model(req.model.as_deref())?;
     let tools =
         tool_choice(req.tools.as_deref(), req.tool_choice.as_ref(), req.parallel_tool_calls, state.tool_parser)?;
-    let prompt = chat_prompt(&state.tokenizer, &req.messages, &req.format())?;
+    let prompt = chat_prompt(&state.tokenizer, &req.messages, &req.format(), "")?;
     let want_logprobs = req.logprobs.unwrap_or(false);
     if let Some(k) = req.top_logprobs.filter(|&k| k > MAX_LOGPROBS) {
         return Err(ApiError::bad(

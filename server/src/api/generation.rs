@@ -7,10 +7,11 @@ use super::protocol::{SamplingFields, StreamUsage};
 use super::{AppState, InFlight};
 use crate::metrics::RequestTimes;
 use axum::response::sse::{Event as SseEvent, KeepAlive, Sse};
+use axum::response::IntoResponse;
 use engine::outputs::EngineFault;
 use engine::sampling::MAX_LOGIT_BIAS;
 use engine::{RequestStream, SamplingParams, SeqOutput};
-use futures_util::stream::{self, BoxStream, Stream, StreamExt};
+use futures_util::stream::{self, BoxStream, StreamExt};
 use serde_json::{json, Value};
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -216,12 +217,7 @@ impl Generation {
 /// When the engine fails a prompt, the status is already 200, so (as vLLM) the failure is
 /// one `data: {"error": {...}}` event (the 500 envelope of [`ApiError`]) followed by
 /// `data: [DONE]`: no `finish_reason`, no usage chunk, and the other prompts are aborted.
-pub fn sse<E, F>(
-    gen: Generation,
-    usage: StreamUsage,
-    envelope: E,
-    on_output: F,
-) -> Sse<impl Stream<Item = Result<SseEvent, Infallible>>>
+pub fn sse<E, F>(gen: Generation, usage: StreamUsage, envelope: E, on_output: F) -> impl IntoResponse
 where
     E: Fn(Value) -> Value + Send + 'static,
     F: FnMut(usize, usize, &SeqOutput) -> Option<Value> + Send + 'static,
@@ -240,7 +236,7 @@ where
         on_output: F,
     }
     let st = St { gen, phase: Phase::Events, completion_tokens: 0, envelope, on_output };
-    let data = |v: Value| Ok(SseEvent::default().data(v.to_string()));
+    let data = |v: Value| Ok::<_, Infallible>(SseEvent::default().data(v.to_string()));
     let so_far = |st: &St<E, F>| {
         let p = st.gen.prompt_tokens();
         Usage { prompt_tokens: p, completion_tokens: st.completion_tokens, total_tokens: p + st.completion_tokens }
@@ -284,7 +280,10 @@ where
             }
         }
     });
-    Sse::new(body).keep_alive(KeepAlive::default())
+    // UTF-8 said outright (as vLLM's `text/event-stream; charset=utf-8`): a client that
+    // decodes by the header alone gets the text right.
+    let utf8 = [(axum::http::header::CONTENT_TYPE, "text/event-stream; charset=utf-8")];
+    (utf8, Sse::new(body).keep_alive(KeepAlive::default()))
 }
 
 /// `finish_reason` as JSON (`null` while running).

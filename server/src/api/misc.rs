@@ -128,7 +128,7 @@ pub async fn tokenize(
                 tools: req.tools.clone(),
             };
             super::tools::check_tools(req.tools.as_deref(), "tools")?;
-            chat_prompt(&s.tokenizer, m, &format)?
+            chat_prompt(&s.tokenizer, m, &format, "")?
         }
         _ => return Err(ApiError::bad("give exactly one of `prompt` or `messages`", Some("prompt"))),
     };

@@ -176,6 +176,9 @@ pub struct ChatMessageIn {
     pub name: Option<String>,
     pub tool_calls: Option<Vec<ToolCallIn>>,
     pub tool_call_id: Option<String>,
+    /// An assistant turn's thinking, as `--reasoning-parser` returned it (Qwen3's template
+    /// reads `message.reasoning_content`).
+    pub reasoning_content: Option<String>,
 }
 
 /// One call of an assistant message: `{"id", "type": "function", "function": {"name",
@@ -187,9 +190,13 @@ pub struct ToolCallIn {
     #[serde(rename = "type")]
     pub kind: String,
     pub function: FunctionCallIn,
+    /// The call's place in a streamed answer: what the OpenAI client keeps when it
+    /// accumulates `delta.tool_calls`; the order of the list is the order.
+    #[allow(dead_code)]
+    pub index: Option<usize>,
 }
 
-/// The function part of a [`ToolCallIn`].
+/// The function part of a [`ToolCallIn`]; an empty `arguments` is `{}` (vLLM's reading).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub struct FunctionCallIn {
@@ -211,7 +218,7 @@ pub struct ChatFormat {
     /// `{"enable_thinking": false}`).
     pub chat_template_kwargs: Option<serde_json::Map<String, Value>>,
     /// Tool definitions for the template (OpenAI's `tools`, checked by
-    /// [`super::tools::tool_choice`]).
+    /// [`super::tools::tool_choice`]); `[]` is none.
     pub tools: Option<Vec<Value>>,
 }
 
@@ -222,7 +229,7 @@ impl ChatFormat {
             add_generation_prompt: self.add_generation_prompt.unwrap_or(true),
             continue_final_message: self.continue_final_message.unwrap_or(false),
             template_kwargs: self.chat_template_kwargs.clone().unwrap_or_default(),
-            tools: self.tools.clone(),
+            tools: self.tools.clone().filter(|t| !t.is_empty()),
         }
     }
 }

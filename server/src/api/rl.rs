@@ -91,7 +91,8 @@ pub async fn rollouts(
                 RolloutPrompt::Tokens(ids) => ids.clone(),
                 RolloutPrompt::Chat { messages, tools } => {
                     super::tools::check_tools(tools.as_deref(), &format!("prompts[{i}].tools"))?;
-                    chat_prompt(tok, messages, &ChatFormat { tools: tools.clone(), ..Default::default() })?
+                    let format = ChatFormat { tools: tools.clone(), ..Default::default() };
+                    chat_prompt(tok, messages, &format, &format!("prompts[{i}]."))?
                 }
                 RolloutPrompt::Text(t) if req.apply_chat_template == Some(true) => {
                     let msgs = [ChatMessageIn {
@@ -100,8 +101,9 @@ pub async fn rollouts(
                         name: None,
                         tool_calls: None,
                         tool_call_id: None,
+                        reasoning_content: None,
                     }];
-                    chat_prompt(tok, &msgs, &ChatFormat::default())?
+                    chat_prompt(tok, &msgs, &ChatFormat::default(), &format!("prompts[{i}]."))?
                 }
                 RolloutPrompt::Text(t) => {
                     tok.encode(t, true).map_err(|e| ApiError::bad(e.to_string(), Some("prompts")))?

@@ -42,9 +42,9 @@ pub enum ToolParser {
     Llama3Json,
 }
 
-/// One tool definition of `tools`, checked (the template gets the JSON as given).
+/// One tool definition of `tools`, checked (the template gets the JSON as given, other
+/// members included: nothing is dropped, so none is refused).
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // read by serde to check the definition's shape
 struct ToolDef {
     #[serde(rename = "type")]
@@ -60,7 +60,6 @@ enum FunctionKind {
 }
 
 #[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
 #[allow(dead_code)] // read by serde to check the definition's shape
 struct FunctionDef {
     name: String,
@@ -99,6 +98,7 @@ pub fn tool_choice(
     parser: Option<ToolParser>,
 ) -> Result<ToolChoice, ApiError> {
     check_tools(tools, "tools")?;
+    let tools = tools.filter(|t| !t.is_empty()); // `[]` is no tools (vLLM's reading)
     let bad = |m: &str| ApiError::bad(m, Some("tool_choice"));
     let choice = match (choice, tools.is_some()) {
         (None, true) => "auto",
@@ -424,6 +424,9 @@ mod tests {
         );
         assert_eq!(ok(Some(&tools), Some(json!("none")), None), ToolChoice::None);
         assert_eq!(ok(None, None, None), ToolChoice::None);
+        assert_eq!(ok(Some(&[]), None, None), ToolChoice::None, "`[]` is no tools");
+        let extra = [json!({"type": "function", "function": {"name": "f", "examples": []}, "cache": 1})];
+        assert_eq!(ok(Some(&extra), Some(json!("none")), None), ToolChoice::None, "passed through as given");
         assert_eq!(ok(None, Some(json!("none")), None), ToolChoice::None);
         let err = |t: Option<&[Value]>, c: Option<Value>, parser| {
             let e = tool_choice(t, c.as_ref(), None, parser).unwrap_err();

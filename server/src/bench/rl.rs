@@ -154,7 +154,10 @@ pub fn run(a: RlBenchArgs) -> Result<()> {
         ));
         let _ = std::fs::remove_dir_all(&out);
     }
-    println!("\nper step after the first, seconds (means):");
+    match a.steps {
+        1 => println!("\nthe one step, its first-touch warm-up included, seconds:"),
+        _ => println!("\nper step after the first, seconds (means):"),
+    }
     println!(
         "| max_staleness | wall | generation | learner forward | learner backward | optimizer | pause | learner step |"
     );
