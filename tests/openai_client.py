@@ -85,9 +85,12 @@ r = client.chat.completions.create(model=model, messages=pre, max_tokens=4, temp
                                    extra_body={"continue_final_message": True, "add_generation_prompt": False})
 assert "Paris" in r.choices[0].message.content, r.choices[0].message.content
 
-# Fields the server does not implement are refused by name, never ignored.
+# Fields the server does not implement are refused by name, never ignored: SmolLM2's template
+# does not render tools, and "auto" tool choice (the default with tools) needs a parser.
 tools = [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {}}}}]
-for kwargs, name in [({"tools": tools}, "tools"), ({"response_format": {"type": "json_object"}}, "response_format")]:
+for kwargs, name in [({"tools": tools, "tool_choice": "none"}, "chat template does not render tools"),
+                     ({"tools": tools}, "--tool-call-parser"),
+                     ({"response_format": {"type": "json_object"}}, "response_format")]:
     try:
         client.chat.completions.create(model=model, messages=msgs, max_tokens=2, **kwargs)
         raise AssertionError(f"{name} accepted")
