@@ -179,6 +179,24 @@ impl TrainConfig {
         for (ok, key, range, v) in adamw {
             check(ok, key, format!("`{key}` must be {range}, got {v}"))?;
         }
+        // The loss's ranges: the clip range [1 − ε, 1 + ε_high] must not be empty (DAPO's
+        // ε_low/ε_high, Yu et al. 2025, eq. 8), β is a penalty weight, and ℓ divides the
+        // logits by the temperature.
+        let finite_nonneg = |v: f32| v.is_finite() && v >= 0.0;
+        let loss: [(bool, &'static str, &str, f32); 4] = [
+            (finite_nonneg(self.epsilon), "epsilon", "a finite number >= 0", self.epsilon),
+            (finite_nonneg(self.epsilon_high), "epsilon_high", "a finite number >= 0", self.epsilon_high),
+            (finite_nonneg(self.beta), "beta", "a finite number >= 0", self.beta),
+            (
+                self.temperature.is_finite() && !kernels::sample::is_greedy_temperature(self.temperature),
+                "temperature",
+                "a finite number >= 1e-5 (the temperature the samples were drawn with)",
+                self.temperature,
+            ),
+        ];
+        for (ok, key, range, v) in loss {
+            check(ok, key, format!("`{key}` must be {range}, got {v}"))?;
+        }
         match self.loss_type {
             LossType::Ppo => {
                 check(

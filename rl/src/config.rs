@@ -195,6 +195,18 @@ impl JobConfig {
     /// Parses and validates the JSON body of `POST /v1/train/jobs`; a type error names the
     /// field's path (`learner.loss_type`).
     pub fn from_json(v: serde_json::Value) -> Result<Self> {
+        if !v.is_object() {
+            return Err(RlError::invalid_input(format!(
+                "the job config must be a JSON object (the TOML's keys), got {}",
+                match v {
+                    serde_json::Value::Array(_) => "an array",
+                    serde_json::Value::String(_) => "a string",
+                    serde_json::Value::Number(_) => "a number",
+                    serde_json::Value::Bool(_) => "a boolean",
+                    _ => "null",
+                }
+            )));
+        }
         let cfg: JobConfig = serde_path_to_error::deserialize(v).map_err(|e| {
             let (path, inner) = (e.path().to_string(), json_words(&e.inner().to_string()));
             // The learner table's errors name their key already (`learner.k`: ...).

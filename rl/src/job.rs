@@ -8,7 +8,7 @@ use super::dataset;
 use super::error::{Result, RlError};
 use super::job_run;
 use super::report::{EvalRecord, StepRecord};
-use super::rewards::Rewards;
+use super::rewards::{RewardSpec, Rewards};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -102,6 +102,24 @@ impl Job {
                     return Err(RlError::invalid(
                         key,
                         format!("{key} {spec}: example {} has no `chosen` and `rejected`: loss_type dpo/ipo trains on preference pairs", i + 1),
+                    ));
+                }
+            }
+        }
+        // A reward that reads `answer` on a row without one would score 0 for good: every
+        // step's group would be flat and train nothing.
+        if let Some(k) = config.rewards.iter().position(|r| matches!(r, RewardSpec::ExactAnswer { .. })) {
+            for (key, spec, set) in
+                [("dataset", Some(&config.dataset), &train), ("eval_dataset", config.eval_dataset.as_ref(), &eval)]
+            {
+                if let (Some(spec), Some(i)) = (spec, set.iter().position(|e| !e.fields.contains_key("answer"))) {
+                    return Err(RlError::invalid(
+                        &format!("rewards[{k}]"),
+                        format!(
+                            "`rewards[{k}]` (exact_answer) reads each row's `answer`, and {key} {spec} example {} has none \
+                             (TRL's `solution` column: name it `answer`)",
+                            i + 1
+                        ),
                     ));
                 }
             }

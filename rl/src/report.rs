@@ -22,12 +22,10 @@ pub struct StepRecord {
     /// The learner's metrics of the step (defaults when nothing was trained).
     #[serde(flatten)]
     pub learner: StepMetrics,
-    /// Mean and std of the job reward over the step's samples (before any filtering). DPO/IPO
-    /// (whose sample rewards are only the preference labels): the implicit reward margin
-    /// `rewards/margins`, std 0.
+    /// Mean of the job reward over the step's samples (before any filtering; its std is the
+    /// learner metrics' `reward_std`, set to the same samples'). DPO/IPO (whose sample rewards
+    /// are only the preference labels): the implicit reward margin `rewards/margins`, std 0.
     pub reward: f64,
-    /// See `reward`.
-    pub reward_std: f64,
     /// Where the step's samples came from.
     #[serde(flatten)]
     pub timing: RolloutTiming,
@@ -174,7 +172,9 @@ impl JobLog {
         };
         let len = samples.iter().map(|s| s.completion_ids.len()).sum::<usize>() as f64 / samples.len().max(1) as f64;
         let updated = learner.is_some();
-        let learner = learner.unwrap_or_default();
+        let mut learner = learner.unwrap_or_default();
+        // One `reward_std` in the record (TRL's: over every sample of the step).
+        learner.reward_std = std;
         if updated && self.entropies.len() < BASELINE_STEPS {
             self.entropies.push(learner.entropy);
         }
@@ -199,7 +199,6 @@ impl JobLog {
             kl_to_initial: learner.loss.kl,
             learner,
             reward: mean,
-            reward_std: std,
             rollout_tokens_per_s: t.rollout_tokens as f64 / t.generation_seconds.max(1e-9),
             timing: t.clone(),
             completion_length_drift: if l0 > 0.0 { len / l0 } else { 1.0 },
@@ -251,4 +250,21 @@ fn read_lines(path: &Path) -> Vec<serde_json::Value> {
 /// Writes `dir/metrics.png` from `dir/metrics.jsonl` (see `plot.rs` for the layout).
 pub fn plot(dir: &Path) -> Result<()> {
     super::plot::write_png(&dir.join("metrics.png"), &read_lines(&dir.join("metrics.jsonl")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A step record names each metric once (the learner's metrics are flattened into it).
+    #[test]
+    fn a_step_record_names_each_key_once() {
+        let text = serde_json::to_string(&StepRecord::default()).unwrap();
+        let keys: Vec<&str> = text.split('"').skip(1).step_by(2).filter(|k| !k.is_empty()).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        for k in &keys {
+            assert!(seen.insert(*k) || k.parse::<f64>().is_ok(), "`{k}` twice in {text}");
+        }
+        assert!(seen.contains("reward_std"), "{text}");
+    }
 }

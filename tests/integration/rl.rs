@@ -445,6 +445,10 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
     let (s, base) = start_server(tiny("rl-bad", 73), args).await;
     // A sparse file one byte over the dataset limit (no disk used).
     let huge = temp_dir("rl-bad-huge").join("huge.jsonl");
+    // TRL's column name for the answer: `exact_answer` would score every row 0.
+    let no_answer = temp_dir("rl-bad-no-answer").join("rows.jsonl");
+    std::fs::write(&no_answer, "{\"prompt\": \"What is 2 + 3?\", \"solution\": \"5\"}\n").unwrap();
+    let no_answer = no_answer.to_str().unwrap();
     std::fs::File::create(&huge).unwrap().set_len(engine::files::MAX_DATASET_BYTES + 1).unwrap();
     let cases: Vec<(&str, Value, u16, &str)> = vec![
         ("/v1/rollouts", json!({"prompts": []}), 400, "`prompts`"),
@@ -546,6 +550,26 @@ async fn bad_rl_requests_get_a_4xx_that_says_why() {
         ("/v1/train/jobs", json!({"rewards": [{"type": "regex", "pattern": "("}]}), 400, "regex"),
         ("/v1/train/jobs", json!({"rewards": [{"type": "http", "url": "ftp://x"}]}), 400, "http://"),
         ("/v1/train/jobs", json!({"learner": {"temperature": 0}}), 400, "`learner.temperature`"),
+        // An empty clip range panicked the learner and left a job running for good.
+        (
+            "/v1/train/jobs",
+            json!({"learner": {"epsilon": 0.5, "epsilon_high": -0.8}}),
+            400,
+            "`learner.epsilon_high` must be a finite number >= 0, got -0.8",
+        ),
+        (
+            "/v1/train/jobs",
+            json!({"learner": {"beta": -5}}),
+            400,
+            "`learner.beta` must be a finite number >= 0, got -5",
+        ),
+        ("/v1/train/jobs", json!([]), 400, "the job config must be a JSON object (the TOML's keys), got an array"),
+        (
+            "/v1/train/jobs",
+            json!({"dataset": no_answer, "rewards": [{"type": "exact_answer"}]}),
+            400,
+            "`rewards[0]` (exact_answer) reads each row's `answer`",
+        ),
         ("/v1/train/jobs", json!({"model": "/elsewhere"}), 400, "served model"),
         ("/v1/train/jobs/nope/stop", json!({}), 404, "nope"),
         ("/v1/feedback", json!({"id": "x", "preferred": 0}), 404, "--learn-from-feedback"),
