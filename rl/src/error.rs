@@ -74,6 +74,9 @@ pub enum RlError {
     /// A thread of a job or of the feedback learner could not be started.
     #[error("starting a thread: {0}")]
     Spawn(#[source] std::io::Error),
+    /// The learner panicked (a bug): the job fails instead of hanging with its generator.
+    #[error("the learner panicked: {0}")]
+    Panicked(String),
 }
 
 impl RlError {

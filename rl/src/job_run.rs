@@ -138,7 +138,13 @@ impl JobRun<'_> {
         std::thread::scope(|scope| {
             scope.spawn(|| self.generate_all(start, &prog, tx));
             let mut task = JobTask { run: self, rx, progress: &prog, step: start };
-            let out = learner.run(&mut task);
+            // A panic must still end the generator below, or the scope waits for it for good.
+            let out =
+                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| learner.run(&mut task))).unwrap_or_else(|p| {
+                    let msg =
+                        p.downcast_ref::<&str>().map(|s| s.to_string()).or_else(|| p.downcast_ref::<String>().cloned());
+                    Err(RlError::Panicked(msg.unwrap_or_else(|| "(no message)".into())))
+                });
             // Unblock the generator (it may wait for admission or on a full queue).
             prog.ended.store(true, Ordering::SeqCst);
             drop(task);

@@ -122,9 +122,13 @@ impl From<rl::RlError> for ApiError {
             E::Expired(_) => ApiError::Gone(e.to_string()),
             E::AlreadyRated(_) | E::Busy => ApiError::Conflict(e.to_string()),
             E::Engine(add) => add.into(),
-            E::Io { .. } | E::Plot { .. } | E::Model(_) | E::Learner(_) | E::Generation(_) | E::Spawn(_) => {
-                ApiError::Internal(e.to_string())
-            }
+            E::Io { .. }
+            | E::Plot { .. }
+            | E::Model(_)
+            | E::Learner(_)
+            | E::Generation(_)
+            | E::Spawn(_)
+            | E::Panicked(_) => ApiError::Internal(e.to_string()),
         }
     }
 }
