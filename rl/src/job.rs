@@ -107,8 +107,9 @@ impl Job {
             }
         }
         // A reward that reads `answer` on a row without one would score 0 for good: every
-        // step's group would be flat and train nothing.
-        if let Some(k) = config.rewards.iter().position(|r| matches!(r, RewardSpec::ExactAnswer { .. })) {
+        // step's group would be flat and train nothing (DPO/IPO train on the pairs, no reward).
+        let exact = config.rewards.iter().position(|r| matches!(r, RewardSpec::ExactAnswer { .. }));
+        if let Some(k) = exact.filter(|_| !config.learner.loss_type.is_preference()) {
             for (key, spec, set) in
                 [("dataset", Some(&config.dataset), &train), ("eval_dataset", config.eval_dataset.as_ref(), &eval)]
             {
