@@ -113,7 +113,9 @@ impl Splitter {
         self.thinks
     }
 
-    /// A whole answer's `(reasoning, content)`; `None` reasoning when it does not think.
+    /// A whole answer's `(reasoning, content)`; `None` reasoning when it does not think (the
+    /// tests' reference for streamed answers).
+    #[cfg(test)]
     pub fn split(text: &str) -> (Option<String>, String) {
         let mut s = Splitter::default();
         let (mut r, mut c) = s.push(text);
@@ -122,6 +124,17 @@ impl Splitter {
         c.push_str(&c2);
         (s.thinks.then_some(r), c)
     }
+}
+
+/// The ways the tests stream `text`: cut once at every character boundary, and cut at every
+/// character (the cut points, in order).
+#[cfg(test)]
+pub(crate) fn stream_cuts(text: &str) -> Vec<Vec<usize>> {
+    (0..=text.len())
+        .filter(|&i| text.is_char_boundary(i))
+        .map(|i| vec![i])
+        .chain([text.char_indices().map(|(i, _)| i).collect()])
+        .collect()
 }
 
 #[cfg(test)]
@@ -135,12 +148,7 @@ mod tests {
         let check = |text: &str, want: (Option<&str>, &str)| {
             let (r, c) = Splitter::split(text);
             assert_eq!((r.as_deref(), c.as_str()), want, "{text:?}");
-            let cuts: Vec<Vec<usize>> = (0..=text.len())
-                .filter(|&i| text.is_char_boundary(i))
-                .map(|i| vec![i])
-                .chain([text.char_indices().map(|(i, _)| i).collect()])
-                .collect();
-            for cut in cuts {
+            for cut in stream_cuts(text) {
                 let mut s = Splitter::default();
                 let (mut rs, mut cs, mut last) = (String::new(), String::new(), 0);
                 for &at in cut.iter().chain([&text.len()]) {

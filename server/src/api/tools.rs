@@ -323,7 +323,8 @@ impl ToolSplitter {
         }
     }
 
-    /// A whole answer's content and calls.
+    /// A whole answer's content and calls (the tests' reference for streamed answers).
+    #[cfg(test)]
     pub fn split(text: &str, parser: ToolParser, parallel: bool) -> Parsed {
         let mut s = Self::new(parser, parallel);
         let mut p = s.push(text);
@@ -355,12 +356,7 @@ mod tests {
         let check = |text: &str, parallel: bool, content: &str, calls: Vec<ParsedCall>| {
             let want = Parsed { content: content.into(), calls };
             assert_eq!(ToolSplitter::split(text, parser, parallel), want, "{text:?}");
-            let cuts: Vec<Vec<usize>> = (0..=text.len())
-                .filter(|&i| text.is_char_boundary(i))
-                .map(|i| vec![i])
-                .chain([text.char_indices().map(|(i, _)| i).collect()])
-                .collect();
-            for cut in cuts {
+            for cut in crate::api::reasoning::stream_cuts(text) {
                 let mut s = ToolSplitter::new(parser, parallel);
                 let (mut got, mut last) = (Parsed::default(), 0);
                 for &at in cut.iter().chain([&text.len()]) {
